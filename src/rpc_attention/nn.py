@@ -1,0 +1,226 @@
+"""Attention modules built on :mod:`rpc_attention.functional`.
+
+All modules take ``x`` of shape ``(B, N, C)`` and return the same shape, and accept the timm
+``Attention.forward`` keyword ``attn_mask`` (bool, True = may attend, or additive float, broadcastable
+to ``(B, H, N, N)``) plus ``is_causal``. Parameter names follow timm / the official SymViT
+checkpoints: ``qkv`` (C -> 3C asymmetric, C -> 2C symmetric: keys then values) and ``proj``.
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+from torch import Tensor, nn
+
+from . import functional as RF
+
+__all__ = ["Attention", "SymmetricAttention", "RPCAttention", "ScaledAttention", "PAP_OPTION_NAMES"]
+
+# pap_attention keyword options a module or model may carry (besides masks and dropout).
+PAP_OPTION_NAMES = ("n_iter", "lambd", "threshold", "mu_mode", "model_dim", "tol")
+
+
+def _check_heads(dim: int, num_heads: int) -> int:
+    if dim <= 0 or num_heads <= 0:
+        raise ValueError(f"dim and num_heads must be positive, got dim={dim}, num_heads={num_heads}")
+    if dim % num_heads != 0:
+        raise ValueError(f"dim ({dim}) must be divisible by num_heads ({num_heads})")
+    return dim // num_heads
+
+
+class _AttentionBase(nn.Module):
+    """Shared projection, head split/merge and dropout handling."""
+
+    n_proj: int = 3
+
+    def __init__(
+        self,
+        dim: int,
+        num_heads: int = 8,
+        qkv_bias: bool = False,
+        attn_drop: float = 0.0,
+        proj_drop: float = 0.0,
+        fused_attn: bool = True,
+        device=None,
+        dtype=None,
+    ) -> None:
+        super().__init__()
+        factory = {"device": device, "dtype": dtype}
+        self.head_dim = _check_heads(dim, num_heads)
+        self.dim = dim
+        self.num_heads = num_heads
+        self.scale = self.head_dim ** -0.5
+        self.fused_attn = fused_attn
+        self.qkv = nn.Linear(dim, dim * self.n_proj, bias=qkv_bias, **factory)
+        self.attn_drop = nn.Dropout(attn_drop)
+        self.proj = nn.Linear(dim, dim, **factory)
+        self.proj_drop = nn.Dropout(proj_drop)
+
+    def _split(self, x: Tensor):
+        b, n, c = x.shape
+        if c != self.dim:
+            raise ValueError(f"{type(self).__name__} expects input width {self.dim}, got shape {tuple(x.shape)}")
+        parts = self.qkv(x).reshape(b, n, self.n_proj, self.num_heads, self.head_dim).permute(2, 0, 3, 1, 4)
+        return parts.unbind(0)
+
+    def _merge(self, out: Tensor) -> Tensor:
+        b, h, n, d = out.shape
+        return self.proj_drop(self.proj(out.transpose(1, 2).reshape(b, n, h * d)))
+
+    @property
+    def _dropout_p(self) -> float:
+        return self.attn_drop.p if self.training else 0.0
+
+
+class Attention(_AttentionBase):
+    """Plain asymmetric multi-head attention (separate W_Q, W_K, W_V), the baseline."""
+
+    n_proj = 3
+
+    def forward(self, x: Tensor, attn_mask: Optional[Tensor] = None, is_causal: bool = False) -> Tensor:
+        q, k, v = self._split(x)
+        out = RF.attention(
+            q, k, v, attn_mask=attn_mask, is_causal=is_causal, dropout_p=self._dropout_p,
+            scale=self.scale, fused=self.fused_attn,
+        )
+        return self._merge(out)
+
+
+class SymmetricAttention(_AttentionBase):
+    """Symmetric attention ``softmax(s K K^T) V``: no W_Q, ``qkv`` maps C -> 2C (keys, then values).
+
+    State-dict compatible with the official SymViT attention (``qkv.weight`` [2C, C], ``proj``).
+    """
+
+    n_proj = 2
+
+    def forward(self, x: Tensor, attn_mask: Optional[Tensor] = None, is_causal: bool = False) -> Tensor:
+        k, v = self._split(x)
+        out = RF.symmetric_attention(
+            k, v, attn_mask=attn_mask, is_causal=is_causal, dropout_p=self._dropout_p,
+            scale=self.scale, fused=self.fused_attn,
+        )
+        return self._merge(out)
+
+
+class RPCAttention(SymmetricAttention):
+    """RPC-Attention: symmetric attention whose keys are cleaned by Principal Attention Pursuit.
+
+    Same parameters as :class:`SymmetricAttention` (a SymViT checkpoint loads unchanged); the forward
+    runs :func:`rpc_attention.functional.pap_attention` with the options given here.
+
+    Args:
+        dim: model width C.
+        num_heads: number of heads H (head_dim = C / H).
+        n_iter: softmax evaluations per forward (paper: 6 in layer 1, or 2 in every layer).
+        lambd: sparsity weight (official experiments: 4).
+        threshold: ``"lambda_mu"`` (official) or ``"lambda_over_mu"`` (classic PCP).
+        mu_mode: ``None`` (global, or causal under ``is_causal``), ``"global"``, ``"causal"``,
+            ``"head_dim"``, ``"causal_head_dim"``.
+        model_dim: width in mu, default ``dim`` (the official C).
+        tol: optional early stop of the ADMM passes (inference).
+    """
+
+    def __init__(
+        self,
+        dim: int,
+        num_heads: int = 8,
+        qkv_bias: bool = False,
+        attn_drop: float = 0.0,
+        proj_drop: float = 0.0,
+        fused_attn: bool = True,
+        n_iter: int = 6,
+        lambd: float = 4.0,
+        threshold: str = "lambda_mu",
+        mu_mode: Optional[str] = None,
+        model_dim: Optional[int] = None,
+        tol: Optional[float] = None,
+        device=None,
+        dtype=None,
+    ) -> None:
+        super().__init__(dim, num_heads, qkv_bias, attn_drop, proj_drop, fused_attn, device=device, dtype=dtype)
+        RF.check_pap_options(n_iter=n_iter, lambd=lambd, threshold=threshold, mu_mode=mu_mode,
+                             tol=tol, model_dim=model_dim)
+        self.n_iter = n_iter
+        self.lambd = float(lambd)
+        self.threshold = threshold
+        self.mu_mode = mu_mode
+        self.model_dim = model_dim
+        self.tol = tol
+        self.last_state: Optional[RF.PAPState] = None
+        self.keep_state = False  # analysis tools set this to record S, L, Y of the last forward
+
+    def pap_options(self) -> dict:
+        return {
+            "n_iter": self.n_iter, "lambd": self.lambd, "threshold": self.threshold,
+            "mu_mode": self.mu_mode, "model_dim": self.model_dim or self.dim, "tol": self.tol,
+        }
+
+    def forward(self, x: Tensor, attn_mask: Optional[Tensor] = None, is_causal: bool = False) -> Tensor:
+        k, v = self._split(x)
+        res = RF.pap_attention(
+            k, v, n_iter=self.n_iter, lambd=self.lambd, attn_mask=attn_mask, is_causal=is_causal,
+            dropout_p=self._dropout_p, scale=self.scale, model_dim=self.model_dim or self.dim,
+            threshold=self.threshold, mu_mode=self.mu_mode, tol=self.tol,
+            return_state=self.keep_state, fused=self.fused_attn,
+        )
+        if self.keep_state:
+            res, self.last_state = res
+        return self._merge(res)
+
+    def extra_repr(self) -> str:
+        return (f"dim={self.dim}, num_heads={self.num_heads}, n_iter={self.n_iter}, lambd={self.lambd}, "
+                f"threshold={self.threshold!r}, mu_mode={self.mu_mode!r}")
+
+
+class ScaledAttention(_AttentionBase):
+    """Scaled Attention (SPEC section 2): asymmetric attention with a re-parameterised value matrix.
+
+    ``mode="s"``: ``softmax(s Q K^T) (I - S) V`` with ``S`` a learnable (heads, N, N) matrix,
+    initialised to 0, so ``num_tokens`` (N) is required and fixed. ``mode="alpha"``:
+    ``softmax(s Q K^T) (I - alpha softmax(s K K^T)) V`` with one learnable scalar ``alpha`` (init 0).
+    """
+
+    n_proj = 3
+
+    def __init__(
+        self,
+        dim: int,
+        num_heads: int = 8,
+        qkv_bias: bool = False,
+        attn_drop: float = 0.0,
+        proj_drop: float = 0.0,
+        fused_attn: bool = True,
+        mode: str = "alpha",
+        num_tokens: Optional[int] = None,
+        device=None,
+        dtype=None,
+    ) -> None:
+        super().__init__(dim, num_heads, qkv_bias, attn_drop, proj_drop, fused_attn, device=device, dtype=dtype)
+        if mode not in ("s", "alpha"):
+            raise ValueError(f"ScaledAttention mode must be 's' or 'alpha', got {mode!r}")
+        self.mode = mode
+        if mode == "s":
+            if num_tokens is None or num_tokens < 1:
+                raise ValueError("ScaledAttention(mode='s') needs num_tokens (S is a fixed N x N matrix)")
+            self.num_tokens = num_tokens
+            self.s_matrix = nn.Parameter(torch.zeros(num_heads, num_tokens, num_tokens, device=device, dtype=dtype))
+        else:
+            self.num_tokens = num_tokens
+            self.alpha = nn.Parameter(torch.zeros((), device=device, dtype=dtype))
+
+    def forward(self, x: Tensor, attn_mask: Optional[Tensor] = None, is_causal: bool = False) -> Tensor:
+        q, k, v = self._split(x)
+        kwargs = dict(attn_mask=attn_mask, is_causal=is_causal, dropout_p=self._dropout_p,
+                      scale=self.scale, fused=self.fused_attn)
+        if self.mode == "s":
+            if x.shape[1] != self.num_tokens:
+                raise ValueError(f"ScaledAttention(mode='s') was built for {self.num_tokens} tokens, got {x.shape[1]}")
+            out = RF.scaled_attention_s(q, k, v, self.s_matrix, **kwargs)
+        else:
+            out = RF.scaled_attention_alpha(q, k, v, self.alpha, **kwargs)
+        return self._merge(out)
+
+    def extra_repr(self) -> str:
+        return f"dim={self.dim}, num_heads={self.num_heads}, mode={self.mode!r}, num_tokens={self.num_tokens}"
