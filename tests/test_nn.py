@@ -1,0 +1,121 @@
+"""Attention modules: parameter layout, agreement with the kernels, validation."""
+
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from rpc_attention import functional as RF
+from rpc_attention.nn import Attention, RPCAttention, ScaledAttention, SymmetricAttention
+
+
+def test_symmetric_parameter_layout_matches_official_symvit():
+    m = SymmetricAttention(12, num_heads=3, qkv_bias=True)
+    shapes = {k: tuple(v.shape) for k, v in m.state_dict().items()}
+    assert shapes == {"qkv.weight": (24, 12), "qkv.bias": (24,), "proj.weight": (12, 12), "proj.bias": (12,)}
+    # RPC attention has exactly the same parameters: a SymViT checkpoint loads unchanged
+    r = RPCAttention(12, num_heads=3, qkv_bias=True)
+    r.load_state_dict(m.state_dict())
+
+
+def test_symmetric_forward_matches_explicit_formula():
+    torch.manual_seed(0)
+    m = SymmetricAttention(12, num_heads=3, qkv_bias=True).double().eval()
+    x = torch.randn(2, 5, 12, dtype=torch.float64)
+    out = m(x)
+    W, b = m.qkv.weight, m.qkv.bias
+    kv = x @ W.T + b  # (B, N, 2C): keys then values
+    k, v = kv[..., :12], kv[..., 12:]
+    heads = []
+    for h in range(3):
+        kh, vh = k[..., 4 * h: 4 * h + 4], v[..., 4 * h: 4 * h + 4]
+        heads.append(torch.softmax(kh @ kh.transpose(-2, -1) / 2, -1) @ vh)
+    ref = torch.cat(heads, dim=-1) @ m.proj.weight.T + m.proj.bias
+    torch.testing.assert_close(out, ref, rtol=0, atol=1e-12)
+
+
+def test_rpc_module_uses_pap_with_its_options():
+    torch.manual_seed(0)
+    r = RPCAttention(16, num_heads=4, qkv_bias=True, n_iter=3, lambd=0.5).double().eval()
+    x = torch.randn(2, 7, 16, dtype=torch.float64)
+    k, v = r.qkv(x).reshape(2, 7, 2, 4, 4).permute(2, 0, 3, 1, 4)
+    expected = RF.pap_attention(k, v, n_iter=3, lambd=0.5, model_dim=16)
+    expected = r.proj(expected.transpose(1, 2).reshape(2, 7, 16))
+    torch.testing.assert_close(r(x), expected, rtol=0, atol=1e-12)
+    # n_iter=1 with a huge lambda is the symmetric layer
+    s = SymmetricAttention(16, num_heads=4, qkv_bias=True).double().eval()
+    r1 = RPCAttention(16, num_heads=4, qkv_bias=True, n_iter=1, lambd=1e12).double().eval()
+    r1.load_state_dict(s.state_dict())
+    torch.testing.assert_close(r1(x), s(x), rtol=0, atol=1e-12)
+
+
+def test_rpc_keep_state_records_pap_state():
+    r = RPCAttention(8, num_heads=2, n_iter=4).eval()
+    r.keep_state = True
+    r(torch.randn(3, 5, 8))
+    assert r.last_state is not None and r.last_state.n_iter_run == 4
+    assert r.last_state.sparse.shape == (3, 2, 5, 4)
+
+
+@pytest.mark.parametrize("cls", [Attention, SymmetricAttention, RPCAttention])
+def test_fused_and_explicit_modules_agree(cls):
+    torch.manual_seed(0)
+    a = cls(24, num_heads=3, qkv_bias=True).eval()
+    b = cls(24, num_heads=3, qkv_bias=True, fused_attn=False).eval()
+    b.load_state_dict(a.state_dict())
+    x = torch.randn(2, 11, 24)
+    torch.testing.assert_close(a(x), b(x), rtol=1e-4, atol=1e-5)
+    torch.testing.assert_close(a(x, is_causal=True), b(x, is_causal=True), rtol=1e-4, atol=1e-5)
+
+
+def test_scaled_attention_starts_as_plain_attention():
+    torch.manual_seed(0)
+    base = Attention(12, num_heads=3, qkv_bias=True).eval()
+    x = torch.randn(2, 6, 12)
+    for mode in ("s", "alpha"):
+        m = ScaledAttention(12, num_heads=3, qkv_bias=True, mode=mode, num_tokens=6).eval()
+        m.load_state_dict({**base.state_dict(), **{k: v for k, v in m.state_dict().items() if k in ("s_matrix", "alpha")}})
+        torch.testing.assert_close(m(x), base(x), rtol=1e-5, atol=1e-6)
+        # and the re-parameterisation is trainable
+        m(x).sum().backward()
+        p = m.s_matrix if mode == "s" else m.alpha
+        assert p.grad is not None and p.grad.abs().sum() > 0
+
+
+def test_device_and_dtype_threading():
+    m = RPCAttention(8, num_heads=2, dtype=torch.float64, device="cpu")
+    assert m.qkv.weight.dtype == torch.float64 and m.proj.weight.device.type == "cpu"
+    s = ScaledAttention(8, num_heads=2, mode="s", num_tokens=4, dtype=torch.float64)
+    assert s.s_matrix.dtype == torch.float64
+
+
+def test_module_validation_errors():
+    with pytest.raises(ValueError, match="divisible"):
+        SymmetricAttention(10, num_heads=3)
+    with pytest.raises(ValueError, match="n_iter"):
+        RPCAttention(8, num_heads=2, n_iter=0)
+    with pytest.raises(ValueError, match="lambd"):
+        RPCAttention(8, num_heads=2, lambd=-1)
+    with pytest.raises(ValueError, match="threshold"):
+        RPCAttention(8, num_heads=2, threshold="nope")
+    with pytest.raises(ValueError, match="num_tokens"):
+        ScaledAttention(8, num_heads=2, mode="s")
+    with pytest.raises(ValueError, match="mode"):
+        ScaledAttention(8, num_heads=2, mode="beta")
+    with pytest.raises(ValueError, match="input width"):
+        SymmetricAttention(8, num_heads=2)(torch.randn(1, 3, 6))
+    with pytest.raises(ValueError, match="built for 4 tokens"):
+        ScaledAttention(8, num_heads=2, mode="s", num_tokens=4)(torch.randn(1, 5, 8))
+
+
+def test_import_is_light():
+    """`import rpc_attention` must not pull in the heavy optional stacks (import time budget)."""
+    code = (
+        "import sys, torch, rpc_attention\n"
+        "heavy = [m for m in ('transformers', 'matplotlib', 'torchattacks', 'imagecorruptions', 'tensorboard', 'sklearn')"
+        " if m in sys.modules]\n"
+        "print(','.join(heavy))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "", f"heavy modules imported by `import rpc_attention`: {out.stdout}"
