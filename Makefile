@@ -43,7 +43,7 @@ data:
 	fi
 
 demo: install
-	$(VENV)/bin/rpc-attention demo
+	$(VENV)/bin/rpc-attention pap-demo
 
 test: install
 	$(PY) -m pytest -q -n 2 --dist loadgroup $(PYTEST_ARGS)
