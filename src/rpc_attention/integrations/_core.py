@@ -1,0 +1,213 @@
+"""Asymmetric RPC attention: PAP on the keys of a pretrained (query/key/value) attention layer.
+
+Pretrained transformers have separate queries and keys, while PAP (SPEC section 3) is defined for
+symmetric attention. The extension used by every integration in this package:
+
+1. PAP runs on the layer's own keys exactly as in SPEC section 3 (symmetric
+   ``softmax(s K2 K2^T) v`` inside the loop, masks in every iteration, causal ``mu`` for causal
+   layers) through :func:`rpc_attention.functional.pap_attention`; its final sparse term ``S`` is
+   kept and its output is discarded.
+2. Keys are cleaned as ``K_clean = K - S`` (``key_mode="sparse"``, default) or taken as PAP's final
+   ``K2 = K - S - Y/mu`` (``key_mode="pap"``, the keys the symmetric RPC layer attends with).
+3. Queries are cleaned with the same ``S`` (``Q_clean = Q - S``) only where queries and keys are the
+   same tokens: self-attention with as many queries as keys. Never for cross-attention, nor for
+   queries shorter than the keys (decoding with a KV cache).
+4. The output is the model's own attention ``softmax(s Q_clean K_clean^T + mask) V``.
+
+With ``key_mode="sparse"`` and ``lambd -> inf`` (S = 0) this is exactly the layer's original
+attention. ``key_mode="pap"`` does not reduce to it (for ``n_iter >= 2`` its K2 equals the previous
+iteration's attention output when S = 0).
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+from torch import Tensor
+
+from .. import functional as RF
+
+__all__ = ["asymmetric_rpc_attention", "KEY_MODES", "DEFAULT_OPTIONS", "resolve_layers", "layer_selected"]
+
+KEY_MODES = ("sparse", "pap")
+
+# Paper default "6iter/layer1" (SPEC section 3): PAP with 6 softmax evaluations in block 0, lambda 4.
+DEFAULT_OPTIONS = {
+    "rpc_layers": (0,),
+    "n_iter": 6,
+    "lambd": 4.0,
+    "threshold": "lambda_mu",
+    "mu_mode": None,
+    "model_dim": None,
+    "tol": None,
+    "clean_queries": True,
+    "key_mode": "sparse",
+}
+
+
+def resolve_layers(rpc_layers):
+    """Normalise ``rpc_layers``: ``"all"``, ``"none"``/``None``/``()``, an int, a list of ints or
+    a comma-separated string (``"0,2"``). Returns ``"all"`` or a tuple of non-negative ints."""
+    if rpc_layers is None:
+        return ()
+    if isinstance(rpc_layers, str):
+        text = rpc_layers.strip().lower()
+        if text == "all":
+            return "all"
+        if text in ("", "none"):
+            return ()
+        try:
+            rpc_layers = [int(p) for p in text.split(",") if p.strip()]
+        except ValueError:
+            raise ValueError(f"rpc_layers must be 'all', 'none' or comma-separated block indices, got {rpc_layers!r}") from None
+    if isinstance(rpc_layers, bool):
+        raise ValueError(f"rpc_layers must be 'all' or block indices, got {rpc_layers!r}")
+    if isinstance(rpc_layers, int):
+        rpc_layers = [rpc_layers]
+    try:
+        layers = tuple(int(i) for i in rpc_layers)
+    except (TypeError, ValueError):
+        raise ValueError(f"rpc_layers must be 'all' or a list of block indices, got {rpc_layers!r}") from None
+    if any(i < 0 for i in layers):
+        raise ValueError(f"rpc_layers indices must be >= 0, got {rpc_layers!r}")
+    return tuple(sorted(set(layers)))
+
+
+def layer_selected(layers, idx: Optional[int]) -> bool:
+    if layers == "all":
+        return True
+    return idx is not None and int(idx) in layers
+
+
+def check_options(opts: dict) -> dict:
+    """Validate a full option dict (keys of DEFAULT_OPTIONS); returns a normalised copy."""
+    unknown = set(opts) - set(DEFAULT_OPTIONS)
+    if unknown:
+        raise ValueError(f"unknown RPC option(s) {sorted(unknown)}; known: {sorted(DEFAULT_OPTIONS)}")
+    out = dict(DEFAULT_OPTIONS)
+    out.update(opts)
+    out["rpc_layers"] = resolve_layers(out["rpc_layers"])
+    RF.check_pap_options(n_iter=out["n_iter"], lambd=out["lambd"], threshold=out["threshold"],
+                         mu_mode=out["mu_mode"], tol=out["tol"], model_dim=out["model_dim"])
+    out["lambd"] = float(out["lambd"])
+    if out["key_mode"] not in KEY_MODES:
+        raise ValueError(f"key_mode must be one of {KEY_MODES}, got {out['key_mode']!r}")
+    if not isinstance(out["clean_queries"], bool):
+        raise ValueError(f"clean_queries must be True or False, got {out['clean_queries']!r}")
+    return out
+
+
+def _bool_mask(mask: Optional[Tensor]) -> Optional[Tensor]:
+    """bool (True = attend) from a bool or additive 0/-inf (or dtype-min) float mask, made 4-D."""
+    if mask is None:
+        return None
+    if mask.dtype != torch.bool:
+        if not mask.is_floating_point():
+            raise ValueError(f"attention mask must be bool or additive float, got {mask.dtype}")
+        blocked = (mask == float("-inf")) | (mask <= torch.finfo(mask.dtype).min / 2)
+        if not (blocked | (mask == 0)).all():
+            raise ValueError("RPC attention supports only 0/-inf (or dtype-min) additive masks, not attention biases")
+        mask = ~blocked
+    while mask.dim() < 4:
+        mask = mask.unsqueeze(0)
+    return mask
+
+
+def _key_key_mask(mask: Optional[Tensor], nq: int, nk: int, causal: bool, same_tokens: bool) -> Optional[Tensor]:
+    """The (B?, H?, Nk, Nk) mask PAP runs under, derived from the (B?, H?, Nq, Nk) attention mask.
+
+    Same tokens (self-attention, Nq == Nk): the mask itself. Otherwise the keys' validity: for a
+    causal layer the keys the last query may see (causal mask aligned to the end: the last query
+    sees every real key, padding excluded); for a non-causal one the keys any query may see. PAP
+    adds the causal triangle itself (``is_causal``).
+    """
+    if mask is None:
+        return None
+    if same_tokens:
+        return mask
+    valid = mask[..., -1, :] if causal else mask.any(dim=-2)  # (B?, H?, Nk)
+    return valid.unsqueeze(-2).expand(*valid.shape[:-1], nk, nk)
+
+
+def _repeat_heads(x: Tensor, rep: int) -> Tensor:
+    if rep == 1:
+        return x
+    b, h, n, d = x.shape
+    return x[:, :, None].expand(b, h, rep, n, d).reshape(b, h * rep, n, d)
+
+
+def asymmetric_rpc_attention(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    *,
+    attn_mask: Optional[Tensor] = None,
+    is_causal: bool = False,
+    dropout_p: float = 0.0,
+    scale: Optional[float] = None,
+    same_tokens: bool = True,
+    n_iter: int = 6,
+    lambd: float = 4.0,
+    threshold: str = "lambda_mu",
+    mu_mode: Optional[str] = None,
+    model_dim: Optional[int] = None,
+    tol: Optional[float] = None,
+    clean_queries: bool = True,
+    key_mode: str = "sparse",
+    fused: bool = True,
+    return_state: bool = False,
+):
+    """RPC attention for an asymmetric layer (see the module docstring for the definition).
+
+    Args:
+        q: queries ``(B, H, Nq, d)``; k, v: keys/values ``(B, Hkv, Nk, d)`` with ``H % Hkv == 0``
+            (grouped-query attention: k/v heads are repeated as in the model's own attention).
+        attn_mask: bool (True = attend) or additive 0/-inf mask broadcastable to ``(B, H, Nq, Nk)``.
+        is_causal: causal layer: causal mask in every PAP iteration, causal ``mu`` by default.
+        same_tokens: False for cross-attention (queries never cleaned, PAP on the encoder keys).
+        clean_queries: clean queries with S where allowed (``same_tokens`` and ``Nq == Nk``).
+        key_mode: ``"sparse"`` (K - S, reduces exactly to plain attention as lambd -> inf) or
+            ``"pap"`` (PAP's final K2).
+        n_iter, lambd, threshold, mu_mode, model_dim, tol: as :func:`rpc_attention.functional.pap_attention`;
+            ``model_dim`` defaults to ``H * d`` (query heads times head width).
+    Returns ``(B, H, Nq, d_v)`` and, with ``return_state``, the :class:`~rpc_attention.functional.PAPState`.
+    """
+    if q.dim() != 4 or k.dim() != 4 or v.dim() != 4:
+        raise ValueError("q, k, v must be 4-D (batch, heads, tokens, head_dim)")
+    if key_mode not in KEY_MODES:
+        raise ValueError(f"key_mode must be one of {KEY_MODES}, got {key_mode!r}")
+    b, h, nq, d = q.shape
+    hkv, nk = k.shape[1], k.shape[2]
+    if h % hkv != 0:
+        raise ValueError(f"query heads ({h}) must be a multiple of key/value heads ({hkv})")
+    if v.shape[-1] != k.shape[-1]:
+        raise ValueError(f"RPC attention needs d_v == d_k (PAP's L step lives in value space), got {v.shape[-1]} vs {k.shape[-1]}")
+    rep = h // hkv
+    k = _repeat_heads(k, rep)
+    v = _repeat_heads(v, rep)
+    if model_dim is None:
+        model_dim = h * d
+    mask = _bool_mask(attn_mask)
+    same = bool(same_tokens) and nq == nk
+    kk_mask = _key_key_mask(mask, nq, nk, is_causal, same)
+    _, state = RF.pap_attention(
+        k, v, n_iter=n_iter, lambd=lambd, attn_mask=kk_mask, is_causal=is_causal, dropout_p=0.0,
+        scale=scale, model_dim=model_dim, threshold=threshold, mu_mode=mu_mode, tol=tol,
+        return_state=True, fused=fused,
+    )
+    sparse = state.sparse.to(k.dtype)
+    k_clean = k - sparse if key_mode == "sparse" else state.cleaned_keys.to(k.dtype)
+    q_clean = q - sparse if (clean_queries and same) else q
+    final_causal = is_causal
+    if is_causal and nq != nk:
+        # Causal mask aligned to the end (query i is token nk - nq + i). Built here because SDPA's own
+        # is_causal is aligned to the top-left corner when nq != nk.
+        tri = torch.ones(nq, nk, dtype=torch.bool, device=q.device).tril(diagonal=nk - nq)
+        mask = tri if mask is None else (mask & tri)
+        final_causal = False
+    out = RF.attention(q_clean, k_clean, v, attn_mask=mask, is_causal=final_causal, dropout_p=dropout_p,
+                       scale=scale, fused=fused)
+    if return_state:
+        return out, state
+    return out

@@ -1,0 +1,181 @@
+"""Test-time RPC attention for existing timm ViT / DeiT / EVA-style models (weights kept).
+
+    from rpc_attention.integrations.timm import convert, revert
+    convert(model, rpc_layers=[0], n_iter=6, lambd=4.0)   # in place; returns the model
+    revert(model)                                         # exact original modules and outputs
+
+``convert`` changes ``model.blocks[i].attn`` in place for the chosen blocks, keeping the module
+object, its parameters and its state-dict keys:
+
+- symmetric layers (:class:`rpc_attention.nn.SymmetricAttention`, e.g. our SymViT) become
+  :class:`rpc_attention.nn.RPCAttention` (same parameters): exactly the paper's PAP layer;
+- any other attention whose forward calls ``torch.nn.functional.scaled_dot_product_attention``
+  (timm ``Attention``, ``AttentionRope``, EVA's ``EvaAttention``, :class:`rpc_attention.nn.Attention`)
+  runs asymmetric RPC attention (:mod:`rpc_attention.integrations._core`): the q, k, v the module
+  hands to SDPA (after its q/k norms and rotary embedding) go through PAP on the keys, and the
+  module's queries and keys are cleaned with the recovered sparse term (self-attention, so queries
+  and keys are the same tokens). The module is forced onto its fused path while converted.
+
+Layers already running PAP (:class:`rpc_attention.nn.RPCAttention`) are rejected.
+"""
+
+from __future__ import annotations
+
+from typing import Dict, Optional
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.overrides import TorchFunctionMode
+
+from ..nn import RPCAttention, SymmetricAttention
+from ._core import asymmetric_rpc_attention, check_options
+
+__all__ = ["convert", "revert", "is_converted", "converted_layers"]
+
+_STATE = "_rpc_convert_state"
+_SUBCLASSES: Dict[type, type] = {}
+
+
+class _SDPAInterceptor(TorchFunctionMode):
+    """Routes every F.scaled_dot_product_attention call made inside a converted forward through RPC."""
+
+    def __init__(self, options: dict):
+        super().__init__()
+        self.options = options
+        self.calls = 0
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = dict(kwargs or {})
+        if func is not F.scaled_dot_product_attention:
+            return func(*args, **kwargs)
+        names = ("query", "key", "value", "attn_mask", "dropout_p", "is_causal", "scale", "enable_gqa")
+        bound = dict(zip(names, args))
+        bound.update(kwargs)
+        self.calls += 1
+        return asymmetric_rpc_attention(
+            bound["query"], bound["key"], bound["value"], attn_mask=bound.get("attn_mask"),
+            is_causal=bool(bound.get("is_causal", False)), dropout_p=float(bound.get("dropout_p", 0.0)),
+            scale=bound.get("scale"), same_tokens=True, **self.options,
+        )
+
+
+def _rpc_subclass(base: type) -> type:
+    """A subclass of ``base`` whose forward runs the original forward under the SDPA interceptor."""
+    if base not in _SUBCLASSES:
+        def forward(self, *args, **kwargs):
+            state = getattr(self, _STATE)
+            mode = _SDPAInterceptor(state["pap"])
+            had = hasattr(self, "fused_attn")
+            old = getattr(self, "fused_attn", None)
+            if had:
+                self.fused_attn = True
+            try:
+                with mode:
+                    out = base.forward(self, *args, **kwargs)
+            finally:
+                if had:
+                    self.fused_attn = old
+            if mode.calls == 0:
+                raise RuntimeError(
+                    f"{base.__name__}.forward made no scaled_dot_product_attention call, so RPC could not be applied; "
+                    "this attention type is not supported by rpc_attention.integrations.timm.convert"
+                )
+            return out
+
+        def extra_repr(self):
+            inner = base.extra_repr(self)
+            pap = getattr(self, _STATE)["pap"]
+            desc = f"rpc(n_iter={pap['n_iter']}, lambd={pap['lambd']}, threshold={pap['threshold']!r})"
+            return f"{inner}, {desc}" if inner else desc
+
+        _SUBCLASSES[base] = type(f"RPCConverted{base.__name__}", (base,), {
+            "forward": forward, "extra_repr": extra_repr, "__module__": __name__,
+            "__doc__": f"{base.__name__} converted to asymmetric RPC attention (see rpc_attention.integrations.timm).",
+        })
+    return _SUBCLASSES[base]
+
+
+def _blocks(model: nn.Module):
+    blocks = getattr(model, "blocks", None)
+    if blocks is None or not isinstance(blocks, (nn.Sequential, nn.ModuleList)):
+        raise ValueError(f"{type(model).__name__} has no `blocks` sequence; convert() supports ViT/DeiT/EVA-style timm models")
+    return list(blocks)
+
+
+def is_converted(module: nn.Module) -> bool:
+    return hasattr(module, _STATE)
+
+
+def converted_layers(model: nn.Module):
+    """Indices of the blocks whose attention is currently converted."""
+    return [i for i, blk in enumerate(_blocks(model)) if is_converted(getattr(blk, "attn", nn.Identity()))]
+
+
+def convert(
+    model: nn.Module,
+    rpc_layers="all",
+    n_iter: int = 6,
+    lambd: float = 4.0,
+    threshold: str = "lambda_mu",
+    mu_mode: Optional[str] = None,
+    model_dim: Optional[int] = None,
+    tol: Optional[float] = None,
+    clean_queries: bool = True,
+    key_mode: str = "sparse",
+) -> nn.Module:
+    """Swap the attention of ``model.blocks[i]`` (i in ``rpc_layers``: ``"all"``, list, ``"0,2"``)
+    for RPC attention in place, keeping weights. Already converted blocks are re-converted with the
+    new options. Returns ``model``. Raises ``ValueError`` for bad options or block indices."""
+    opts = check_options(dict(rpc_layers=rpc_layers, n_iter=n_iter, lambd=lambd, threshold=threshold,
+                              mu_mode=mu_mode, model_dim=model_dim, tol=tol, clean_queries=clean_queries,
+                              key_mode=key_mode))
+    layers = opts.pop("rpc_layers")
+    blocks = _blocks(model)
+    idxs = range(len(blocks)) if layers == "all" else layers
+    bad = [i for i in idxs if i >= len(blocks)]
+    if bad:
+        raise ValueError(f"rpc_layers {bad} out of range: the model has {len(blocks)} blocks")
+    for i in idxs:
+        attn = getattr(blocks[i], "attn", None)
+        if not isinstance(attn, nn.Module):
+            raise ValueError(f"block {i} has no `attn` module")
+        if is_converted(attn):
+            _revert_module(attn)
+        if type(attn) is RPCAttention:
+            raise ValueError(f"block {i} already runs PAP (RPCAttention); nothing to convert")
+        state = {"orig_class": type(attn), "pap": dict(opts), "saved": {}}
+        if type(attn) is SymmetricAttention:
+            # Paper's symmetric PAP layer: same parameters, RPCAttention forward.
+            pap = {k: opts[k] for k in ("n_iter", "lambd", "threshold", "mu_mode", "model_dim", "tol")}
+            extra = {**pap, "last_state": None, "keep_state": False}
+            for k in extra:
+                if k in attn.__dict__:
+                    state["saved"][k] = attn.__dict__[k]
+            attn.__class__ = RPCAttention
+            for k, v in extra.items():
+                setattr(attn, k, v)
+            state["added"] = tuple(extra)
+        else:
+            attn.__class__ = _rpc_subclass(type(attn))
+            state["added"] = ()
+        setattr(attn, _STATE, state)
+    return model
+
+
+def _revert_module(attn: nn.Module) -> None:
+    state = getattr(attn, _STATE)
+    attn.__class__ = state["orig_class"]
+    for k in state["added"]:
+        attn.__dict__.pop(k, None)
+    attn.__dict__.update(state["saved"])
+    delattr(attn, _STATE)
+
+
+def revert(model: nn.Module) -> nn.Module:
+    """Undo :func:`convert` on every converted block (original classes and attributes). Returns ``model``."""
+    for blk in _blocks(model):
+        attn = getattr(blk, "attn", None)
+        if isinstance(attn, nn.Module) and is_converted(attn):
+            _revert_module(attn)
+    return model

@@ -1,0 +1,230 @@
+"""Hugging Face integration: attn_implementation="rpc" on tiny models built from configs (no hub)."""
+
+import os
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+import pytest
+import torch
+
+transformers = pytest.importorskip("transformers")
+
+import rpc_attention.integrations.transformers as rpc_hf  # noqa: E402
+from rpc_attention.integrations import _core  # noqa: E402
+
+INF = float("inf")
+
+
+@pytest.fixture(autouse=True)
+def _registered():
+    torch.manual_seed(0)
+    rpc_hf.register()
+    yield
+    rpc_hf.unregister()
+
+
+def llama(**kw):
+    cfg = transformers.LlamaConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+                                   num_key_value_heads=kw.pop("kv_heads", 2), vocab_size=64,
+                                   max_position_embeddings=64, **kw)
+    return transformers.AutoModelForCausalLM.from_config(cfg, attn_implementation="rpc").eval()
+
+
+def gpt2(**kw):
+    cfg = transformers.GPT2Config(n_embd=32, n_layer=2, n_head=4, vocab_size=64, n_positions=64, **kw)
+    return transformers.AutoModelForCausalLM.from_config(cfg, attn_implementation="rpc").eval()
+
+
+def bert(**kw):
+    cfg = transformers.BertConfig(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64,
+                                  vocab_size=64, max_position_embeddings=64, **kw)
+    return transformers.AutoModel.from_config(cfg, attn_implementation="rpc").eval()
+
+
+def vit(**kw):
+    cfg = transformers.ViTConfig(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64,
+                                 image_size=16, patch_size=4, num_channels=3, num_labels=3, **kw)
+    return transformers.AutoModelForImageClassification.from_config(cfg, attn_implementation="rpc").eval()
+
+
+def out_of(model, *args, **kw):
+    out = model(*args, **kw)
+    return out.logits if hasattr(out, "logits") and out.logits is not None else out.last_hidden_state
+
+
+def with_impl(model, impl, *args, **kw):
+    model.set_attn_implementation(impl)
+    try:
+        return out_of(model, *args, **kw)
+    finally:
+        model.set_attn_implementation("rpc")
+
+
+def padded_batch(side):
+    ids = torch.randint(0, 64, (2, 9))
+    mask = torch.ones(2, 9, dtype=torch.long)
+    if side == "left":
+        mask[0, :3] = 0
+    else:
+        mask[0, -3:] = 0
+    return ids, mask
+
+
+def valid_rows(a, b, mask):
+    keep = mask.bool()
+    return (a[keep] - b[keep]).abs().max().item()
+
+
+def test_registered_in_both_interfaces():
+    from transformers import AttentionInterface, AttentionMaskInterface
+
+    assert rpc_hf.is_registered()
+    assert AttentionInterface._global_mapping["rpc"] is rpc_hf.rpc_attention_forward
+    assert AttentionMaskInterface._global_mapping["rpc"] is rpc_hf.rpc_mask
+    rpc_hf.unregister()
+    assert not rpc_hf.is_registered()
+
+
+@pytest.mark.parametrize("build", [llama, gpt2])
+def test_causal_model_receives_causal_and_padding_mask(build, monkeypatch):
+    seen = []
+    orig = rpc_hf.rpc_attention_forward
+
+    def spy(module, q, k, v, attention_mask, **kw):
+        seen.append(attention_mask)
+        return orig(module, q, k, v, attention_mask, **kw)
+
+    monkeypatch.setitem(transformers.AttentionInterface._global_mapping, "rpc", spy)
+    model = build()
+    ids, am = padded_batch("left")
+    model(ids)  # no padding: still an explicit causal mask
+    model(ids, attention_mask=am)
+    assert seen and all(m is not None for m in seen)
+    nopad, pad = seen[0], seen[-1]
+    assert nopad.dtype == torch.bool and nopad.shape[-2:] == (9, 9)
+    assert torch.equal(nopad[0, 0], torch.ones(9, 9, dtype=torch.bool).tril())
+    assert not pad[0, 0, :, :3].any() and pad[1, 0, -1].all()
+
+
+@pytest.mark.parametrize("build", [llama, gpt2, bert])
+@pytest.mark.parametrize("impl", ["eager", "sdpa"])
+@pytest.mark.parametrize("side", ["left", "right"])
+def test_large_lambda_equals_model_attention(build, impl, side):
+    rpc_hf.register(rpc_layers="all", n_iter=3, lambd=INF)
+    model = build()
+    ids, am = padded_batch(side)
+    ref = with_impl(model, impl, ids, attention_mask=am)
+    got = out_of(model, ids, attention_mask=am)
+    assert valid_rows(got, ref, am) < 1e-5
+    # and RPC with a finite lambda does change the output
+    rpc_hf.register(lambd=0.5, threshold="lambda_over_mu")
+    assert valid_rows(out_of(model, ids, attention_mask=am), ref, am) > 1e-4
+
+
+def test_vit_rpc_and_layers_without_layer_idx():
+    model = vit()
+    x = torch.randn(2, 3, 16, 16)
+    with pytest.raises(ValueError, match="no layer_idx"):
+        model(pixel_values=x)  # default rpc_layers=[0], ViT attention has no layer_idx
+    rpc_hf.configure(model, rpc_layers=[1], lambd=0.5, threshold="lambda_over_mu")
+    idx = [m.rpc_layer_idx for m in model.modules() if hasattr(m, "rpc_layer_idx")]
+    assert idx == [0, 1]
+    ref = with_impl(model, "sdpa", pixel_values=x, output_hidden_states=True)
+    out = model(pixel_values=x, output_hidden_states=True)
+    model.set_attn_implementation("sdpa")
+    ref_h = model(pixel_values=x, output_hidden_states=True).hidden_states
+    torch.testing.assert_close(out.hidden_states[1], ref_h[1], rtol=0, atol=1e-6)  # block 0: plain
+    assert (out.logits - ref).abs().max() > 1e-5  # block 1: RPC
+    model.config.rpc_lambd = INF
+    model.set_attn_implementation("rpc")
+    torch.testing.assert_close(out_of(model, pixel_values=x), ref, rtol=0, atol=1e-5)
+
+
+def test_layer_selection_by_config_keyword():
+    cfg = transformers.LlamaConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+                                   num_key_value_heads=4, vocab_size=64, rpc_layers=[1], rpc_lambd=0.5,
+                                   rpc_threshold="lambda_over_mu", rpc_n_iter=2)
+    model = transformers.AutoModelForCausalLM.from_config(cfg, attn_implementation="rpc").eval()
+    ids = torch.randint(0, 64, (1, 8))
+    out = model(ids, output_hidden_states=True).hidden_states
+    model.set_attn_implementation("sdpa")
+    ref = model(ids, output_hidden_states=True).hidden_states
+    torch.testing.assert_close(out[1], ref[1], rtol=0, atol=1e-6)
+    assert (out[2] - ref[2]).abs().max() > 1e-5
+
+
+def test_gqa_matches_repeated_heads():
+    """PAP on grouped k/v heads == the same model with k/v projections duplicated per query head."""
+    rpc_hf.register(rpc_layers="all", n_iter=3, lambd=0.5, threshold="lambda_over_mu")
+    model = llama(kv_heads=2)
+    full = llama(kv_heads=4)
+    sd = model.state_dict()
+    for name, t in sd.items():
+        if name.endswith(("k_proj.weight", "v_proj.weight")):
+            t = t.view(2, 8, 32).repeat_interleave(2, dim=0).reshape(32, 32)
+        full.state_dict()[name].copy_(t)
+    ids, am = padded_batch("left")
+    torch.testing.assert_close(out_of(model, ids, attention_mask=am), out_of(full, ids, attention_mask=am),
+                               rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("clean_queries", [True, False])
+@pytest.mark.parametrize("build", [llama, gpt2])
+def test_causal_leak(build, clean_queries):
+    rpc_hf.register(rpc_layers="all", n_iter=4, lambd=0.5, threshold="lambda_over_mu", clean_queries=clean_queries)
+    model = build()
+    ids, am = padded_batch("left")
+    ids2 = ids.clone()
+    ids2[:, 6:] = (ids2[:, 6:] + 7) % 64
+    a = out_of(model, ids, attention_mask=am)
+    b = out_of(model, ids2, attention_mask=am)
+    assert torch.equal(a[:, :6], b[:, :6])
+    assert not torch.equal(a[:, 6:], b[:, 6:])
+
+
+def test_kv_cache_decoding_matches_full_forward_without_query_cleaning():
+    """With a cache, queries are shorter than keys: PAP runs over all cached keys (causal, aligned
+    to the end) and queries are not cleaned, so it equals the full forward with clean_queries=False."""
+    rpc_hf.register(rpc_layers="all", n_iter=3, lambd=0.5, threshold="lambda_over_mu", clean_queries=False)
+    model = llama()
+    ids, am = padded_batch("left")
+    full = out_of(model, ids, attention_mask=am)
+    pre = model(ids[:, :6], attention_mask=am[:, :6], use_cache=True)
+    step = model(ids[:, 6:7], attention_mask=am[:, :7], past_key_values=pre.past_key_values, use_cache=True)
+    chunk = model(ids[:, 7:], attention_mask=am, past_key_values=step.past_key_values, use_cache=True)
+    torch.testing.assert_close(pre.logits, full[:, :6], rtol=0, atol=1e-5)
+    torch.testing.assert_close(step.logits[:, 0], full[:, 6], rtol=0, atol=1e-5)
+    torch.testing.assert_close(chunk.logits, full[:, 7:], rtol=0, atol=1e-5)
+    gen = model.generate(ids, attention_mask=am, max_new_tokens=3, do_sample=False)
+    assert gen.shape == (2, 12)
+
+
+def test_queries_cleaned_only_for_same_tokens():
+    q, k, v = torch.randn(3, 1, 2, 6, 4).unbind(0)
+    k = k.clone()
+    k[..., 2, 1] = 30.0  # a sparse outlier for PAP to remove
+    opts = dict(n_iter=3, lambd=0.3, threshold="lambda_over_mu")
+    out, st = _core.asymmetric_rpc_attention(q, k, v, return_state=True, **opts)
+    assert st.sparse.abs().sum() > 0
+    torch.testing.assert_close(out, torch.nn.functional.scaled_dot_product_attention(q - st.sparse, k - st.sparse, v))
+    out_x = _core.asymmetric_rpc_attention(q, k, v, same_tokens=False, **opts)
+    torch.testing.assert_close(out_x, torch.nn.functional.scaled_dot_product_attention(q, k - st.sparse, v))
+    out_c = _core.asymmetric_rpc_attention(q[:, :, -2:], k, v, is_causal=True, **opts)
+    _, stc = _core.asymmetric_rpc_attention(q, k, v, is_causal=True, return_state=True, **opts)
+    ks = k - stc.sparse
+    ref = torch.nn.functional.scaled_dot_product_attention(q[:, :, -2:], ks, v,
+                                                           attn_mask=torch.ones(2, 6, dtype=torch.bool).tril(4))
+    torch.testing.assert_close(out_c, ref)
+
+
+def test_bad_options_raise():
+    with pytest.raises(ValueError, match="lambd"):
+        rpc_hf.register(lambd=-1)
+    with pytest.raises(ValueError, match="rpc_layers"):
+        rpc_hf.register(rpc_layers="first")
+    with pytest.raises(ValueError, match="unknown"):
+        rpc_hf.register(nonsense=1)
+    model = llama()
+    model.config.rpc_key_mode = "bogus"
+    with pytest.raises(ValueError, match="key_mode"):
+        model(torch.randint(0, 64, (1, 4)))
