@@ -1,0 +1,405 @@
+"""Symlm: a compact causal word-level language model with symmetric / RPC attention (SPEC section 4).
+
+One file in the spirit of nanoGPT's ``model.py``. The architecture follows the Symlm of the paper
+(lmtool-fwp / Transformer-XL lineage, without memory): word embeddings scaled by ``sqrt(d_model)``
+plus sinusoidal absolute positions, ``n_layer`` post-LN blocks (``x = LN(x + Attn(x))``,
+``x = LN(x + FF(x))`` with a ReLU feed-forward of width ``d_inner``), and an adaptive softmax whose
+word vectors are tied to the input embedding (``div_val = 1``: every cluster uses the full width).
+
+Attention per block: ``attention="symmetric"`` (no W_Q, :class:`rpc_attention.nn.SymmetricAttention`)
+or ``"asymmetric"`` (:class:`rpc_attention.nn.Attention`); the blocks listed in ``rpc_layers`` use
+:class:`rpc_attention.nn.RPCAttention` (PAP with the causal mask in every iteration and the causal
+mu, so no output depends on a later token).
+
+Generation uses a key/value cache. Plain and symmetric layers cache K/V and attend with the new
+token only. RPC layers cache the raw keys/values of the prefix and re-run PAP over the whole cached
+prefix for every new token (exact, because causal PAP at position t only depends on positions <= t;
+cost O(n_iter * t^2 * d) per head and token instead of O(t * d)).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, field, fields
+from typing import Dict, List, Optional, Sequence, Union
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from .. import functional as RF
+from ..nn import Attention, RPCAttention, SymmetricAttention
+
+__all__ = [
+    "SymlmConfig", "Symlm", "AdaptiveLogSoftmax", "LM_CONFIGS", "build_lm", "lm_config",
+    "parse_rpc_layers", "generate",
+]
+
+PAPER_CUTOFFS = (20000, 40000, 200000)
+
+
+@dataclass
+class SymlmConfig:
+    """Hyper-parameters of :class:`Symlm` (defaults: ``symlm-small``, the paper's WikiText-103 model)."""
+
+    vocab_size: int = 267735
+    n_layer: int = 16
+    d_model: int = 128
+    n_head: int = 8
+    d_inner: int = 2048
+    context: int = 256
+    dropout: float = 0.1
+    attn_dropout: float = 0.0
+    attention: str = "symmetric"  # "symmetric" (no W_Q) or "asymmetric"
+    rpc_layers: Union[str, List[int]] = field(default_factory=list)  # block indices or "all"
+    n_iter: int = 4
+    lambd: float = 4.0
+    threshold: str = "lambda_mu"
+    mu_mode: Optional[str] = "causal"
+    cutoffs: List[int] = field(default_factory=lambda: list(PAPER_CUTOFFS))
+    adaptive: bool = True  # False: full softmax over the vocabulary
+    tie_weights: bool = True
+    init_std: float = 0.02
+
+    def __post_init__(self) -> None:
+        for name in ("vocab_size", "n_layer", "d_model", "n_head", "d_inner", "context", "n_iter"):
+            val = getattr(self, name)
+            if isinstance(val, bool) or not isinstance(val, int) or val < 1:
+                raise ValueError(f"SymlmConfig.{name} must be a positive integer, got {val!r}")
+        if self.d_model % self.n_head:
+            raise ValueError(f"d_model ({self.d_model}) must be divisible by n_head ({self.n_head})")
+        if self.attention not in ("symmetric", "asymmetric"):
+            raise ValueError(f"attention must be 'symmetric' or 'asymmetric', got {self.attention!r}")
+        for name in ("dropout", "attn_dropout"):
+            if not 0.0 <= float(getattr(self, name)) < 1.0:
+                raise ValueError(f"{name} must be in [0, 1), got {getattr(self, name)}")
+        self.rpc_layers = parse_rpc_layers(self.rpc_layers, self.n_layer)
+        self.cutoffs = [int(c) for c in (self.cutoffs or [])]
+        if any(c <= 0 for c in self.cutoffs) or sorted(set(self.cutoffs)) != self.cutoffs:
+            raise ValueError(f"cutoffs must be increasing positive integers, got {self.cutoffs}")
+        if self.rpc_layers:
+            RF.check_pap_options(n_iter=self.n_iter, lambd=self.lambd, threshold=self.threshold,
+                                 mu_mode=self.mu_mode, is_causal=True)
+
+    @property
+    def effective_cutoffs(self) -> List[int]:
+        """Cutoffs clipped to the vocabulary (empty: a single softmax over every word)."""
+        if not self.adaptive:
+            return []
+        return [c for c in self.cutoffs if c < self.vocab_size]
+
+
+def parse_rpc_layers(value, n_layer: int) -> List[int]:
+    """``"all"``, ``"0-3"``, ``"0,1,2"``, a list of ints or ``None``/``[]`` -> sorted block indices."""
+    if value is None or value == "" or value == [] or value == "none":
+        return []
+    if isinstance(value, str):
+        if value == "all":
+            return list(range(n_layer))
+        out: List[int] = []
+        for part in value.split(","):
+            part = part.strip()
+            if "-" in part:
+                lo, hi = part.split("-", 1)
+                out.extend(range(int(lo), int(hi) + 1))
+            elif part:
+                out.append(int(part))
+        value = out
+    if isinstance(value, int) and not isinstance(value, bool):
+        value = [value]
+    layers = sorted({int(i) for i in value})
+    bad = [i for i in layers if not 0 <= i < n_layer]
+    if bad:
+        raise ValueError(f"rpc_layers {bad} out of range for {n_layer} blocks (indices start at 0)")
+    return layers
+
+
+LM_CONFIGS: Dict[str, Dict] = {
+    "symlm-small": dict(n_layer=16, d_model=128, n_head=8, d_inner=2048, context=256, dropout=0.1),
+    "symlm-medium": dict(n_layer=16, d_model=256, n_head=8, d_inner=2048, context=384, dropout=0.1),
+}
+
+
+def lm_config(name: Optional[str] = None, **overrides) -> SymlmConfig:
+    """A :class:`SymlmConfig` from a named size (``symlm-small``, ``symlm-medium``) plus overrides."""
+    base: Dict = {}
+    if name:
+        if name not in LM_CONFIGS:
+            raise ValueError(f"unknown LM config {name!r}; available: {', '.join(LM_CONFIGS)}")
+        base.update(LM_CONFIGS[name])
+    known = {f.name for f in fields(SymlmConfig)}
+    unknown = sorted(set(overrides) - known)
+    if unknown:
+        raise ValueError(f"unknown Symlm option(s) {unknown}; known: {sorted(known)}")
+    base.update(overrides)
+    return SymlmConfig(**base)
+
+
+def build_lm(name: Optional[str] = "symlm-small", **overrides) -> "Symlm":
+    return Symlm(lm_config(name, **overrides))
+
+
+def sinusoidal_positions(n: int, d: int, offset: int = 0, device=None, dtype=torch.float32) -> Tensor:
+    """(n, d) absolute position encodings [sin | cos] (Transformer-XL layout), positions offset.."""
+    pos = torch.arange(offset, offset + n, device=device, dtype=torch.float64)
+    inv = 1.0 / (10000 ** (torch.arange(0, d, 2, device=device, dtype=torch.float64) / d))
+    ang = pos[:, None] * inv[None, :]
+    return torch.cat([ang.sin(), ang.cos()], dim=-1)[:, :d].to(dtype)
+
+
+class AdaptiveLogSoftmax(nn.Module):
+    """Adaptive softmax (Grave et al.) with word vectors tied to an embedding and ``div_val = 1``.
+
+    The head scores the shortlist ``[0, cutoffs[0])`` plus one logit per tail cluster; tail cluster
+    ``i`` scores the words ``[cutoffs[i], cutoffs[i+1])``. ``log p(w) = log p_head(cluster(w)) +
+    log p_tail(w)``. With no cutoffs this is a plain (full) softmax. Word vectors come from the
+    ``weight`` passed in (the tied embedding) or from an own parameter.
+    """
+
+    def __init__(self, vocab_size: int, d_model: int, cutoffs: Sequence[int], own_weight: bool = False) -> None:
+        super().__init__()
+        self.vocab_size = vocab_size
+        self.cutoffs = [int(c) for c in cutoffs if 0 < c < vocab_size]
+        self.bounds = [0] + self.cutoffs + [vocab_size]
+        self.n_clusters = len(self.cutoffs)
+        self.shortlist = self.bounds[1]
+        self.bias = nn.Parameter(torch.zeros(vocab_size))
+        self.weight = nn.Parameter(torch.empty(vocab_size, d_model).normal_(0, 0.02)) if own_weight else None
+        if self.n_clusters:
+            self.cluster_weight = nn.Parameter(torch.zeros(self.n_clusters, d_model))
+            self.cluster_bias = nn.Parameter(torch.zeros(self.n_clusters))
+
+    def _head_logprob(self, h: Tensor, weight: Tensor) -> Tensor:
+        w = weight[: self.shortlist]
+        b = self.bias[: self.shortlist]
+        if self.n_clusters:
+            w = torch.cat([w, self.cluster_weight], dim=0)
+            b = torch.cat([b, self.cluster_bias], dim=0)
+        return F.log_softmax(F.linear(h, w.to(h.dtype), b.to(h.dtype)).float(), dim=-1)
+
+    def _tail_logprob(self, h: Tensor, weight: Tensor, i: int) -> Tensor:
+        lo, hi = self.bounds[i], self.bounds[i + 1]
+        logits = F.linear(h, weight[lo:hi].to(h.dtype), self.bias[lo:hi].to(h.dtype))
+        return F.log_softmax(logits.float(), dim=-1)
+
+    def target_logprob(self, h: Tensor, target: Tensor, weight: Optional[Tensor] = None) -> Tensor:
+        """log p(target) for hidden states ``h`` (M, d) and targets (M,) -> (M,) float32 (or float64)."""
+        weight = self.weight if weight is None else weight
+        if target.min() < 0 or target.max() >= self.vocab_size:
+            raise ValueError(f"targets must lie in [0, {self.vocab_size}), got [{int(target.min())}, {int(target.max())}]")
+        head = self._head_logprob(h, weight)
+        if not self.n_clusters:
+            return head.gather(-1, target[:, None]).squeeze(-1)
+        out_dtype = head.dtype
+        in_short = target < self.shortlist
+        out = torch.zeros(target.shape[0], dtype=out_dtype, device=h.device)
+        idx = in_short.nonzero().squeeze(-1)
+        if idx.numel():
+            out = out.index_copy(0, idx, head[idx].gather(-1, target[idx, None]).squeeze(-1))
+        for i in range(1, self.n_clusters + 1):
+            lo, hi = self.bounds[i], self.bounds[i + 1]
+            idx = ((target >= lo) & (target < hi)).nonzero().squeeze(-1)
+            if not idx.numel():
+                continue
+            tail = self._tail_logprob(h[idx], weight, i)
+            lp = head[idx, self.shortlist + i - 1] + tail.gather(-1, (target[idx] - lo)[:, None]).squeeze(-1)
+            out = out.index_copy(0, idx, lp.to(out_dtype))
+        return out
+
+    def full_logprob(self, h: Tensor, weight: Optional[Tensor] = None) -> Tensor:
+        """log p(w) for every word: (M, d) -> (M, vocab_size)."""
+        weight = self.weight if weight is None else weight
+        head = self._head_logprob(h, weight)
+        if not self.n_clusters:
+            return head
+        parts = [head[:, : self.shortlist]]
+        for i in range(1, self.n_clusters + 1):
+            parts.append(head[:, self.shortlist + i - 1: self.shortlist + i] + self._tail_logprob(h, weight, i))
+        return torch.cat(parts, dim=-1)
+
+
+class FeedForward(nn.Module):
+    def __init__(self, d_model: int, d_inner: int, dropout: float) -> None:
+        super().__init__()
+        self.fc1 = nn.Linear(d_model, d_inner)
+        self.fc2 = nn.Linear(d_inner, d_model)
+        self.drop = nn.Dropout(dropout)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.drop(self.fc2(self.drop(F.relu(self.fc1(x)))))
+
+
+class Block(nn.Module):
+    """Post-LN block: ``x = LN1(x + Attn(x))``, ``x = LN2(x + FF(x))``; causal attention."""
+
+    def __init__(self, cfg: SymlmConfig, rpc: bool) -> None:
+        super().__init__()
+        common = dict(dim=cfg.d_model, num_heads=cfg.n_head, attn_drop=cfg.attn_dropout, proj_drop=cfg.dropout)
+        if rpc:
+            self.attn = RPCAttention(**common, n_iter=cfg.n_iter, lambd=cfg.lambd, threshold=cfg.threshold,
+                                     mu_mode=cfg.mu_mode)
+        elif cfg.attention == "symmetric":
+            self.attn = SymmetricAttention(**common)
+        else:
+            self.attn = Attention(**common)
+        self.ln1 = nn.LayerNorm(cfg.d_model)
+        self.ff = FeedForward(cfg.d_model, cfg.d_inner, cfg.dropout)
+        self.ln2 = nn.LayerNorm(cfg.d_model)
+
+    def forward(self, x: Tensor, cache: Optional[Dict[str, Tensor]] = None) -> Tensor:
+        if cache is None:
+            a = self.attn(x, is_causal=True)
+        else:
+            a = _cached_attention(self.attn, x, cache)
+        x = self.ln1(x + a)
+        return self.ln2(x + self.ff(x))
+
+
+def _cached_attention(attn: nn.Module, x: Tensor, cache: Dict[str, Tensor]) -> Tensor:
+    """Attention of the new tokens ``x`` over cached + new positions; updates ``cache`` in place.
+
+    With an empty cache ``x`` is the whole prefix (prefill, causal); otherwise ``x`` must be one
+    token. RPC layers re-run PAP over the whole cached prefix and keep the new rows (exact).
+    """
+    parts = attn._split(x)
+    if isinstance(attn, SymmetricAttention):  # includes RPCAttention: the keys are the queries
+        k, v = parts
+        q = k
+    else:
+        q, k, v = parts
+    prefill = "k" not in cache
+    if not prefill and x.shape[1] != 1:
+        raise ValueError("a non-empty cache takes one new token at a time")
+    k_all = k if prefill else torch.cat([cache["k"], k], dim=2)
+    v_all = v if prefill else torch.cat([cache["v"], v], dim=2)
+    cache["k"], cache["v"] = k_all, v_all
+    dropout_p = attn._dropout_p
+    if isinstance(attn, RPCAttention):
+        opts = attn.pap_options()
+        out = RF.pap_attention(k_all, v_all, is_causal=True, dropout_p=dropout_p, scale=attn.scale,
+                               fused=attn.fused_attn, **opts)[:, :, -x.shape[1]:]
+    else:
+        # prefill: square causal attention; step: one query sees every cached key (no mask needed)
+        out = RF.attention(q, k_all, v_all, is_causal=prefill, dropout_p=dropout_p, scale=attn.scale,
+                           fused=attn.fused_attn)
+    return attn._merge(out)
+
+
+class Symlm(nn.Module):
+    """Causal word-level LM; ``forward(idx)`` returns hidden states (B, T, d_model).
+
+    Use :meth:`loss` (mean NLL), :meth:`target_logprob` (per-token log-probabilities) or
+    :meth:`next_logprob` (log-probabilities of every word after the last position).
+    """
+
+    def __init__(self, cfg: SymlmConfig) -> None:
+        super().__init__()
+        self.config = cfg
+        self.tok_emb = nn.Embedding(cfg.vocab_size, cfg.d_model)
+        self.drop = nn.Dropout(cfg.dropout)
+        rpc = set(cfg.rpc_layers)
+        self.blocks = nn.ModuleList(Block(cfg, i in rpc) for i in range(cfg.n_layer))
+        self.crit = AdaptiveLogSoftmax(cfg.vocab_size, cfg.d_model, cfg.effective_cutoffs,
+                                       own_weight=not cfg.tie_weights)
+        self.emb_scale = math.sqrt(cfg.d_model)
+        self.apply(self._init_weights)
+
+    def _init_weights(self, module: nn.Module) -> None:
+        std = self.config.init_std
+        if isinstance(module, nn.Linear):
+            nn.init.normal_(module.weight, 0.0, std)
+            if module.bias is not None:
+                nn.init.zeros_(module.bias)
+        elif isinstance(module, nn.Embedding):
+            nn.init.normal_(module.weight, 0.0, std)
+        elif isinstance(module, nn.LayerNorm):
+            nn.init.ones_(module.weight)
+            nn.init.zeros_(module.bias)
+
+    @property
+    def out_weight(self) -> Tensor:
+        return self.tok_emb.weight if self.config.tie_weights else self.crit.weight
+
+    def forward(self, idx: Tensor, cache: Optional[List[Dict[str, Tensor]]] = None) -> Tensor:
+        if idx.dim() != 2:
+            raise ValueError(f"idx must be (batch, tokens), got shape {tuple(idx.shape)}")
+        b, t = idx.shape
+        offset = 0
+        if cache is not None and "k" in cache[0]:
+            offset = cache[0]["k"].shape[2]
+        if offset + t > self.config.context:
+            raise ValueError(f"sequence of {offset + t} tokens exceeds the model context {self.config.context}")
+        x = self.tok_emb(idx) * self.emb_scale
+        pos = sinusoidal_positions(t, self.config.d_model, offset, device=idx.device, dtype=x.dtype)
+        x = self.drop(x + pos)
+        for i, block in enumerate(self.blocks):
+            x = block(x, None if cache is None else cache[i])
+        return x
+
+    def new_cache(self) -> List[Dict[str, Tensor]]:
+        return [{} for _ in self.blocks]
+
+    def target_logprob(self, idx: Tensor, targets: Tensor) -> Tensor:
+        """(B, T) log p(targets[b, t] | idx[b, :t+1])."""
+        h = self(idx)
+        lp = self.crit.target_logprob(h.reshape(-1, h.shape[-1]), targets.reshape(-1), self.out_weight)
+        return lp.view(targets.shape)
+
+    def loss(self, idx: Tensor, targets: Tensor) -> Tensor:
+        """Mean negative log-likelihood (nats per token)."""
+        return -self.target_logprob(idx, targets).mean()
+
+    def next_logprob(self, idx: Tensor, cache: Optional[List[Dict[str, Tensor]]] = None) -> Tensor:
+        """(B, vocab) log-probabilities of the next word after the last position of ``idx``."""
+        h = self(idx, cache)[:, -1]
+        return self.crit.full_logprob(h, self.out_weight)
+
+    def config_dict(self) -> Dict:
+        return asdict(self.config)
+
+
+@torch.no_grad()
+def generate(
+    model: Symlm,
+    idx: Tensor,
+    max_new_tokens: int,
+    temperature: float = 1.0,
+    top_k: Optional[int] = None,
+    use_cache: bool = True,
+    generator: Optional[torch.Generator] = None,
+    ban: Sequence[int] = (),
+) -> Tensor:
+    """Continue ``idx`` (B, T) by ``max_new_tokens`` words; ``temperature=0`` is greedy decoding.
+
+    With ``use_cache`` the prefix is encoded once and every new word costs one single-token pass
+    (RPC layers re-run PAP over the cached prefix). When the sequence outgrows the context, the
+    window is cropped to the last ``context`` words and re-encoded (exactly what the cache-free
+    path does at every step), so both paths produce the same words.
+    """
+    if max_new_tokens < 0:
+        raise ValueError("max_new_tokens must be >= 0")
+    if temperature < 0:
+        raise ValueError("temperature must be >= 0")
+    ctx = model.config.context
+    cache = None
+    for _ in range(max_new_tokens):
+        if not use_cache:
+            logp = model.next_logprob(idx[:, -ctx:])
+        elif cache is None or cache[0]["k"].shape[2] >= ctx:
+            cache = model.new_cache()
+            logp = model.next_logprob(idx[:, -ctx:], cache)
+        else:
+            logp = model.next_logprob(idx[:, -1:], cache)
+        if ban:
+            logp[:, list(ban)] = float("-inf")
+        if temperature == 0:
+            nxt = logp.argmax(dim=-1, keepdim=True)
+        else:
+            logits = logp / temperature
+            if top_k is not None and top_k > 0:
+                kth = torch.topk(logits, min(top_k, logits.shape[-1]), dim=-1).values[:, -1:]
+                logits = logits.masked_fill(logits < kth, float("-inf"))
+            probs = torch.softmax(logits.float(), dim=-1)
+            nxt = torch.multinomial(probs, 1, generator=generator)
+        idx = torch.cat([idx, nxt.to(idx.dtype)], dim=1)
+    return idx
