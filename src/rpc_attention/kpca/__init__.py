@@ -1,0 +1,18 @@
+"""Kernel-PCA analysis toolkit: test the paper's claims (and its critics') on any attention model.
+
+* :mod:`.metrics` -- the math (J_proj and its terms in log space, centred Gram matrix, eigenvalues,
+  gamma constancy, direct/optimal cosine, linear and RBF CKA, chance baselines), float64.
+* :mod:`.hooks` -- :class:`AttentionCapture`: q, k, v of rpc_attention.nn, timm and Hugging Face
+  attention modules via forward hooks.
+* :mod:`.analysis` -- per-layer / model-level aggregation under the ``paper`` and ``exact`` protocols.
+* :mod:`.sources`, :mod:`.report`, :mod:`.plots` -- probes (run / timm / HF), JSON + figures + summary.
+* :mod:`.callbacks` -- the ``jproj`` trainer callback (J_proj on a fixed probe batch every epoch).
+
+Heavy dependencies (scipy, matplotlib, transformers) are imported lazily.
+"""
+
+from .analysis import PROTOCOLS, analyze_captures, chance_baselines, pap_stats
+from .hooks import AttentionCapture, LayerCapture, find_attention_modules
+
+__all__ = ["PROTOCOLS", "analyze_captures", "chance_baselines", "pap_stats", "AttentionCapture", "LayerCapture",
+           "find_attention_modules"]

@@ -1,0 +1,218 @@
+"""Per-layer kernel-PCA analysis of captured attention layers, aggregated with std.
+
+:func:`analyze_captures` turns :class:`~rpc_attention.kpca.hooks.LayerCapture` records into
+per-layer and model-level statistics under one measurement protocol:
+
+* ``exact``: the definitions of SPEC section 1 on the raw q, k;
+* ``paper``: q and k standardised per token over the head dim (the paper's undocumented detail),
+  the probe batch fixed, J_proj also reported as the log of its mean.
+
+Records are (layer, head, example); a layer's numbers are mean and std over its records and the
+model level is the plain mean over all records. Failures (a layer or example where a stage raised,
+or Dv > N) are collected in ``failures``, never dropped silently.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from typing import Dict, Iterable, List, Optional
+
+import torch
+from torch import Tensor
+
+from . import metrics as M
+from .hooks import LayerCapture
+
+__all__ = ["PROTOCOLS", "analyze_captures", "pap_stats", "chance_baselines", "summarise_values"]
+
+PROTOCOLS = ("paper", "exact")
+ALIGN_METRICS = ("direct_cosine", "optimal_cosine", "linear_cka", "rbf_cka")
+GAMMA_VARIANTS = ("learned", "eigvec", "perturbed", "random")
+
+
+def summarise_values(values: Iterable[float]) -> Dict[str, Optional[float]]:
+    """``{"mean", "std", "n"}`` over the finite values (population std); ``n_nonfinite`` if any."""
+    vals = [float(v) for v in values]
+    fin = [v for v in vals if math.isfinite(v)]
+    out: Dict[str, Optional[float]] = {"mean": None, "std": None, "n": len(fin)}
+    if fin:
+        t = torch.tensor(fin, dtype=torch.float64)
+        out["mean"] = float(t.mean())
+        out["std"] = float(t.std(unbiased=False))
+    if len(fin) != len(vals):
+        out["n_nonfinite"] = len(vals) - len(fin)
+    return out
+
+
+def _prep(t: Tensor, protocol: str) -> Tensor:
+    return M.standardize_tokens(t) if protocol == "paper" else t
+
+
+def _gamma_variants(k_c: Tensor, a_hat: Tensor, vecs: Tensor, perturb: float, gen: torch.Generator) -> Dict[str, Tensor]:
+    """Per-head per-axis mean |gamma_i - gamma_j| for the learned a_hat and three controls."""
+    n = vecs.shape[-2]
+    noise = torch.randn(vecs.shape, generator=gen, dtype=torch.float64)
+    # perturbed control: true eigenvectors plus Gaussian noise of relative norm `perturb` per column
+    pert = vecs + perturb * noise / math.sqrt(n) * vecs.norm(dim=-2, keepdim=True)
+    rnd = torch.randn(a_hat.shape, generator=gen, dtype=torch.float64)
+    rnd = rnd - rnd.mean(dim=-2, keepdim=True)
+    out = {}
+    for key, a in (("learned", a_hat), ("eigvec", vecs), ("perturbed", pert), ("random", rnd)):
+        out[key] = M.gamma_stats(k_c, a)
+    return out
+
+
+def analyze_captures(
+    captures: List[LayerCapture],
+    protocol: str = "exact",
+    *,
+    gram: bool = True,
+    alignment: bool = True,
+    perturb: float = 0.01,
+    seed: int = 0,
+    max_examples: Optional[int] = None,
+) -> Dict:
+    """Analyse every captured layer under ``protocol`` ("paper" or "exact").
+
+    Returns ``{"protocol", "layers": [...], "model": {...}, "failures": [...]}``; see the module doc.
+    """
+    if protocol not in PROTOCOLS:
+        raise ValueError(f"protocol must be one of {PROTOCOLS}, got {protocol!r}")
+    gen = torch.Generator().manual_seed(seed)
+    layers, failures = [], []
+    all_rec: Dict[str, List[float]] = {}
+    all_gamma: Dict[str, List[Tensor]] = {g: [] for g in GAMMA_VARIANTS}
+    for cap in captures:
+        t0 = time.perf_counter()
+        rec: Dict[str, List[float]] = {}
+        gam: Dict[str, List[Tensor]] = {g: [] for g in GAMMA_VARIANTS}
+        gam_std: Dict[str, List[Tensor]] = {g: [] for g in GAMMA_VARIANTS}
+        values = cap.values()
+        n_ex = cap.batch if max_examples is None else min(cap.batch, max_examples)
+        for b in range(n_ex):
+            q, k, v = _prep(cap.q[b], protocol), _prep(cap.k[b], protocol), values[b]
+            if cap.symmetric:
+                q = k
+            kv = cap.key_valid(b)
+            # ---- projection loss
+            try:
+                pl = M.projection_loss(q, k, v, cap.scale, causal=cap.causal, mask=cap.example_mask(b),
+                                       query_valid=kv)
+                for key in ("jproj", "phi2", "h2", "log_phi2", "log_h2"):
+                    rec.setdefault(key, []).extend(pl[key].tolist())
+            except Exception as exc:
+                failures.append({"layer": cap.name, "example": b, "stage": "jproj", "error": f"{type(exc).__name__}: {exc}"})
+            if not gram:
+                continue
+            # ---- Gram eigen-analysis, gamma, alignment (over the valid tokens; the causal mask does
+            # not enter: kernel PCA is defined on the set of keys)
+            try:
+                kk, vv = (k, v) if kv is None else (k[:, kv], v[:, kv])
+                n, dv = kk.shape[-2], vv.shape[-1]
+                if dv > n:
+                    raise ValueError(f"KPCA needs Dv <= N, got Dv={dv} > N={n}")
+                g = M.centred_gram(kk, cap.scale)
+                eig = M.gram_eigen(g["k_c"], dv)
+                lam = eig["lam"].abs()
+                for key, val in (("eig_max", lam.max(-1).values), ("eig_min", lam.min(-1).values),
+                                 ("eig_mean", lam.mean(-1)), ("eig_median", lam.median(-1).values)):
+                    rec.setdefault(key, []).extend(val.tolist())
+                a_hat = M.recover_a_hat(g["log_g"], vv)
+                gv = _gamma_variants(g["k_c"], a_hat, eig["vecs"], perturb, gen)
+                for key, st in gv.items():
+                    gam[key].append(st["mean"])
+                    gam_std[key].append(st["std"])
+                    if st["n_nonfinite"]:
+                        failures.append({"layer": cap.name, "example": b, "stage": f"gamma/{key}",
+                                         "error": f"{st['n_nonfinite']} (head, axis) pairs with a zero entry in a (gamma not finite); excluded"})
+                if alignment:
+                    v_hat = M.kpca_values(g["log_g"], eig["vecs"])
+                    al = M.alignment_metrics(vv, v_hat)
+                    for key, val in al.items():
+                        rec.setdefault(key, []).extend(val.tolist())
+            except Exception as exc:
+                failures.append({"layer": cap.name, "example": b, "stage": "gram", "error": f"{type(exc).__name__}: {exc}"})
+        layer = {
+            "name": cap.name, "kind": cap.kind, "heads": cap.heads, "tokens": cap.tokens,
+            "head_dim": int(cap.q.shape[-1]), "value_dim": int(values.shape[-1]), "examples": n_ex,
+            "symmetric": cap.symmetric, "causal": cap.causal, "values": cap.v_eff_label,
+            "keys": "pap_cleaned" if cap.kind == "rpc" else "raw",
+        }
+        for key, vals in rec.items():
+            layer[key] = summarise_values(vals)
+            all_rec.setdefault(key, []).extend(vals)
+        layer["log_mean_jproj"] = _log_mean(rec.get("jproj", []))
+        if rec.get("jproj"):
+            layer["frac_negative_jproj"] = sum(1 for x in rec["jproj"] if x < 0) / len(rec["jproj"])
+        layer["gamma"] = {}
+        for key in GAMMA_VARIANTS:
+            if gam[key]:
+                stacked = torch.cat(gam[key], 0)  # (records, Dv)
+                stacked_std = torch.cat(gam_std[key], 0)
+                layer["gamma"][key] = {
+                    "per_axis_mean": _nanmean0(stacked).tolist(),
+                    "per_axis_std": _nanmean0(stacked_std).tolist(),
+                    **{k2: v2 for k2, v2 in summarise_values(stacked.flatten().tolist()).items()},
+                }
+                all_gamma[key].append(stacked)
+        layer["seconds"] = round(time.perf_counter() - t0, 3)
+        layers.append(layer)
+    model = {key: summarise_values(vals) for key, vals in all_rec.items()}
+    model["log_mean_jproj"] = _log_mean(all_rec.get("jproj", []))
+    model["gamma"] = {}
+    for key in GAMMA_VARIANTS:
+        mats = all_gamma[key]
+        if mats and len({m.shape[-1] for m in mats}) == 1:
+            stacked = torch.cat(mats, 0)
+            model["gamma"][key] = {"per_axis_mean": _nanmean0(stacked).tolist(),
+                                   **summarise_values(stacked.flatten().tolist())}
+        elif mats:
+            model["gamma"][key] = summarise_values(torch.cat([m.flatten() for m in mats]).tolist())
+    return {"protocol": protocol, "layers": layers, "model": model, "failures": failures}
+
+
+def _nanmean0(t: Tensor) -> Tensor:
+    fin = torch.isfinite(t)
+    s = torch.where(fin, t, torch.zeros_like(t)).sum(0)
+    c = fin.sum(0)
+    return torch.where(c > 0, s / c.clamp_min(1), torch.full_like(s, float("nan")))
+
+
+def _log_mean(vals: List[float]) -> Optional[float]:
+    """Natural log of the mean J_proj (the paper's plotted quantity); None when the mean is <= 0."""
+    fin = [v for v in vals if math.isfinite(v)]
+    if not fin:
+        return None
+    m = sum(fin) / len(fin)
+    return math.log(m) if m > 0 else None
+
+
+def chance_baselines(shapes: Iterable, draws: int = 8, seed: int = 0) -> Dict[str, Dict]:
+    """Chance level of the alignment metrics for each distinct ``(N, Dv)``: independent Gaussian
+    matrices of the same shapes. Keyed ``"NxDv"``."""
+    out = {}
+    for n, d in sorted(set((int(n), int(d)) for n, d in shapes)):
+        if d <= n:
+            out[f"{n}x{d}"] = M.random_alignment_baseline(n, d, draws=draws, seed=seed)
+    return out
+
+
+def pap_stats(captures: List[LayerCapture]) -> Dict[str, Dict[str, float]]:
+    """Sparse part S of PAP per RPC layer: fraction of exact zeros, mean |S|, ||S||_F / ||K||_F,
+    fraction of tokens with a non-zero S row, mean threshold tau. Keyed by layer name."""
+    out = {}
+    for cap in captures:
+        if cap.pap is None:
+            continue
+        s = cap.pap["sparse"]
+        k = cap.k_raw
+        out[cap.name] = {
+            "zero_fraction": float((s == 0).double().mean()),
+            "mean_abs": float(s.abs().mean()),
+            "rel_norm": float(s.norm() / k.norm().clamp_min(1e-300)),
+            "token_fraction": float((s != 0).any(dim=-1).double().mean()),
+            "tau_mean": float(cap.pap["tau"].mean()),
+            "n_iter_run": int(cap.pap["n_iter_run"]),
+        }
+    return out
