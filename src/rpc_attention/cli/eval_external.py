@@ -1,0 +1,92 @@
+"""``rpc-attention eval-external``: ``rpc-attention eval`` on external models and/or with test-time RPC.
+
+Everything ``rpc-attention eval`` accepts (``--run``, ``--suite``, ``--set``, ``--limit``, ``--out``)
+plus ``--rpc-layers`` (switch the loaded model's attention to RPC without retraining),
+``--timm NAME --checkpoint FILE`` and ``--hf PATH_OR_CONFIG`` (with ``--data-config``). The suites,
+options and result files are those of ``rpc-attention eval``; results with test-time RPC go to
+``RUN/eval-rpc-<layers>-<n_iter>it-l<lambd>/`` by default so the run's own ``RUN/eval`` is untouched.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+
+from . import UserError
+
+HELP = "eval with test-time RPC (--rpc-layers) and/or an external model (--timm NAME --checkpoint FILE, --hf PATH)"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    from ..integrations.eval_external import add_arguments as add_external
+
+    try:
+        from . import eval as base
+    except ImportError:  # pragma: no cover - `rpc-attention eval` missing from this install
+        base = None
+    if base is not None:
+        base.add_arguments(parser)
+    add_external(parser)
+
+
+def _tag(opts) -> str:
+    layers = opts["rpc_layers"]
+    lay = "all" if layers == "all" else ("none" if not layers else "-".join(str(i) for i in layers))
+    tag = f"eval-rpc-{lay}-{opts['n_iter']}it-l{opts['lambd']:g}"
+    if opts["threshold"] != "lambda_mu":
+        tag += "-over-mu"
+    if not opts["clean_queries"]:
+        tag += "-keysonly"
+    if opts["key_mode"] != "sparse":
+        tag += f"-{opts['key_mode']}"
+    return tag
+
+
+def run(args: argparse.Namespace) -> int:
+    try:
+        from . import eval as base
+    except ImportError as exc:  # pragma: no cover
+        raise UserError(f"rpc-attention eval is not available: {exc}") from None
+    from ..integrations import eval_external as ext
+
+    try:
+        rpc = ext.rpc_options_from_args(args)
+        model_kwargs = ext.parse_model_kwargs(args.model_kwargs)
+    except ValueError as exc:
+        raise UserError(str(exc)) from None
+    external = bool(args.timm or args.hf)
+    if external and args.run:
+        raise UserError("give either --run DIR or --timm/--hf, not both")
+    if not external and rpc is None and args.suite != "list":
+        raise UserError("nothing external to do: give --rpc-layers and/or --timm/--hf (plain runs: rpc-attention eval)")
+    if args.out is None:
+        if external:
+            raise UserError("--timm/--hf need --out DIR")
+        if args.run and rpc is not None:
+            args.out = os.path.join(args.run, _tag(rpc))
+
+    original = base.load_model
+
+    def load_model(a, device="cpu"):
+        if external:
+            try:
+                model, cfg, source = ext.load_external(timm_name=a.timm, checkpoint=a.checkpoint,
+                                                       model_kwargs=model_kwargs, hf=a.hf,
+                                                       data_config=a.data_config, device=device)
+            except (ValueError, FileNotFoundError, OSError) as exc:
+                raise UserError(str(exc).splitlines()[0]) from None
+            run_dir = None
+        else:
+            model, cfg, run_dir, source = original(a, device=device)
+        if rpc is not None:
+            try:
+                source = dict(source, test_time_rpc=ext.apply_test_time_rpc(model, rpc))
+            except ValueError as exc:
+                raise UserError(str(exc)) from None
+        return model, cfg, run_dir, source
+
+    base.load_model = load_model
+    try:
+        return base.run(args)
+    finally:
+        base.load_model = original

@@ -1,0 +1,83 @@
+"""Test-time RPC for evaluation: apply_test_time_rpc and the `rpc-attention eval-external` command."""
+
+import json
+import os
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+import pytest
+import torch
+
+from rpc_attention.cli import main
+from rpc_attention.integrations import eval_external as ext
+from rpc_attention.nn import RPCAttention, SymmetricAttention
+
+FMNIST = os.environ.get("RPC_ATTENTION_FASHION_MNIST", "/usr/share/datasets/fashion-mnist")
+TINY_SETS = ["model.kwargs.embed_dim=32", "model.kwargs.depth=2", "model.kwargs.num_heads=2"]
+
+
+def _tiny_run(tmp_path, preset):
+    from safetensors.torch import save_file
+
+    from rpc_attention.train.config import dump_config, resolve_config
+    from rpc_attention.train.tasks import get_task
+
+    cfg = resolve_config(preset, TINY_SETS)
+    torch.manual_seed(0)
+    model = get_task("classification").build_model(cfg)
+    run = tmp_path / preset
+    run.mkdir()
+    (run / "config.yaml").write_text(dump_config(cfg))
+    save_file({k: v.contiguous() for k, v in model.state_dict().items()}, str(run / "model.safetensors"))
+    return str(run), model
+
+
+def test_apply_to_symmetric_and_hf_models():
+    import timm
+
+    import rpc_attention  # noqa: F401
+
+    sym = timm.create_model("symvit_tiny_patch16_224", img_size=28, in_chans=1, patch_size=7, embed_dim=32, depth=2,
+                            num_heads=2, num_classes=10)
+    rec = ext.apply_test_time_rpc(sym, dict(rpc_layers="0", n_iter=2))
+    assert type(sym.blocks[0].attn) is RPCAttention and type(sym.blocks[1].attn) is SymmetricAttention
+    assert rec["converted_blocks"] == [0] and rec["n_iter"] == 2
+    transformers = pytest.importorskip("transformers")
+    cfg = transformers.ViTConfig(hidden_size=32, num_hidden_layers=1, num_attention_heads=2, intermediate_size=32,
+                                 image_size=28, patch_size=7, num_channels=1, num_labels=10)
+    hf = ext.HFClassifier(transformers.AutoModelForImageClassification.from_config(cfg).eval())
+    x = torch.randn(2, 1, 28, 28)
+    ref = hf(x)
+    rec = ext.apply_test_time_rpc(hf, dict(rpc_layers="all", lambd=float("inf")))
+    assert hf.hf.config._attn_implementation == "rpc" and "transformers" in rec["via"]
+    torch.testing.assert_close(hf(x), ref, rtol=0, atol=1e-5)
+    with pytest.raises(ValueError, match="does not know"):
+        ext.apply_test_time_rpc(torch.nn.Linear(2, 2), dict(rpc_layers="all"))
+
+
+@pytest.mark.skipif(not os.path.isdir(FMNIST), reason="Fashion-MNIST not installed")
+def test_cli_test_time_rpc_on_a_run(tmp_path, capsys):
+    run, _ = _tiny_run(tmp_path, "fmnist-vit")
+    assert main(["eval", "--run", run, "--suite", "clean", "--limit", "40"]) == 0
+    assert main(["eval-external", "--run", run, "--suite", "clean", "--limit", "40", "--rpc-layers", "all",
+                 "--rpc-lambd", "inf", "--rpc-n-iter", "2"]) == 0
+    base = json.loads(open(os.path.join(run, "eval", "clean.json")).read())
+    rpc_dir = os.path.join(run, "eval-rpc-all-2it-linf")
+    got = json.loads(open(os.path.join(rpc_dir, "clean.json")).read())
+    assert got["metrics"]["top1"] == base["metrics"]["top1"]  # huge lambda: the model's own attention
+    assert "test_time_rpc" in json.dumps(got)
+    # external timm model + checkpoint, with the run's data section
+    ckpt = os.path.join(run, "model.safetensors")
+    kw = json.dumps({"img_size": 28, "in_chans": 1, "num_classes": 10, "patch_size": 7, "embed_dim": 32, "depth": 2,
+                     "num_heads": 2, "drop_path_rate": 0.0})
+    out = str(tmp_path / "ext")
+    assert main(["eval-external", "--timm", "deit_tiny_patch16_224", "--checkpoint", ckpt, "--model-kwargs", kw,
+                 "--data-config", run, "--suite", "clean", "--limit", "40", "--out", out]) == 0
+    assert json.loads(open(os.path.join(out, "clean.json")).read())["metrics"]["top1"] == base["metrics"]["top1"]
+
+
+def test_cli_user_errors(tmp_path, capsys):
+    assert main(["eval-external", "--timm", "deit_tiny_patch16_224", "--suite", "clean", "--out", str(tmp_path)]) == 2
+    assert "data-config" in capsys.readouterr().err
+    assert main(["eval-external", "--run", str(tmp_path), "--rpc-layers", "first"]) == 2
+    assert "rpc_layers" in capsys.readouterr().err
