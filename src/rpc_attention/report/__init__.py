@@ -1,0 +1,33 @@
+"""Study reports: ``results.json`` (every number), ``report.md`` and ``report.html`` (same content,
+figures inlined), figures under ``figures/``; verdicts per claim by the rules in
+:mod:`rpc_attention.report.verdict`.
+
+>>> from rpc_attention.report import build_report     # called by the study's "report" stage
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Dict
+
+from .verdict import INCONCLUSIVE, NOT_MEASURED, NOT_REPRODUCED, REPRODUCED, RULES_TEXT, verdict
+
+__all__ = ["build_report", "verdict", "RULES_TEXT", "REPRODUCED", "NOT_REPRODUCED", "INCONCLUSIVE", "NOT_MEASURED"]
+
+
+def build_report(out_dir, study, pipeline) -> Dict[str, Path]:
+    """Collect, draw, render and write the report of the study in ``out_dir`` (atomically)."""
+    from ..reproduce.pipeline import atomic_write_json, atomic_write_text
+    from .collect import collect_results
+    from .figures import make_figures
+    from .render import render_html, render_markdown
+
+    out_dir = Path(out_dir)
+    res = collect_results(out_dir, study, pipeline)
+    res["figures"] = make_figures(res, out_dir)
+    md = render_markdown(res)
+    paths = {"results": out_dir / "results.json", "markdown": out_dir / "report.md", "html": out_dir / "report.html"}
+    atomic_write_json(paths["results"], res)
+    atomic_write_text(paths["markdown"], md)
+    atomic_write_text(paths["html"], render_html(md, out_dir, title=f"rpc-attention: {study.name} study"))
+    return paths

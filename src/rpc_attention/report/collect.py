@@ -1,0 +1,281 @@
+"""Collect every number of a study directory into one JSON-able dict (``results.json``).
+
+The report is rendered from this dict only, so every number in ``report.md`` / ``report.html`` is in
+``results.json``.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import platform
+import time
+from pathlib import Path
+from typing import Any, Dict, List, Optional
+
+from .paper import PAPER_LABEL, PAPER_ROWS
+from .verdict import RULES_TEXT, verdict
+
+__all__ = ["collect_results", "setup_info", "metric_value", "TABLES"]
+
+# Columns of the task tables, in the layout of the paper's tables: (suite, metric, header, higher, paper id)
+TABLES: Dict[str, Dict[str, Any]] = {
+    "vision": {"title": "Image classification and robustness", "columns": [
+        ("clean", "top1", "clean top-1 (%)", True, "clean"),
+        ("clean", "top5", "clean top-5 (%)", True, None),
+        ("fgsm", "mean_top1", "FGSM top-1, mean over eps (%)", True, "fgsm"),
+        ("pgd", "mean_top1", "PGD top-1, mean over eps (%)", True, "pgd"),
+        ("autoattack", "top1@1/255", "AutoAttack top-1 (%)", True, "autoattack"),
+        ("square", "top1@1/255", "Square top-1 (%)", True, "square"),
+        ("noise", "mean_top1", "uniform noise top-1 (%)", True, None),
+        ("corruptions", "mCE", "mCE, SymViT = 100 (lower better)", False, "mce"),
+        ("corruptions", "mean_corruption_error", "corruption error (%, lower better)", False, None),
+        ("ood", "AUPR", "OOD AUPR (%)", True, "ood_aupr"),
+    ]},
+    "scaled": {"title": "Scaled Attention vs the asymmetric softmax baseline", "columns": [
+        ("clean", "top1", "clean top-1 (%)", True, None),
+        ("clean", "top5", "clean top-5 (%)", True, None),
+    ]},
+    "lm": {"title": "Language modelling (word-level perplexity, lower is better)", "columns": [
+        ("ppl", "valid_ppl_sliding", "valid PPL", False, None),
+        ("ppl", "test_ppl_sliding", "test PPL", False, "lm_ppl"),
+        ("wordswap", "valid_attacked_ppl_sliding", "word-swap valid PPL", False, None),
+        ("wordswap", "test_attacked_ppl_sliding", "word-swap test PPL", False, "lm_wordswap"),
+    ]},
+    "seg": {"title": "Segmentation (composed Fashion-MNIST scenes)", "columns": [
+        ("seg", "pixel_acc", "pixel acc (%)", True, None),
+        ("seg", "mean_acc", "mean acc (%)", True, None),
+        ("seg", "miou", "mIoU (%)", True, "seg_miou"),
+        ("seg-corruptions", "corrupted_miou", "corrupted mIoU (%)", True, "seg_corrupt_miou"),
+    ]},
+}
+
+# metric aliases, so the report survives small renames in the suites' outputs
+ALIASES = {"mIoU": ["miou"], "miou": ["mIoU"], "aupr": ["AUPR"], "AUPR": ["aupr"],
+           "ppl": ["test_ppl_sliding", "test_ppl"], "corrupted_miou": ["corrupted_mIoU"]}
+
+
+def metric_value(metrics: Dict[str, Any], name: str) -> Optional[float]:
+    for k in [name] + ALIASES.get(name, []):
+        v = metrics.get(k)
+        if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(float(v)):
+            return float(v)
+    return None
+
+
+def _read_json(path: Path) -> Optional[dict]:
+    try:
+        return json.loads(Path(path).read_text())
+    except (OSError, json.JSONDecodeError):
+        return None
+
+
+def _versions() -> Dict[str, str]:
+    out = {"python": platform.python_version()}
+    for mod in ("torch", "torchvision", "timm", "numpy", "transformers", "torchattacks", "imagecorruptions"):
+        try:
+            from importlib.metadata import version
+
+            out[mod] = version(mod)
+        except Exception:  # noqa: BLE001
+            pass
+    try:
+        from .. import __version__
+
+        out["rpc_attention"] = __version__
+    except Exception:  # noqa: BLE001
+        pass
+    return out
+
+
+def _cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.lower().startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def setup_info(study, pipeline) -> Dict[str, Any]:
+    import torch
+
+    info: Dict[str, Any] = {
+        "hostname": platform.node(), "platform": platform.platform(), "cpu": _cpu_model(),
+        "cpu_count": os.cpu_count(), "torch_threads": torch.get_num_threads(), "versions": _versions(),
+        "device": study.device, "cuda": torch.cuda.is_available(),
+        "gpus": [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())] if torch.cuda.is_available() else [],
+    }
+    try:
+        info["load_average"] = [round(x, 2) for x in os.getloadavg()]
+    except OSError:
+        pass
+    info["seeds"] = sorted({s for m in study.models for s in m.seeds})
+    return info
+
+
+def _train_info(run_dir: Path) -> Dict[str, Any]:
+    out: Dict[str, Any] = {"run_dir": str(run_dir)}
+    cfg_path = run_dir / "config.yaml"
+    if cfg_path.is_file():
+        try:
+            import yaml
+
+            cfg = yaml.safe_load(cfg_path.read_text()) or {}
+            d = cfg.get("data") or {}
+            out["data"] = {k: d.get(k) for k in ("name", "source", "train_subset", "test_subset", "val_size",
+                                                 "img_size", "root") if d.get(k) is not None}
+            out["model"] = cfg.get("model")
+            t = cfg.get("train") or {}
+            out["schedule"] = {k: t.get(k) for k in ("epochs", "max_steps", "batch_size", "seed") if k in t}
+            out["optim"] = {k: (cfg.get("optim") or {}).get(k) for k in ("name", "lr", "weight_decay")}
+        except Exception:  # noqa: BLE001
+            pass
+    curve: List[Dict[str, Any]] = []
+    mpath = run_dir / "metrics.jsonl"
+    if mpath.is_file():
+        for line in mpath.read_text().splitlines():
+            try:
+                rec = json.loads(line)
+            except json.JSONDecodeError:
+                continue
+            if isinstance(rec, dict):
+                curve.append({k: v for k, v in rec.items() if isinstance(v, (int, float, str)) and not isinstance(v, bool)})
+    train_recs = [r for r in curve if any("loss" in k for k in r)]
+    if len(train_recs) > 300:  # keep the file small: subsample the step records evenly
+        keep = set(range(0, len(train_recs), max(1, len(train_recs) // 300)))
+        keep_ids = {id(r) for i, r in enumerate(train_recs) if i in keep or i == len(train_recs) - 1}
+        curve = [r for r in curve if r not in train_recs or id(r) in keep_ids]
+    out["curve"] = curve
+    return out
+
+
+def _cell(values: List[float]) -> Dict[str, Any]:
+    vals = [v for v in values if v is not None]
+    if not vals:
+        return {"n": 0, "mean": None, "std": None, "values": []}
+    m = sum(vals) / len(vals)
+    sd = math.sqrt(sum((v - m) ** 2 for v in vals) / (len(vals) - 1)) if len(vals) > 1 else None
+    return {"n": len(vals), "mean": m, "std": sd, "values": vals}
+
+
+def collect_results(out_dir, study, pipeline) -> Dict[str, Any]:
+    out_dir = Path(out_dir)
+    stages = pipeline.stage_table()
+    status = {r["name"]: r for r in stages}
+    res: Dict[str, Any] = {
+        "study": study.name, "description": study.description, "settings": study.settings,
+        "generated": time.strftime("%Y-%m-%d %H:%M:%S %Z"), "out_dir": str(out_dir.resolve()),
+        "setup": setup_info(study, pipeline), "stages": stages, "notes": list(study.notes),
+        "rules": RULES_TEXT, "paper": {"label": PAPER_LABEL, "rows": PAPER_ROWS},
+        "models": {}, "training": {}, "evals": {}, "tables": {}, "claims": [], "analysis": {},
+    }
+    for m in study.models:
+        runs = m.runs()
+        res["models"][m.key] = {"label": m.label, "family": m.family, "role": m.role, "preset": m.preset,
+                                "overrides": m.overrides, "seeds": m.seeds, "runs": runs,
+                                "train_status": {r: status.get(f"train.{r}", {}).get("status") for r in runs}}
+        for run in runs:
+            rd = out_dir / "runs" / run
+            if rd.is_dir():
+                res["training"][run] = _train_info(rd)
+    # evaluation records
+    for ev in study.evals:
+        for key in ev.models:
+            m = study.model(key)
+            for seed, run in zip(m.seeds, m.runs()):
+                st = status.get(f"eval.{run}.{ev.suite}", {})
+                rec = _read_json(out_dir / "runs" / run / "eval" / f"{ev.suite}.json") if st.get("status") == "done" else None
+                entry = {"status": st.get("status", "not run"), "reason": st.get("reason"), "seconds": st.get("seconds")}
+                if rec:
+                    entry.update({"metrics": rec.get("metrics", {}), "rows": rec.get("rows", []),
+                                  "protocol": rec.get("protocol"), "settings": rec.get("settings", {}),
+                                  "n_examples": rec.get("n_examples"), "data": rec.get("data", {})})
+                    if ev.suite == "corruptions" and ev.baseline_model == key and "mCE" not in entry["metrics"]:
+                        entry["metrics"] = dict(entry["metrics"], mCE=100.0)  # the normalising model, by definition
+                        entry["note"] = "mCE = 100 by definition (the errors are normalised by this model's)"
+                res["evals"].setdefault(ev.suite, {}).setdefault(key, {})[str(seed)] = entry
+    # task tables
+    for tname, spec in TABLES.items():
+        keys = [m.key for m in study.models if m.family == tname]
+        if not keys:
+            continue
+        cols = [c for c in spec["columns"] if c[0] in res["evals"]]
+        if not cols:
+            continue
+        rows = []
+        for key in keys:
+            cells = {}
+            for suite, metric, header, higher, pid in cols:
+                per = res["evals"][suite].get(key, {})
+                vals = [metric_value(e.get("metrics", {}), metric) for e in per.values()]
+                c = _cell(vals)
+                if not c["n"]:
+                    sts = sorted({e.get("status") for e in per.values()})
+                    c["status"] = ",".join(s or "not run" for s in sts) if per else "not evaluated"
+                    c["reason"] = next((e.get("reason") for e in per.values() if e.get("reason")), None)
+                cells[f"{suite}:{metric}"] = c
+            rows.append({"model": key, "label": res["models"][key]["label"], "role": res["models"][key]["role"],
+                         "cells": cells})
+        paper = {"baseline": {}, "rpc": {}}
+        for suite, metric, header, higher, pid in cols:
+            if pid and pid in PAPER_ROWS:
+                pr = PAPER_ROWS[pid]
+                paper["baseline"][f"{suite}:{metric}"] = {"value": pr["baseline"], "setting": pr["setting"]}
+                paper["rpc"][f"{suite}:{metric}"] = {"value": pr["rpc"], "setting": pr["setting"], "change": pr["change"]}
+        res["tables"][tname] = {"title": spec["title"], "columns": [
+            {"key": f"{s}:{m}", "suite": s, "metric": m, "header": h, "higher": hb, "paper": p} for s, m, h, hb, p in cols],
+            "rows": rows, "paper": paper}
+    # claims
+    for c in study.claims:
+        b = res["evals"].get(c.suite, {}).get(c.baseline, {})
+        r = res["evals"].get(c.suite, {}).get(c.rpc, {})
+        bv = [v for v in (metric_value(e.get("metrics", {}), c.metric) for e in b.values()) if v is not None]
+        rv = [v for v in (metric_value(e.get("metrics", {}), c.metric) for e in r.values()) if v is not None]
+        v = verdict(bv, rv, c.higher, c.margin, c.relative)
+        reason = v["reason"]
+        if not bv or not rv:
+            why = [e.get("reason") or e.get("status") for e in list(b.values()) + list(r.values())
+                   if e.get("status") != "done"]
+            if why:
+                reason += f" ({why[0]})"
+        res["claims"].append({
+            "id": c.id, "title": c.title, "table": c.table, "suite": c.suite, "metric": c.metric,
+            "baseline": c.baseline, "baseline_label": res["models"].get(c.baseline, {}).get("label", c.baseline),
+            "rpc": c.rpc, "rpc_label": res["models"].get(c.rpc, {}).get("label", c.rpc), "higher": c.higher,
+            "margin": v["effect"]["margin"] if v["effect"]["margin"] is not None else c.margin,
+            "relative_margin": c.relative, "baseline_values": bv, "rpc_values": rv,
+            "verdict": v["verdict"], "reason": reason, "effect": v["effect"],
+            "paper": PAPER_ROWS.get(c.id),
+        })
+    # KPCA analyses
+    for a in study.analyses:
+        m = study.model(a["model"])
+        for run in m.runs():
+            st = status.get(f"analyze.{run}", {})
+            kp = _read_json(out_dir / "analysis" / run / "kpca.json") if st.get("status") == "done" else None
+            entry: Dict[str, Any] = {"model": m.key, "label": m.label, "status": st.get("status", "not run"),
+                                     "reason": st.get("reason"), "dir": f"analysis/{run}"}
+            if kp:
+                entry["protocols"] = {}
+                for proto, pr in (kp.get("protocols") or {}).items():
+                    mo = pr.get("model") or {}
+                    entry["protocols"][proto] = {
+                        "model": {k: mo.get(k) for k in ("jproj", "phi2", "h2", "log_phi2", "log_h2", "log_mean_jproj",
+                                                          "optimal_cosine", "direct_cosine", "linear_cka", "rbf_cka",
+                                                          "eig_max", "eig_min", "eig_mean", "eig_median")},
+                        "gamma": {k: {kk: vv for kk, vv in (g or {}).items() if kk in ("mean", "std", "n")}
+                                  for k, g in (mo.get("gamma") or {}).items()},
+                        "layers": [{k: L.get(k) for k in ("name", "kind", "tokens", "heads", "jproj", "phi2", "h2",
+                                                          "optimal_cosine", "linear_cka", "rbf_cka", "direct_cosine")}
+                                   for L in pr.get("layers", [])],
+                    }
+                entry["chance"] = kp.get("chance", {})
+                entry["history"] = kp.get("history", [])
+                entry["failures"] = len(kp.get("failures") or [])
+                entry["meta"] = {k: v for k, v in (kp.get("meta") or {}).items() if isinstance(v, (str, int, float))}
+                entry["figures"] = [str(Path("analysis") / run / Path(f).name) for f in kp.get("figures", []) or []]
+            res["analysis"][run] = entry
+    return res

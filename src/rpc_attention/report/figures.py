@@ -1,0 +1,337 @@
+"""Report figures (matplotlib, Agg backend, imported lazily), drawn from the ``results.json`` dict.
+
+Each function returns a list of ``{"path": relative path, "caption": ..., "section": ...}`` for the
+figures it wrote (nothing when the numbers it needs are absent).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import re
+import tempfile
+from pathlib import Path
+from typing import Any, Dict, List, Optional
+
+__all__ = ["make_figures"]
+
+
+def _plt():
+    import matplotlib
+
+    matplotlib.use("Agg", force=True)
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def _save(fig, out_dir: Path, name: str) -> str:
+    plt = _plt()
+    path = out_dir / "figures" / name
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{name}.", suffix=".png", dir=str(path.parent))
+    os.close(fd)
+    try:
+        fig.savefig(tmp, dpi=100, bbox_inches="tight", format="png")
+        os.replace(tmp, path)
+    finally:
+        plt.close(fig)
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+    return f"figures/{name}"
+
+
+def _eps_value(label) -> Optional[float]:
+    """'2/255' -> 2.0 (in 1/255 units); a plain float -> value * 255."""
+    if label is None:
+        return None
+    s = str(label)
+    m = re.fullmatch(r"\s*([0-9.]+)\s*/\s*255\s*", s)
+    if m:
+        return float(m.group(1))
+    try:
+        return float(s) * 255.0
+    except ValueError:
+        return None
+
+
+def _mean_std(vals: List[float]):
+    m = sum(vals) / len(vals)
+    sd = math.sqrt(sum((v - m) ** 2 for v in vals) / (len(vals) - 1)) if len(vals) > 1 else 0.0
+    return m, sd
+
+
+def attack_curves(res: Dict[str, Any], out_dir: Path) -> List[dict]:
+    suites = [s for s in ("fgsm", "pgd", "noise") if s in res["evals"]]
+    curves = {}
+    for suite in suites:
+        for key, per_seed in res["evals"][suite].items():
+            pts: Dict[float, List[float]] = {}
+            for e in per_seed.values():
+                for row in e.get("rows", []):
+                    x = _eps_value(row.get("eps"))
+                    if x is not None and isinstance(row.get("top1"), (int, float)):
+                        pts.setdefault(x, []).append(float(row["top1"]))
+                c = (e.get("metrics") or {}).get("clean_top1")
+                if isinstance(c, (int, float)) and e.get("rows"):
+                    pts.setdefault(0.0, []).append(float(c))
+            if pts:
+                curves.setdefault(suite, {})[key] = pts
+    if not curves:
+        return []
+    plt = _plt()
+    fig, axes = plt.subplots(1, len(curves), figsize=(5.2 * len(curves), 3.8), squeeze=False)
+    for ax, (suite, per_model) in zip(axes[0], curves.items()):
+        for key, pts in per_model.items():
+            xs = sorted(pts)
+            ms = [_mean_std(pts[x]) for x in xs]
+            label = res["models"].get(key, {}).get("label", key)
+            ax.errorbar(xs, [m for m, _ in ms], yerr=[s for _, s in ms], marker="o", capsize=3, label=label)
+        ax.set_title(f"{suite.upper()} (white-box through PAP)")
+        ax.set_xlabel("eps (x 1/255, pixel space)")
+        ax.set_ylabel("top-1 accuracy (%)")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
+    fig.tight_layout()
+    p = _save(fig, out_dir, "attack_curves.png")
+    n_seeds = max(len(e) for per in res["evals"][suites[0]].values() for e in [per]) if suites else 1
+    cap = ("Top-1 accuracy vs attack budget eps for each model (eps = 0: clean accuracy of the same examples)"
+           + ("; error bars: std across seeds." if n_seeds > 1 else "; one seed."))
+    return [{"path": p, "caption": cap, "section": "vision"}]
+
+
+def corruption_bars(res: Dict[str, Any], out_dir: Path) -> List[dict]:
+    per_model = res["evals"].get("corruptions")
+    if not per_model:
+        return []
+    data: Dict[str, Dict[str, List[List[float]]]] = {}
+    names: List[str] = []
+    for key, per_seed in per_model.items():
+        for e in per_seed.values():
+            for row in e.get("rows", []):
+                c = row.get("corruption")
+                if c is None or not isinstance(row.get("mean_error"), (int, float)):
+                    continue
+                if c not in names:
+                    names.append(c)
+                sev = [float(row[k]) for k in sorted(row) if re.fullmatch(r"s\d", k) and isinstance(row[k], (int, float))]
+                data.setdefault(key, {}).setdefault(c, []).append([float(row["mean_error"])] + sev)
+    if not data:
+        return []
+    plt = _plt()
+    import numpy as np
+
+    keys = list(data)
+    multi_seed = any(len(v) > 1 for d in data.values() for v in d.values())
+    fig, ax = plt.subplots(figsize=(max(6.0, 0.9 * len(names) * max(1, len(keys)) / 1.5), 4.0))
+    width = 0.8 / len(keys)
+    x = np.arange(len(names))
+    for i, key in enumerate(keys):
+        means, lo, hi = [], [], []
+        for c in names:
+            recs = data[key].get(c, [])
+            if not recs:
+                means.append(np.nan), lo.append(0), hi.append(0)
+                continue
+            vals = [r[0] for r in recs]
+            m, sd = _mean_std(vals)
+            means.append(m)
+            if multi_seed:
+                lo.append(sd), hi.append(sd)
+            else:
+                sev = recs[0][1:] or [m]
+                lo.append(m - min(sev)), hi.append(max(sev) - m)
+        ax.bar(x + (i - (len(keys) - 1) / 2) * width, means, width, yerr=[lo, hi], capsize=2,
+               label=res["models"].get(key, {}).get("label", key))
+    ax.set_xticks(x)
+    ax.set_xticklabels([n.replace("_", "\n") for n in names], fontsize=7)
+    ax.set_ylabel("top-1 error (%), mean over severities")
+    ax.set_title("Error under each corruption")
+    ax.grid(axis="y", alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    p = _save(fig, out_dir, "corruption_errors.png")
+    cap = ("Top-1 error per corruption (mean over the 5 severities); error bars: "
+           + ("std across seeds." if multi_seed else "range from the mildest to the strongest severity (one seed)."))
+    return [{"path": p, "caption": cap, "section": "vision"}]
+
+
+def _xkey(recs: List[dict]) -> Optional[str]:
+    for k in ("step", "global_step", "iter", "epoch"):
+        if any(k in r for r in recs):
+            return k
+    return None
+
+
+def training_curves(res: Dict[str, Any], out_dir: Path) -> List[dict]:
+    figs = []
+    by_family: Dict[str, List[str]] = {}
+    for key, m in res["models"].items():
+        for run in m["runs"]:
+            if res["training"].get(run, {}).get("curve"):
+                by_family.setdefault(m["family"], []).append(run)
+    if not by_family:
+        return []
+    plt = _plt()
+    for fam, runs in by_family.items():
+        fig, axes = plt.subplots(1, 2, figsize=(10, 3.6))
+        drew = [False, False]
+        for run in runs:
+            curve = res["training"][run]["curve"]
+            key = run.rsplit("-s", 1)[0]
+            label = res["models"].get(key, {}).get("label", key) + (f" (seed {run.rsplit('-s', 1)[1]})" if len(
+                res["models"].get(key, {}).get("seeds", [])) > 1 else "")
+            losses = [r for r in curve if any(k in ("loss", "train/loss", "train_loss") for k in r)]
+            xk = _xkey(losses)
+            if losses and xk:
+                lk = next(k for k in ("train/loss", "train_loss", "loss") if any(k in r for r in losses))
+                pts = [(r[xk], r[lk]) for r in losses if xk in r and isinstance(r.get(lk), (int, float))]
+                if pts:
+                    axes[0].plot([p[0] for p in pts], [p[1] for p in pts], label=label)
+                    axes[0].set_xlabel(xk)
+                    drew[0] = True
+            evals = [r for r in curve if any(re.search(r"(val|valid|test).*(top1|acc|ppl|miou)", k) for k in r)]
+            if evals:
+                mk = next(k for r in evals for k in r if re.search(r"(val|valid|test).*(top1|acc|ppl|miou)", k))
+                xk2 = "epoch" if any("epoch" in r for r in evals) else _xkey(evals)
+                pts = [(r.get(xk2, i + 1), r[mk]) for i, r in enumerate(evals) if isinstance(r.get(mk), (int, float))]
+                if pts:
+                    axes[1].plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=f"{label}: {mk}")
+                    axes[1].set_xlabel(xk2 or "evaluation")
+                    drew[1] = True
+        if not any(drew):
+            plt.close(fig)
+            continue
+        axes[0].set_title("training loss")
+        axes[1].set_title("validation metric")
+        for ax, d in zip(axes, drew):
+            ax.grid(alpha=0.3)
+            if d:
+                ax.legend(fontsize=7)
+        fig.tight_layout()
+        p = _save(fig, out_dir, f"training_{fam}.png")
+        figs.append({"path": p, "caption": f"Training curves ({fam} models): loss per logged step and the "
+                                           "validation metric at each evaluation.", "section": fam})
+    return figs
+
+
+def _stat(d, key="mean"):
+    return d.get(key) if isinstance(d, dict) and isinstance(d.get(key), (int, float)) else None
+
+
+def kpca_figures(res: Dict[str, Any], out_dir: Path) -> List[dict]:
+    figs = []
+    plt = _plt()
+    for run, a in res.get("analysis", {}).items():
+        protos = a.get("protocols") or {}
+        if not protos:
+            continue
+        # J_proj and its terms per layer
+        fig, axes = plt.subplots(1, len(protos), figsize=(5.2 * len(protos), 3.8), squeeze=False)
+        for ax, (proto, pr) in zip(axes[0], protos.items()):
+            layers = pr.get("layers") or []
+            xs = list(range(len(layers)))
+            for term, lab in (("phi2", "||varphi(q)||^2"), ("h2", "||h||^2"), ("jproj", "J_proj")):
+                ys = [_stat(L.get(term)) for L in layers]
+                if term == "jproj":
+                    neg = [y is not None and y < 0 for y in ys]
+                    ys = [abs(y) if y is not None else None for y in ys]
+                    lab = "|J_proj| (hollow: J_proj < 0)"
+                pts = [(x, y) for x, y in zip(xs, ys) if y is not None and y > 0]
+                if pts:
+                    line, = ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=lab)
+                    if term == "jproj":
+                        for (x, y) in pts:
+                            if neg[x]:
+                                ax.plot([x], [y], marker="o", mfc="white", color=line.get_color())
+            ax.set_yscale("log")
+            ax.set_xlabel("layer")
+            ax.set_title(f"J_proj terms ({proto} protocol)")
+            ax.grid(alpha=0.3)
+            ax.legend(fontsize=7)
+        fig.tight_layout()
+        p = _save(fig, out_dir, f"jproj_{run}.png")
+        figs.append({"path": p, "section": "kpca", "caption": (
+            f"{a['label']}: the projection loss J_proj = mean(||varphi(q)||^2 - ||h||^2) and its two terms per "
+            "layer (mean over heads, tokens and probe images; log scale).")})
+        # alignment vs chance
+        metrics = ["optimal_cosine", "direct_cosine", "linear_cka", "rbf_cka"]
+        chance = a.get("chance") or {}
+        fig, ax = plt.subplots(figsize=(6.5, 3.6))
+        width = 0.8 / (len(protos) + 1)
+        import numpy as np
+
+        x = np.arange(len(metrics))
+        for i, (proto, pr) in enumerate(protos.items()):
+            mo = pr.get("model") or {}
+            ax.bar(x + i * width, [_stat(mo.get(k)) or 0 for k in metrics], width,
+                   yerr=[_stat(mo.get(k), "std") or 0 for k in metrics], capsize=2, label=f"learned V ({proto})")
+        if chance:
+            cm = [[_stat(v.get(k)) for v in chance.values()] for k in metrics]
+            cs = [[_stat(v.get(k), "std") for v in chance.values()] for k in metrics]
+            ax.bar(x + len(protos) * width, [np.mean([c for c in cc if c is not None] or [0]) for cc in cm], width,
+                   yerr=[max([c for c in cc if c is not None] or [0]) for cc in cs], capsize=2, color="grey",
+                   label="chance (random matrices)")
+        ax.set_xticks(x + width * len(protos) / 2)
+        ax.set_xticklabels([m.replace("_", " ") for m in metrics])
+        ax.set_ylim(0, 1)
+        ax.axhline(0.8, color="k", lw=0.8, ls="--")
+        ax.set_ylabel("similarity of V and V_hat")
+        ax.set_title("Learned values vs the KPCA value matrix")
+        ax.legend(fontsize=7)
+        ax.grid(axis="y", alpha=0.3)
+        fig.tight_layout()
+        p = _save(fig, out_dir, f"alignment_{run}.png")
+        figs.append({"path": p, "section": "kpca", "caption": (
+            f"{a['label']}: alignment of the learned value matrix V with the KPCA prediction V_hat (reproduction "
+            "study metrics; mean over layer, head and image; error bars: std), next to independent random matrices "
+            "of the same shapes (chance). Dashed: 0.8.")})
+        hist = a.get("history") or []
+        if len(hist) >= 2:
+            fig, ax = plt.subplots(figsize=(5.5, 3.6))
+            proto = next(iter(protos))
+            for term in ("jproj", "phi2", "h2"):
+                k = f"jproj/{proto}/model/{term}"
+                pts = [(r.get("epoch", i + 1), r[k]) for i, r in enumerate(hist) if isinstance(r.get(k), (int, float))]
+                if pts:
+                    ax.plot([p[0] for p in pts], [abs(p[1]) for p in pts], marker="o", label=term)
+            ax.set_yscale("log")
+            ax.set_xlabel("epoch")
+            ax.set_title(f"J_proj during training ({proto})")
+            ax.legend(fontsize=7)
+            ax.grid(alpha=0.3)
+            fig.tight_layout()
+            p = _save(fig, out_dir, f"jproj_history_{run}.png")
+            figs.append({"path": p, "section": "kpca", "caption": f"{a['label']}: J_proj and its terms at the end of "
+                                                                  "each training epoch (absolute values, log scale)."})
+    return figs
+
+
+def seg_examples(res: Dict[str, Any], out_dir: Path) -> List[dict]:
+    out = []
+    for key, per_seed in (res["evals"].get("seg") or {}).items():
+        for seed, e in per_seed.items():
+            for f in (e.get("settings") or {}).get("examples", [])[:2]:
+                p = Path(f)
+                if not p.is_absolute():
+                    p = out_dir / p
+                if p.is_file():
+                    try:
+                        rel = os.path.relpath(p, out_dir)
+                    except ValueError:
+                        continue
+                    out.append({"path": rel, "section": "seg", "caption": f"{res['models'].get(key, {}).get('label', key)}"
+                                f" (seed {seed}): example segmentation ({p.name})."})
+            break
+    return out
+
+
+def make_figures(res: Dict[str, Any], out_dir) -> List[dict]:
+    out_dir = Path(out_dir)
+    figs: List[dict] = []
+    for fn in (attack_curves, corruption_bars, training_curves, kpca_figures, seg_examples):
+        try:
+            figs.extend(fn(res, out_dir))
+        except Exception as exc:  # a figure must never sink the report; the failure is reported
+            figs.append({"path": None, "section": "errors", "caption": f"{fn.__name__} failed: {type(exc).__name__}: {exc}"})
+    return figs

@@ -1,0 +1,39 @@
+"""The paper's published numbers (SPEC section 7): Teo & Nguyen, NeurIPS 2024, ViT-tiny unless noted.
+
+They are ImageNet-1K / WikiText-103 / ADE20K numbers: our studies run on much smaller data sets, so
+they are shown next to ours for the *direction* of each effect only, never as comparable values.
+"""
+
+from __future__ import annotations
+
+from typing import Dict
+
+# id -> row.  "higher" tells whether a larger number is better.
+PAPER_ROWS: Dict[str, dict] = {
+    "clean": {"change": "6 PAP iters, layer 1", "setting": "ImageNet-1K val", "metric": "top-1",
+              "baseline": 70.44, "rpc": 71.49, "higher": True},
+    "mce": {"change": "6 iters, layer 1", "setting": "ImageNet-C", "metric": "mCE",
+            "baseline": 74.75, "rpc": 73.03, "higher": False},
+    "ood_aupr": {"change": "5 iters, layer 1", "setting": "ImageNet-O", "metric": "AUPR",
+                 "baseline": 17.43, "rpc": 20.35, "higher": True},
+    "pgd": {"change": "2 iters, all layers", "setting": "PGD", "metric": "top-1",
+            "baseline": 4.98, "rpc": 6.12, "higher": True},
+    "fgsm": {"change": "6 iters, layer 1", "setting": "FGSM", "metric": "top-1",
+             "baseline": 23.38, "rpc": 27.22, "higher": True},
+    "autoattack": {"change": "6 iters, layer 1", "setting": "AutoAttack", "metric": "top-1",
+                   "baseline": 23.09, "rpc": 24.74, "higher": True},
+    "square": {"change": "6 iters, layer 1", "setting": "Square", "metric": "top-1",
+               "baseline": 41.50, "rpc": 43.64, "higher": True},
+    "lm_ppl": {"change": "4 iters, layers 1-4", "setting": "WikiText-103 test", "metric": "PPL",
+               "baseline": 36.36, "rpc": 35.26, "higher": False},
+    "lm_wordswap": {"change": "4 iters, layers 1-4", "setting": "attacked WikiText-103", "metric": "PPL",
+                    "baseline": 44.32, "rpc": 43.16, "higher": False},
+    "seg_miou": {"change": "4 iters, layer 1", "setting": "ADE20K (Segmenter)", "metric": "mIoU",
+                 "baseline": 34.00, "rpc": 34.69, "higher": True},
+    "seg_corrupt_miou": {"change": "6 iters, layer 1", "setting": "corrupted ADE20K", "metric": "mIoU",
+                         "baseline": 10.47, "rpc": 11.60, "higher": True},
+    "base_clean": {"change": "2 iters, all layers", "setting": "SymViT-base ImageNet", "metric": "top-1",
+                   "baseline": 80.62, "rpc": 80.72, "higher": True},
+}
+
+PAPER_LABEL = "paper (ImageNet-scale; not comparable in absolute terms)"

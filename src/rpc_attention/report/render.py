@@ -1,0 +1,300 @@
+"""Render ``results.json`` as markdown and as a self-contained HTML page (figures inlined as base64)."""
+
+from __future__ import annotations
+
+import base64
+import html
+import math
+import re
+from pathlib import Path
+from typing import Any, Dict, List, Optional
+
+from ..reproduce.pipeline import format_seconds
+
+__all__ = ["render_markdown", "render_html", "fmt"]
+
+
+def fmt(x: Any, digits: int = 2) -> str:
+    if x is None:
+        return "—"
+    if isinstance(x, bool):
+        return str(x)
+    if isinstance(x, int):
+        return str(x)
+    if isinstance(x, float):
+        if not math.isfinite(x):
+            return str(x)
+        if x != 0 and (abs(x) < 1e-2 or abs(x) >= 1e5):
+            return f"{x:.3g}"
+        return f"{x:.{digits}f}"
+    return str(x)
+
+
+def _cell_text(c: Dict[str, Any]) -> str:
+    if not c.get("n"):
+        st = c.get("status") or "—"
+        return "—" if st in ("not evaluated",) else f"— ({st})"
+    s = fmt(c["mean"])
+    if c.get("std") is not None:
+        s += f" ± {fmt(c['std'])} (n={c['n']})"
+    return s
+
+
+def _esc(s: Any) -> str:
+    return str(s).replace("|", "\\|").replace("\n", " ")
+
+
+def _table(header: List[str], rows: List[List[Any]]) -> List[str]:
+    out = ["| " + " | ".join(_esc(h) for h in header) + " |", "|" + "|".join("---" for _ in header) + "|"]
+    for r in rows:
+        out.append("| " + " | ".join(_esc(x) for x in r) + " |")
+    return out + [""]
+
+
+def _figs(res: Dict[str, Any], section: str) -> List[str]:
+    out = []
+    for f in res.get("figures", []):
+        if f.get("section") == section and f.get("path"):
+            out += [f"![{f['caption']}]({f['path']})", "", f"*{f['caption']}*", ""]
+    return out
+
+
+def _eps_table(res: Dict[str, Any], suite: str) -> List[str]:
+    per_model = res["evals"].get(suite) or {}
+    eps_order: List[str] = []
+    vals: Dict[str, Dict[str, List[float]]] = {}
+    for key, per_seed in per_model.items():
+        for e in per_seed.values():
+            for row in e.get("rows", []):
+                eps = row.get("eps")
+                if eps is None or not isinstance(row.get("top1"), (int, float)):
+                    continue
+                if eps not in eps_order:
+                    eps_order.append(eps)
+                vals.setdefault(key, {}).setdefault(eps, []).append(float(row["top1"]))
+    if not vals:
+        return []
+    keys = list(vals)
+    rows = []
+    for eps in eps_order:
+        r = [eps]
+        for k in keys:
+            xs = vals[k].get(eps, [])
+            if not xs:
+                r.append("—")
+                continue
+            m = sum(xs) / len(xs)
+            sd = math.sqrt(sum((x - m) ** 2 for x in xs) / (len(xs) - 1)) if len(xs) > 1 else None
+            r.append(fmt(m) + (f" ± {fmt(sd)}" if sd is not None else ""))
+        rows.append(r)
+    any_e = next(iter(next(iter(per_model.values())).values()))
+    proto = any_e.get("protocol") or ""
+    n = any_e.get("n_examples")
+    lines = [f"**{suite.upper()}**: top-1 (%) at each eps ({proto}; {n} test examples).", ""]
+    return lines + _table(["eps"] + [res["models"].get(k, {}).get("label", k) for k in keys], rows)
+
+
+def _corruption_table(res: Dict[str, Any]) -> List[str]:
+    per_model = res["evals"].get("corruptions") or {}
+    data: Dict[str, Dict[str, List[float]]] = {}
+    names: List[str] = []
+    for key, per_seed in per_model.items():
+        for e in per_seed.values():
+            for row in e.get("rows", []):
+                c = row.get("corruption")
+                if c and isinstance(row.get("mean_error"), (int, float)):
+                    if c not in names:
+                        names.append(c)
+                    data.setdefault(key, {}).setdefault(c, []).append(float(row["mean_error"]))
+    if not data:
+        return []
+    keys = list(data)
+    rows = [[c] + [fmt(sum(data[k].get(c, [math.nan])) / max(1, len(data[k].get(c, [1])))) for k in keys] for c in names]
+    any_e = next(iter(next(iter(per_model.values())).values()))
+    lines = [f"**Corruptions**: top-1 error (%) per corruption, mean over severities ({any_e.get('n_examples')} test "
+             f"examples; {any_e.get('protocol') or ''}).", ""]
+    return lines + _table(["corruption"] + [res["models"].get(k, {}).get("label", k) for k in keys], rows)
+
+
+def _lm_rows(res: Dict[str, Any]) -> List[str]:
+    out = []
+    for suite in ("ppl", "wordswap"):
+        per_model = res["evals"].get(suite) or {}
+        for key, per_seed in per_model.items():
+            for seed, e in per_seed.items():
+                if e.get("protocol"):
+                    out.append(f"- `{suite}` ({res['models'].get(key, {}).get('label', key)}, seed {seed}): {e['protocol']}")
+                    break
+            break
+    return out + ([""] if out else [])
+
+
+def _claim_row(c: Dict[str, Any]) -> List[Any]:
+    e = c["effect"]
+
+    def ms(vals, mean, sd):
+        if mean is None:
+            return "—"
+        return fmt(mean) + (f" ± {fmt(sd)}" if sd is not None else "") + (f" (n={len(vals)})" if len(vals) > 1 else "")
+
+    delta = "—" if e.get("delta") is None else fmt(e["delta"]) + (f" (2σ = {fmt(2 * e['sigma'])})" if e.get("sigma") is not None else "")
+    p = c.get("paper")
+    paper = f"{fmt(p['baseline'])} → {fmt(p['rpc'])} ({p['setting']}, {p['change']})" if p else "—"
+    return [c["title"], f"{c['suite']}: {c['metric']} ({'higher' if c['higher'] else 'lower'} better)",
+            ms(c["baseline_values"], e.get("baseline_mean"), e.get("baseline_std")) + f" [{c['baseline_label']}]",
+            ms(c["rpc_values"], e.get("rpc_mean"), e.get("rpc_std")) + f" [{c['rpc_label']}]",
+            delta, fmt(c["margin"]), paper, f"**{c['verdict']}**"]
+
+
+def render_markdown(res: Dict[str, Any]) -> str:
+    L: List[str] = [f"# Reproduction report: `{res['study']}` study", ""]
+    L += [res.get("description", ""), "",
+          f"Generated {res['generated']} by `rpc-attention reproduce --preset {res['study']}` in `{res['out_dir']}`. "
+          "Every number below is also in `results.json`; verdicts are computed by the rules stated at the end, "
+          "never written by hand.", ""]
+    # ---- verdict summary
+    if res.get("claims"):
+        L += ["## Verdicts", ""]
+        L += _table(["claim (paper)", "metric", "baseline (ours)", "RPC (ours)", "delta, RPC better > 0", "margin",
+                     "paper: baseline → RPC (ImageNet-scale)", "verdict"], [_claim_row(c) for c in res["claims"]])
+        L += ["Reasons:", ""]
+        L += [f"- {c['title']}: {c['verdict']} — {c['reason']}." for c in res["claims"]] + [""]
+    # ---- setup
+    s = res["setup"]
+    v = s.get("versions", {})
+    L += ["## Setup", ""]
+    L += [f"- Hardware: {s.get('cpu')} ({s.get('cpu_count')} logical CPUs), "
+          + (f"GPUs: {', '.join(s['gpus'])}" if s.get("gpus") else "no GPU") + f"; device `{s.get('device')}`; "
+          f"torch threads {s.get('torch_threads')}; load average at report time {s.get('load_average')}.",
+          f"- Software: " + ", ".join(f"{k} {val}" for k, val in v.items()) + f"; {s.get('platform')}.",
+          f"- Seeds: {', '.join(str(x) for x in s.get('seeds', []))}.", ""]
+    data_lines = []
+    for run, t in res.get("training", {}).items():
+        d = t.get("data") or {}
+        sch = t.get("schedule") or {}
+        if d or sch:
+            data_lines.append([run, d.get("name") or d.get("source") or "—",
+                               ", ".join(f"{k}={val}" for k, val in d.items() if k not in ("name",)) or "—",
+                               ", ".join(f"{k}={val}" for k, val in sch.items()) or "—"])
+    if data_lines:
+        L += ["Training runs (data and schedule, from each run's config.yaml):", ""]
+        L += _table(["run", "data", "data options", "schedule"], data_lines)
+    ev_lines = []
+    for suite, per_model in res.get("evals", {}).items():
+        ns = sorted({str(e.get("n_examples")) for pm in per_model.values() for e in pm.values() if e.get("n_examples")})
+        ds = sorted({str((e.get("data") or {}).get("dataset") or (e.get("data") or {}).get("source") or "")
+                     for pm in per_model.values() for e in pm.values() if e.get("data")})
+        if ns:
+            ev_lines.append([suite, ", ".join(d for d in ds if d) or "—", ", ".join(ns)])
+    if ev_lines:
+        L += ["Evaluation data (examples per model):", ""]
+        L += _table(["suite", "data", "examples"], ev_lines)
+    L += ["Study settings: " + ", ".join(f"`{k}={val}`" for k, val in res.get("settings", {}).items()), ""]
+    # ---- time per stage
+    rows, total = [], 0.0
+    for r in res["stages"]:
+        total += r.get("seconds") or 0.0
+        note = r.get("reason") or ""
+        if r.get("resumed"):
+            note = ("resumed after an interruption; " + note).strip("; ")
+        rows.append([r["name"], r["kind"], r["status"], format_seconds(r.get("seconds")), format_seconds(r.get("estimate_s")),
+                     note[:160]])
+    L += ["### Time per stage", ""]
+    L += _table(["stage", "kind", "status", "time", "estimate", "note"], rows)
+    L += [f"Total stage time: {format_seconds(total)} (the report stage's own time is not included).", ""]
+    # ---- task tables
+    for tname, t in res.get("tables", {}).items():
+        L += [f"## {t['title']}", ""]
+        header = ["model"] + [c["header"] for c in t["columns"]]
+        rows = [[r["label"]] + [_cell_text(r["cells"][c["key"]]) for c in t["columns"]] for r in t["rows"]]
+        if any(t["paper"]["baseline"].values()):
+            rows.append(["*paper: baseline (ImageNet-scale)*"] + [
+                fmt(t["paper"]["baseline"][c["key"]]["value"]) if c["key"] in t["paper"]["baseline"] else "" for c in t["columns"]])
+            rows.append(["*paper: RPC (ImageNet-scale)*"] + [
+                f"{fmt(t['paper']['rpc'][c['key']]['value'])} ({t['paper']['rpc'][c['key']]['change']})"
+                if c["key"] in t["paper"]["rpc"] else "" for c in t["columns"]])
+        L += _table(header, rows)
+        L += [f"Ours: mean ± std across seeds (n = number of seeds) where there are several. Rows in italics are "
+              f"the {res['paper']['label']} (SPEC section 7): compare directions, not values.", ""]
+        if tname == "vision":
+            L += _eps_table(res, "fgsm") + _eps_table(res, "pgd") + _corruption_table(res)
+        if tname == "lm":
+            L += _lm_rows(res)
+        L += _figs(res, tname)
+    # ---- claims detail and rules
+    L += ["## Verdict rules", "", res["rules"], ""]
+    # ---- KPCA
+    if res.get("analysis"):
+        L += ["## Kernel-PCA analysis (claims 1 and 2 of section 2 of the paper)", ""]
+        rows = []
+        for run, a in res["analysis"].items():
+            if not a.get("protocols"):
+                rows.append([a["label"], run, f"— ({a['status']}{': ' + a['reason'] if a.get('reason') else ''})"] + [""] * 7)
+                continue
+            chance = a.get("chance") or {}
+
+            def ch(k):
+                xs = [c[k]["mean"] for c in chance.values() if isinstance(c.get(k), dict) and c[k].get("mean") is not None]
+                return fmt(sum(xs) / len(xs), 3) if xs else "—"
+
+            for proto, pr in a["protocols"].items():
+                mo = pr["model"]
+                g = (mo.get("jproj") or {})
+
+                def m(k, d=3):
+                    x = mo.get(k)
+                    return fmt(x.get("mean"), d) if isinstance(x, dict) else "—"
+
+                rows.append([a["label"], f"{run} ({proto})", f"{fmt(g.get('mean'), 4)} ± {fmt(g.get('std'), 4)}",
+                             m("phi2", 4), m("h2", 4), f"{m('optimal_cosine')} (chance {ch('optimal_cosine')})",
+                             f"{m('linear_cka')} (chance {ch('linear_cka')})", f"{m('rbf_cka')} (chance {ch('rbf_cka')})",
+                             m("direct_cosine"),
+                             " / ".join(fmt(_g.get("mean"), 3) for _g in (pr.get("gamma", {}).get(k, {}) for k in ("learned", "perturbed", "random")))])
+        L += _table(["model", "run (protocol)", "J_proj", "‖varphi(q)‖²", "‖h‖²", "optimal cosine", "linear CKA",
+                     "RBF CKA", "direct cosine", "mean |Δgamma| learned / perturbed / random"], rows)
+        L += ["Protocols: `paper` standardises q and k per token (the paper's undocumented detail), `exact` uses the "
+              "definitions of SPEC section 1. Chance: independent random matrices of the same shapes. The analysis "
+              "tool's own summary, with its stated rules, is in each `analysis/<run>/summary.md`.", ""]
+        L += _figs(res, "kpca")
+    if any(f.get("section") == "seg" for f in res.get("figures", [])):
+        L += ["## Example segmentations", ""] + _figs(res, "seg")
+    # ---- skipped / failed
+    bad = [r for r in res["stages"] if r["status"] not in ("done",)]
+    errs = [f for f in res.get("figures", []) if f.get("section") == "errors"]
+    if bad or errs:
+        L += ["## Skipped, failed and pending stages", ""]
+        L += [f"- `{r['name']}`: {r['status']}" + (f" — {r['reason']}" if r.get("reason") else "") for r in bad]
+        L += [f"- figure: {f['caption']}" for f in errs]
+        L += [""]
+    return "\n".join(L).rstrip() + "\n"
+
+
+_CSS = """
+body{font-family:-apple-system,Segoe UI,Helvetica,Arial,sans-serif;max-width:1200px;margin:2em auto;padding:0 1em;
+line-height:1.45;color:#222}
+table{border-collapse:collapse;margin:0.6em 0;font-size:0.88em}
+th,td{border:1px solid #ccc;padding:3px 7px;text-align:left;vertical-align:top}
+th{background:#f2f2f2} tr:nth-child(even) td{background:#fafafa}
+img{max-width:100%;border:1px solid #eee} code{background:#f4f4f4;padding:0 3px}
+h1,h2,h3{border-bottom:1px solid #eee;padding-bottom:0.2em}
+"""
+
+
+def render_html(markdown_text: str, base_dir, title: str = "rpc-attention reproduction report") -> str:
+    """HTML of ``markdown_text`` (python-markdown, tables) with every ``figures/*.png`` image inlined."""
+    import markdown
+
+    body = markdown.markdown(markdown_text, extensions=["tables", "fenced_code", "sane_lists"])
+    base = Path(base_dir)
+
+    def inline(m):
+        src = html.unescape(m.group(2))
+        p = base / src
+        if not src.startswith(("http:", "https:", "data:")) and p.is_file():
+            data = base64.b64encode(p.read_bytes()).decode("ascii")
+            return f'{m.group(1)}"data:image/png;base64,{data}"'
+        return m.group(0)
+
+    body = re.sub(r'(<img[^>]*?src=)"([^"]+)"', inline, body)
+    return (f"<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\"><title>{html.escape(title)}</title>"
+            f"<style>{_CSS}</style></head><body>\n{body}\n</body></html>\n")

@@ -1,0 +1,68 @@
+"""Reproduction studies as resumable pipelines (``rpc-attention reproduce``).
+
+>>> from rpc_attention.reproduce import run_study
+>>> run_study("smoke", "runs/smoke")            # train, evaluate, analyse, report; resumable
+
+Layout of a study directory::
+
+    DIR/study.json                 the study: preset, settings, stages (rewritten on every run)
+    DIR/stages/<stage>.done.json   one per finished stage: timing, outputs, fingerprint
+    DIR/runs/<model>-s<seed>/      trainer run directories (config, weights, checkpoints, eval/*.json)
+    DIR/analysis/<run>/            KPCA analysis outputs
+    DIR/report.md, report.html, results.json, figures/*.png
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+from typing import Callable, Iterable, List, Optional, Sequence
+
+from .pipeline import Pipeline, Stage, StageContext, StageSelectionError, StageSkipped, atomic_write_json
+from .studies import STUDIES, Study, StudyError, build_stages, get_study
+
+__all__ = ["run_study", "make_pipeline", "Pipeline", "Stage", "StageContext", "StageSkipped", "Study",
+           "StudyError", "StageSelectionError", "STUDIES", "get_study", "build_stages"]
+
+
+def _rank() -> int:
+    for k in ("RANK", "SLURM_PROCID"):
+        if os.environ.get(k, "").isdigit():
+            return int(os.environ[k])
+    return 0
+
+
+def make_pipeline(study: Study, out_dir, device: Optional[str] = None, stages: Optional[List[Stage]] = None,
+                  log: Optional[Callable[[str], None]] = None) -> Pipeline:
+    stages = stages if stages is not None else build_stages(study, device=device)
+    pipe = Pipeline(stages, out_dir, log=log, is_writer=_rank() == 0)
+    pipe.study = study  # type: ignore[attr-defined]  (the report stage reads it)
+    return pipe
+
+
+def _write_study_file(pipe: Pipeline, study: Study) -> None:
+    if not pipe.is_writer:
+        return
+    atomic_write_json(pipe.out_dir / "study.json", {
+        "study": study.name, "description": study.description, "settings": study.settings,
+        "device": study.device, "updated": time.time(),
+        "models": [m.__dict__ for m in study.models],
+        "stages": [{"name": s.name, "kind": s.kind, "deps": list(s.deps), "params": s.params,
+                    "estimate_s": s.estimate_s} for s in pipe.stages]})
+
+
+def run_study(preset: str, out_dir, settings: Optional[Sequence[str]] = None, selection: Optional[Iterable[str]] = None,
+              force: bool = False, dry_run: bool = False, keep_going: bool = True, device: Optional[str] = None,
+              log: Optional[Callable[[str], None]] = None) -> dict:
+    """Build study ``preset`` with ``settings`` (``["seeds=0,1"]``) and run it in ``out_dir``.
+
+    Returns the pipeline summary (``ok``, ``cached``, ``skipped``, ``failed``, ``blocked`` stage lists,
+    plus ``plan`` text for a dry run)."""
+    study = get_study(preset, settings)
+    pipe = make_pipeline(study, out_dir, device=device, log=log)
+    if dry_run:
+        return {"plan": pipe.format_plan(pipe.plan(selection, force=force))}
+    with pipe.lock():
+        _write_study_file(pipe, study)
+        return pipe.run(selection, force=force, keep_going=keep_going)

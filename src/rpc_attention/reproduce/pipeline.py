@@ -1,0 +1,447 @@
+"""A small resumable pipeline of named stages.
+
+A study is an ordered list of :class:`Stage` objects (topological order: every stage comes after the
+stages it depends on). :class:`Pipeline` runs them in a study directory ``DIR``:
+
+- a stage that finishes writes ``DIR/stages/<name>.done.json`` atomically (timing, outputs, a small
+  result dict and a *fingerprint* of its parameters and of the stages it depends on); rerunning skips it
+  as long as the fingerprint matches;
+- a stage that raises :class:`StageSkipped` (a component is missing, data is not installed) writes
+  ``<name>.skipped.json`` with the reason; it is tried again on the next run;
+- a stage that fails writes ``<name>.failed.json`` (error and traceback); stages that need it are
+  blocked, independent stages still run (``keep_going``), and the run exits non-zero;
+- a stage that was interrupted (killed) leaves ``<name>.running.json``; the next run starts it again
+  with ``ctx.resuming = True`` (training stages then resume from the trainer's last checkpoint).
+
+Stage functions receive a :class:`StageContext` and return a dict ``{"outputs": {...}, "result": {...}}``
+(both optional, JSON-able). Files they write should be written atomically (:func:`atomic_write_text`,
+:func:`atomic_write_json`) so a kill never leaves a half-written output behind.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fnmatch
+import hashlib
+import json
+import os
+import socket
+import sys
+import tempfile
+import time
+import traceback
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence
+
+__all__ = [
+    "Stage", "StageContext", "StageSkipped", "Pipeline", "PlanEntry", "atomic_write_text",
+    "atomic_write_json", "atomic_write_bytes", "select_stages", "format_seconds",
+]
+
+MARKER_SUFFIXES = ("done", "skipped", "failed", "running")
+
+
+class StageSkipped(Exception):
+    """Raised by a stage whose component or data is missing: recorded as skipped with this reason."""
+
+
+class StageSelectionError(ValueError):
+    """``--stages`` names nothing, or a selected stage needs a stage that has not finished."""
+
+
+# ------------------------------------------------------------------------------------------- atomic IO
+def atomic_write_bytes(path, data: bytes) -> Path:
+    """Write ``data`` to ``path`` through a temporary file in the same folder and ``os.replace``."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=str(path.parent))
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+        raise
+    return path
+
+
+def atomic_write_text(path, text: str) -> Path:
+    return atomic_write_bytes(path, text.encode("utf-8"))
+
+
+def _json_default(obj):
+    try:
+        import numpy as np
+
+        if isinstance(obj, np.generic):
+            return obj.item()
+        if isinstance(obj, np.ndarray):
+            return obj.tolist()
+    except ImportError:  # pragma: no cover
+        pass
+    if isinstance(obj, Path):
+        return str(obj)
+    if isinstance(obj, (set, tuple)):
+        return list(obj)
+    raise TypeError(f"not JSON serialisable: {type(obj).__name__}")
+
+
+def atomic_write_json(path, obj: Any) -> Path:
+    return atomic_write_text(path, json.dumps(obj, indent=2, sort_keys=True, default=_json_default) + "\n")
+
+
+def read_json(path) -> Optional[dict]:
+    try:
+        with open(path, "r", encoding="utf-8") as f:
+            return json.load(f)
+    except (FileNotFoundError, json.JSONDecodeError):
+        return None
+
+
+def format_seconds(s: Optional[float]) -> str:
+    if s is None:
+        return "-"
+    s = float(s)
+    if s < 60:
+        return f"{s:.0f}s"
+    if s < 3600:
+        return f"{int(s // 60)}m{int(round(s % 60)):02d}s"
+    return f"{int(s // 3600)}h{int(round((s % 3600) / 60)):02d}m"
+
+
+# ---------------------------------------------------------------------------------------------- stages
+@dataclass
+class Stage:
+    """One unit of work. ``deps`` must have finished successfully; ``after`` only orders (the report
+    runs after everything, whatever happened to it). ``params`` (JSON-able) enter the fingerprint."""
+
+    name: str
+    kind: str
+    fn: Callable[["StageContext"], Optional[dict]]
+    deps: Sequence[str] = ()
+    after: Sequence[str] = ()
+    params: Dict[str, Any] = field(default_factory=dict)
+    estimate_s: float = 0.0
+    description: str = ""
+
+    def __post_init__(self) -> None:
+        if not self.name or any(c in self.name for c in "/\\ *?[]"):
+            raise ValueError(f"invalid stage name {self.name!r} (no slashes, spaces or glob characters)")
+
+
+@dataclass
+class StageContext:
+    out_dir: Path
+    stage: Stage
+    pipeline: "Pipeline"
+    resuming: bool = False   # an earlier run of this stage was interrupted
+    fresh: bool = False      # parameters changed or --force: discard earlier outputs of this stage
+
+    @property
+    def params(self) -> Dict[str, Any]:
+        return self.stage.params
+
+    def dep_marker(self, name: str) -> Optional[dict]:
+        return self.pipeline.marker(name)
+
+    def log(self, msg: str) -> None:
+        self.pipeline.log(f"  [{self.stage.name}] {msg}")
+
+
+@dataclass
+class PlanEntry:
+    stage: Stage
+    action: str          # "run", "resume", "rerun (changed)", "done", "retry (skipped before)", ...
+    estimate_s: float
+
+    @property
+    def will_run(self) -> bool:
+        return self.action != "done"
+
+
+def select_stages(stages: Sequence[Stage], patterns: Optional[Iterable[str]]) -> List[Stage]:
+    """Stages whose name matches any of the comma/space separated names or globs (all when None).
+
+    A pattern also matches a stage whose *kind* equals it (``--stages train``) and every stage whose
+    name starts with ``pattern + "."`` (``--stages eval`` selects ``eval.*``)."""
+    if not patterns:
+        return list(stages)
+    pats: List[str] = []
+    for p in patterns:
+        pats.extend(x for x in str(p).replace(",", " ").split() if x)
+    chosen, unmatched = [], []
+    for p in pats:
+        hit = [s for s in stages if fnmatch.fnmatchcase(s.name, p) or s.kind == p or s.name.startswith(p + ".")]
+        if not hit:
+            unmatched.append(p)
+        chosen.extend(hit)
+    if unmatched:
+        raise StageSelectionError(
+            f"--stages {', '.join(unmatched)} matches no stage; stages are: {', '.join(s.name for s in stages)}")
+    names = {s.name for s in chosen}
+    return [s for s in stages if s.name in names]
+
+
+def _host_info() -> dict:
+    return {"host": socket.gethostname(), "pid": os.getpid(), "python": sys.version.split()[0]}
+
+
+class Pipeline:
+    """Runs ``stages`` (in the given order) with markers under ``out_dir / "stages"``."""
+
+    def __init__(self, stages: Sequence[Stage], out_dir, log: Optional[Callable[[str], None]] = None,
+                 is_writer: bool = True) -> None:
+        self.stages = list(stages)
+        self.by_name = {s.name: s for s in self.stages}
+        if len(self.by_name) != len(self.stages):
+            raise ValueError("duplicate stage names")
+        seen = set()
+        for s in self.stages:
+            for d in list(s.deps) + list(s.after):
+                if d not in self.by_name:
+                    raise ValueError(f"stage {s.name} depends on unknown stage {d}")
+                if d not in seen:
+                    raise ValueError(f"stage {s.name} is listed before its dependency {d}")
+            seen.add(s.name)
+        self.out_dir = Path(out_dir)
+        self.marker_dir = self.out_dir / "stages"
+        self._log = log or (lambda m: print(m, flush=True))
+        # Under torchrun every rank runs the stage function; only rank 0 writes markers.
+        self.is_writer = is_writer
+
+    # -------------------------------------------------------------------------------------- markers
+    def log(self, msg: str) -> None:
+        self._log(msg)
+
+    def marker_path(self, name: str, status: str) -> Path:
+        return self.marker_dir / f"{name}.{status}.json"
+
+    def marker(self, name: str, status: str = "done") -> Optional[dict]:
+        return read_json(self.marker_path(name, status))
+
+    def status(self, name: str) -> Optional[str]:
+        """``done``, ``running`` (interrupted), ``failed``, ``skipped`` or None (never ran)."""
+        for st in ("done", "running", "failed", "skipped"):
+            if self.marker_path(name, st).exists():
+                return st
+        return None
+
+    def _clear_markers(self, name: str, keep: Sequence[str] = ()) -> None:
+        if not self.is_writer:
+            return
+        for st in MARKER_SUFFIXES:
+            if st not in keep:
+                with contextlib.suppress(FileNotFoundError):
+                    self.marker_path(name, st).unlink()
+
+    def fingerprint(self, stage: Stage, predicted: Optional[Dict[str, str]] = None) -> str:
+        """Hash of the stage's kind and params and of what its upstream stages produced."""
+        up = []
+        for d in list(stage.deps) + list(stage.after):
+            if predicted is not None and d in predicted:
+                up.append([d, predicted[d]])
+                continue
+            m = self.marker(d) or {}
+            sk = self.marker(d, "skipped") or {}
+            up.append([d, m.get("fingerprint"), m.get("finished"), sk.get("reason") if not m else None])
+        blob = json.dumps({"kind": stage.kind, "params": stage.params, "upstream": up}, sort_keys=True,
+                          default=_json_default)
+        return hashlib.sha256(blob.encode()).hexdigest()[:16]
+
+    # ----------------------------------------------------------------------------------------- plan
+    def plan(self, selection: Optional[Iterable[str]] = None, force: bool = False) -> List[PlanEntry]:
+        chosen = select_stages(self.stages, selection)
+        chosen_names = {s.name for s in chosen}
+        will_run: set = set()
+        entries = []
+        for s in self.stages:
+            if s.name not in chosen_names:
+                continue
+            st = self.status(s.name)
+            upstream_runs = any(d in will_run for d in list(s.deps) + list(s.after))
+            if force:
+                action = "run (forced)"
+            elif st == "done":
+                m = self.marker(s.name) or {}
+                if upstream_runs:
+                    action = "rerun (upstream changes)"
+                elif m.get("fingerprint") != self.fingerprint(s):
+                    action = "rerun (changed)"
+                else:
+                    action = "done"
+            elif st == "running":
+                action = "resume (interrupted)"
+            elif st == "failed":
+                action = "retry (failed before)"
+            elif st == "skipped":
+                action = "retry (skipped before)"
+            else:
+                action = "run"
+            if action != "done" and not action.startswith("retry (skipped"):
+                will_run.add(s.name)
+            entries.append(PlanEntry(s, action, 0.0 if action == "done" else float(s.estimate_s)))
+        return entries
+
+    def format_plan(self, entries: Sequence[PlanEntry]) -> str:
+        w = max([len(e.stage.name) for e in entries] + [5])
+        lines = [f"{'stage'.ljust(w)}  {'kind':8s}  {'estimate':>8s}  action", "-" * (w + 40)]
+        for e in entries:
+            lines.append(f"{e.stage.name.ljust(w)}  {e.stage.kind:8s}  {format_seconds(e.stage.estimate_s):>8s}  {e.action}")
+        total = sum(e.estimate_s for e in entries)
+        n = sum(e.will_run for e in entries)
+        lines.append("-" * (w + 40))
+        lines.append(f"{n} of {len(entries)} stages to run, estimated {format_seconds(total)} on this machine "
+                     f"(estimates are calibrated constants per stage kind; see docs/reproduce.md)")
+        return "\n".join(lines)
+
+    # ------------------------------------------------------------------------------------------ run
+    def run(self, selection: Optional[Iterable[str]] = None, force: bool = False, keep_going: bool = True) -> dict:
+        """Run the selected stages. Returns ``{"ok": [...], "skipped": [...], "failed": [...], "blocked":
+        [...], "cached": [...]}`` (stage names). Raises :class:`StageSelectionError` when a selected stage
+        needs an unselected stage that has not finished."""
+        entries = self.plan(selection, force=force)
+        selected = {e.stage.name for e in entries}
+        for e in entries:
+            if not e.will_run:
+                continue
+            for d in e.stage.deps:
+                if d not in selected and self.status(d) != "done":
+                    raise StageSelectionError(
+                        f"stage {e.stage.name} needs stage {d}, which has not finished: run it first "
+                        f"(add it to --stages) or run the whole study")
+        self.marker_dir.mkdir(parents=True, exist_ok=True)
+        summary: Dict[str, List[str]] = {k: [] for k in ("ok", "cached", "skipped", "failed", "blocked")}
+        failed_here: Dict[str, str] = {}
+        reran: set = set()
+        stop = False
+        for e in entries:
+            s = e.stage
+            if stop:
+                summary["blocked"].append(s.name)
+                continue
+            upstream_reran = any(d in reran for d in list(s.deps) + list(s.after))
+            if not force and not upstream_reran and self.status(s.name) == "done" and \
+                    (self.marker(s.name) or {}).get("fingerprint") == self.fingerprint(s):
+                summary["cached"].append(s.name)
+                self.log(f"= {s.name}: done earlier, skipped")
+                continue
+            bad = [d for d in s.deps if d in failed_here or self.status(d) != "done"]
+            if bad:
+                d = bad[0]
+                why = failed_here.get(d)
+                if why is None and self.status(d) == "skipped":
+                    why = "skipped: " + str((self.marker(d, "skipped") or {}).get("reason", "?"))
+                reason = f"needs {d}, which {why or 'did not finish'}"
+                if why and why.startswith("skipped"):
+                    self._record_skip(s, reason)
+                    summary["skipped"].append(s.name)
+                    self.log(f"- {s.name}: skipped ({reason})")
+                else:
+                    failed_here[s.name] = f"is blocked ({reason})"
+                    summary["blocked"].append(s.name)
+                    self.log(f"! {s.name}: blocked ({reason})")
+                continue
+            status, info = self._run_one(s, force=force)
+            if status == "done":
+                reran.add(s.name)
+                summary["ok"].append(s.name)
+            elif status == "skipped":
+                summary["skipped"].append(s.name)
+            else:
+                summary["failed"].append(s.name)
+                failed_here[s.name] = f"failed ({info})"
+                if not keep_going:
+                    stop = True
+        return summary
+
+    def _record_skip(self, s: Stage, reason: str) -> None:
+        if not self.is_writer:
+            return
+        self._clear_markers(s.name)
+        atomic_write_json(self.marker_path(s.name, "skipped"), {
+            "name": s.name, "kind": s.kind, "status": "skipped", "reason": reason,
+            "fingerprint": self.fingerprint(s), "time": time.time(), "params": s.params})
+
+    def _run_one(self, s: Stage, force: bool):
+        prev = self.status(s.name)
+        old = self.marker(s.name) or {}
+        fp = self.fingerprint(s)
+        resuming = prev == "running"
+        fresh = force or (prev == "done" and old.get("fingerprint") != fp)
+        started = time.time()
+        if self.is_writer:
+            self._clear_markers(s.name, keep=("running",))
+            running = self.marker(s.name, "running") or {}
+            atomic_write_json(self.marker_path(s.name, "running"), {
+                "name": s.name, "kind": s.kind, "status": "running", "started": started,
+                "attempts": int(running.get("attempts", 0)) + 1, "fingerprint": fp, **_host_info()})
+        verb = "resuming" if resuming else ("rerunning" if prev else "running")
+        self.log(f"> {s.name}: {verb} ({s.kind}, estimate {format_seconds(s.estimate_s)})")
+        ctx = StageContext(self.out_dir, s, self, resuming=resuming, fresh=fresh)
+        try:
+            out = s.fn(ctx) or {}
+        except StageSkipped as exc:
+            self._record_skip(s, str(exc))
+            self.log(f"- {s.name}: skipped ({exc})")
+            return "skipped", str(exc)
+        except KeyboardInterrupt:
+            raise  # leave the running marker: the next run resumes this stage
+        except Exception as exc:  # noqa: BLE001 - recorded, reported, the study goes on
+            tb = traceback.format_exc()
+            if self.is_writer:
+                self._clear_markers(s.name)
+                atomic_write_json(self.marker_path(s.name, "failed"), {
+                    "name": s.name, "kind": s.kind, "status": "failed", "error": f"{type(exc).__name__}: {exc}",
+                    "traceback": tb, "started": started, "seconds": time.time() - started, "fingerprint": fp})
+            self.log(f"! {s.name}: FAILED after {format_seconds(time.time() - started)}: {type(exc).__name__}: {exc}")
+            return "failed", f"{type(exc).__name__}: {exc}"
+        finished = time.time()
+        if self.is_writer:
+            atomic_write_json(self.marker_path(s.name, "done"), {
+                "name": s.name, "kind": s.kind, "status": "done", "fingerprint": fp, "params": s.params,
+                "started": started, "finished": finished, "seconds": finished - started,
+                "estimate_s": s.estimate_s, "resumed": resuming, "outputs": out.get("outputs", {}),
+                "result": out.get("result", {}), **_host_info()})
+            self._clear_markers(s.name, keep=("done",))
+        self.log(f"+ {s.name}: done in {format_seconds(finished - started)}")
+        return "done", None
+
+    # ------------------------------------------------------------------------------------ summaries
+    def stage_table(self) -> List[dict]:
+        """One row per stage: name, kind, status, seconds, estimate, reason/error."""
+        rows = []
+        for s in self.stages:
+            st = self.status(s.name)
+            m = self.marker(s.name, st) if st else None
+            m = m or {}
+            rows.append({"name": s.name, "kind": s.kind, "status": st or "not run",
+                         "seconds": m.get("seconds"), "estimate_s": s.estimate_s,
+                         "resumed": m.get("resumed", False),
+                         "reason": m.get("reason") or m.get("error"), "description": s.description})
+        return rows
+
+    @contextlib.contextmanager
+    def lock(self):
+        """Exclusive lock on the study directory (two reproduce runs on one DIR would race)."""
+        self.out_dir.mkdir(parents=True, exist_ok=True)
+        if not self.is_writer:
+            yield
+            return
+        import fcntl
+
+        path = self.out_dir / ".reproduce.lock"
+        f = open(path, "a+")
+        try:
+            try:
+                fcntl.flock(f.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except OSError:
+                raise StageSelectionError(f"another rpc-attention reproduce is running on {self.out_dir}") from None
+            yield
+        finally:
+            with contextlib.suppress(OSError):
+                fcntl.flock(f.fileno(), fcntl.LOCK_UN)
+            f.close()

@@ -1,0 +1,516 @@
+"""Study presets: which models to train (trainer presets + overrides, seeds), which suites to run on
+them, which analyses, and which claims of the paper each comparison tests.
+
+``get_study(name, settings)`` returns a :class:`Study`; :func:`build_stages` turns it into the ordered
+stage list run by :class:`~rpc_attention.reproduce.pipeline.Pipeline`. Study settings are changed with
+``rpc-attention reproduce --set KEY=VALUE`` (``seeds=0,1,2``, ``eval_limit=500``, ``data.imagenet=PATH``,
+...); every study lists its settings in ``--list``.
+"""
+
+from __future__ import annotations
+
+import copy
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Dict, List, Optional, Sequence
+
+from . import estimates as E
+from .pipeline import Stage
+
+__all__ = ["ModelSpec", "EvalSpec", "ClaimSpec", "Study", "STUDIES", "get_study", "build_stages",
+           "parse_settings", "StudyError", "list_studies"]
+
+
+class StudyError(ValueError):
+    """A user error in choosing or configuring a study (unknown setting, missing data path)."""
+
+
+@dataclass
+class ModelSpec:
+    key: str                    # short id; run folders are runs/<key>-s<seed>
+    label: str                  # as printed in tables ("RPC-SymViT 6iter/layer1")
+    preset: str                 # trainer preset (src/rpc_attention/presets/<preset>.yaml)
+    overrides: List[str] = field(default_factory=list)   # trainer --set overrides
+    family: str = "vision"      # vision | lm | seg | scaled
+    role: str = "baseline"      # baseline | rpc | variant
+    seeds: List[int] = field(default_factory=lambda: [0])
+    train_samples: int = 0      # samples seen in training (for the time estimate)
+    cost: float = 1.0           # relative cost per sample (PAP iterations)
+
+    def runs(self) -> List[str]:
+        return [f"{self.key}-s{s}" for s in self.seeds]
+
+
+@dataclass
+class EvalSpec:
+    suite: str
+    models: List[str]
+    sets: List[str] = field(default_factory=list)   # eval --set options
+    limit: Optional[int] = None
+    n_eps: Optional[int] = None                     # for the estimate of sweeps
+    copies: int = 1                                 # corrupted copies per example (estimate)
+    baseline_model: Optional[str] = None            # corruptions: normalise by this model's run (same seed)
+
+
+@dataclass
+class ClaimSpec:
+    id: str                 # key into rpc_attention.report.paper.PAPER_ROWS, or our own id
+    title: str              # one line, what the paper claims
+    table: str              # the task table it belongs to: vision | lm | seg | scaled
+    suite: str
+    metric: str             # key of the suite's "metrics"
+    baseline: str           # model key
+    rpc: str                # model key
+    higher: bool = True
+    margin: float = 1.0
+    relative: bool = False  # margin is a fraction of the baseline value
+
+
+@dataclass
+class Study:
+    name: str
+    description: str
+    models: List[ModelSpec]
+    evals: List[EvalSpec] = field(default_factory=list)
+    analyses: List[Dict[str, Any]] = field(default_factory=list)   # {"model": key, "args": [...]}
+    compare: Optional[Dict[str, Any]] = None                        # {"models": [keys], "args": [...]}
+    claims: List[ClaimSpec] = field(default_factory=list)
+    settings: Dict[str, Any] = field(default_factory=dict)
+    notes: List[str] = field(default_factory=list)
+    device: str = "cpu"
+
+    def model(self, key: str) -> ModelSpec:
+        for m in self.models:
+            if m.key == key:
+                return m
+        raise KeyError(key)
+
+
+# --------------------------------------------------------------------------------------- settings
+def _parse_scalar(text: str) -> Any:
+    import yaml
+
+    try:
+        return yaml.safe_load(text)
+    except Exception:  # noqa: BLE001
+        return text
+
+
+def parse_settings(items: Optional[Sequence[str]], defaults: Dict[str, Any], study: str) -> Dict[str, Any]:
+    """``["seeds=0,1", "eval_limit=300"]`` on top of the study's defaults; unknown keys are errors."""
+    out = copy.deepcopy(defaults)
+    for item in items or []:
+        if "=" not in item:
+            raise StudyError(f"--set expects KEY=VALUE, got {item!r}")
+        k, v = item.split("=", 1)
+        k = k.strip()
+        if k not in out:
+            raise StudyError(f"--set {k}: study {study!r} has no setting {k!r}; settings: {', '.join(sorted(out))}")
+        d = out[k]
+        if isinstance(d, list):
+            out[k] = [_parse_scalar(x.strip()) for x in v.split(",") if x.strip()]
+        elif isinstance(d, bool):
+            out[k] = str(v).lower() in ("1", "true", "yes", "on")
+        elif isinstance(d, int) and not isinstance(d, bool):
+            try:
+                out[k] = int(v)
+            except ValueError:
+                raise StudyError(f"--set {k}={v}: expected an integer") from None
+        elif isinstance(d, float):
+            try:
+                out[k] = float(v)
+            except ValueError:
+                raise StudyError(f"--set {k}={v}: expected a number") from None
+        else:
+            out[k] = None if v.strip().lower() in ("", "none", "null") else v
+    return out
+
+
+def _require_paths(settings: Dict[str, Any], keys: Sequence[str], study: str) -> None:
+    for k in keys:
+        v = settings.get(k)
+        if not v:
+            raise StudyError(f"study {study!r} needs {k}: pass --set {k}=PATH ({_PATH_HELP.get(k, 'a data path')})")
+        if not Path(str(v)).expanduser().exists():
+            raise StudyError(f"--set {k}={v}: no such file or directory ({_PATH_HELP.get(k, '')})")
+
+
+_PATH_HELP = {
+    "data.imagenet": "ImageNet-1K folder with train/ and val/ class sub-folders",
+    "data.imagenet_c": "ImageNet-C folder ROOT/<corruption>/<severity>/<wnid>/*.JPEG",
+    "data.imagenet_o": "ImageNet-O folder (200 class sub-folders)",
+    "data.imagenet_a": "ImageNet-A folder",
+    "data.imagenet_r": "ImageNet-R folder",
+    "data.wikitext103": "WikiText-103 folder with wiki.train.tokens, wiki.valid.tokens, wiki.test.tokens",
+}
+
+
+# ---------------------------------------------------------------------------------- vision claims
+VISION_CLAIMS = [
+    ("clean", "RPC (6 iters, layer 1) raises clean top-1", "clean", "top1", "rpc6", True, 1.0),
+    ("fgsm", "RPC (6 iters, layer 1) is more accurate under FGSM (mean over eps)", "fgsm", "mean_top1", "rpc6", True, 1.0),
+    ("pgd", "RPC (2 iters, all layers) is more accurate under PGD (mean over eps)", "pgd", "mean_top1", "rpc2all", True, 1.0),
+    ("mce", "RPC (6 iters, layer 1) lowers the corruption error (mCE relative to SymViT)", "corruptions", "mCE", "rpc6", False, 1.0),
+    ("ood_aupr", "RPC (layer 1) detects out-of-distribution inputs better (AUPR)", "ood", "aupr", "rpc6", True, 1.0),
+]
+
+
+def _vision_claims(have_suites: Sequence[str], extra: Sequence[tuple] = ()) -> List[ClaimSpec]:
+    out = []
+    for cid, title, suite, metric, rpc, higher, margin in list(VISION_CLAIMS) + list(extra):
+        if suite in have_suites:
+            out.append(ClaimSpec(cid, title, "vision", suite, metric, "symvit", rpc, higher, margin))
+    return out
+
+
+def _lm_claims() -> List[ClaimSpec]:
+    return [
+        ClaimSpec("lm_ppl", "RPC-Symlm has lower test perplexity", "lm", "ppl", "ppl", "symlm", "rpc_symlm",
+                  higher=False, margin=0.02, relative=True),
+        ClaimSpec("lm_wordswap", "RPC-Symlm has lower perplexity on word-swap-attacked text", "lm", "wordswap",
+                  "ppl", "symlm", "rpc_symlm", higher=False, margin=0.02, relative=True),
+    ]
+
+
+# ------------------------------------------------------------------------------------------ fmnist
+def _fmnist_models(s: Dict[str, Any], seeds: List[int]) -> List[ModelSpec]:
+    steps, bs = int(s["train_steps"]), int(s["batch_size"])
+    common = [f"train.max_steps={steps}", f"train.batch_size={bs}"]
+    if s.get("train_subset"):
+        common.append(f"data.train_subset={int(s['train_subset'])}")
+    common += list(s.get("train_overrides") or [])
+    samples = steps * bs
+    return [
+        ModelSpec("symvit", "SymViT", s["preset_symvit"], common, "vision", "baseline", seeds, samples, 1.0),
+        ModelSpec("rpc6", "RPC-SymViT 6iter/layer1", s["preset_rpc6"], common, "vision", "rpc", seeds, samples,
+                  E.pap_factor(6, 1, int(s["depth"]))),
+        ModelSpec("rpc2all", "RPC-SymViT 2iter/all-layer", s["preset_rpc2all"], common, "vision", "rpc", seeds,
+                  samples, E.pap_factor(2, int(s["depth"]), int(s["depth"]))),
+    ]
+
+
+def _lm_models(s: Dict[str, Any], seeds: List[int]) -> List[ModelSpec]:
+    steps, bs = int(s["lm_steps"]), int(s["lm_batch_size"])
+    common = [f"train.max_steps={steps}", f"train.batch_size={bs}"] + list(s.get("lm_overrides") or [])
+    samples = steps * bs
+    return [
+        ModelSpec("symlm", "Symlm", s["preset_symlm"], common, "lm", "baseline", seeds, samples, 1.0),
+        ModelSpec("rpc_symlm", "RPC-Symlm", s["preset_rpc_symlm"], common, "lm", "rpc", seeds, samples,
+                  E.pap_factor(4, 1, 2)),
+    ]
+
+
+def _vision_evals(s: Dict[str, Any], keys: List[str], suites: Sequence[str]) -> List[EvalSpec]:
+    lim = s.get("eval_limit")
+    attack_lim = s.get("attack_limit") or lim
+    eps = s["eps"]
+    n_eps = len(str(eps).split(",")) if ":" not in str(eps) else 6
+    out = []
+    for suite in suites:
+        if suite == "clean":
+            out.append(EvalSpec("clean", keys, [], lim))
+        elif suite in ("fgsm", "pgd"):
+            sets = [f"{suite}.eps={eps}"]
+            if suite == "pgd" and s.get("pgd_steps"):
+                sets.append(f"pgd.steps={int(s['pgd_steps'])}")
+            out.append(EvalSpec(suite, keys, sets, attack_lim, n_eps=n_eps))
+        elif suite == "corruptions":
+            names = s.get("corruptions") or []
+            sets = [f"corruptions.names={','.join(names)}"] if names else []
+            copies = 5 * (len(names) or 15)
+            out.append(EvalSpec("corruptions", keys, sets, s.get("corruption_limit") or lim, copies=copies,
+                                baseline_model="symvit"))
+        elif suite == "ood":
+            out.append(EvalSpec("ood", keys, list(s.get("ood_sets") or []), s.get("ood_limit") or lim, copies=2))
+        else:
+            out.append(EvalSpec(suite, keys, [], s.get("strong_attack_limit") or lim))
+    return out
+
+
+QUICK_DEFAULTS: Dict[str, Any] = {
+    "seeds": [0],
+    # trainer presets (vision engineer's Fashion-MNIST presets); sizes and schedule shortened below
+    "preset_symvit": "fmnist-symvit",
+    "preset_rpc6": "fmnist-rpc-symvit",
+    "preset_rpc2all": "fmnist-rpc-symvit-all",
+    "depth": 6,
+    "train_steps": 1200,
+    "batch_size": 64,
+    "train_subset": 0,
+    "train_overrides": [],
+    "eval_limit": 1000,
+    "attack_limit": 300,
+    "eps": "1:6/255",
+    "pgd_steps": 20,
+    "corruptions": ["gaussian_noise", "shot_noise", "impulse_noise", "defocus_blur", "motion_blur",
+                    "brightness", "contrast", "pixelate", "jpeg_compression"],
+    "corruption_limit": 200,
+    "ood_limit": 1000,
+    "ood_sets": [],
+    "strong_attack_limit": 200,
+    "analyze_args": [],
+    # language model (LM engineer's presets on the embedded Wikipedia corpus)
+    "preset_symlm": "wiki-symlm",
+    "preset_rpc_symlm": "wiki-rpc-symlm",
+    "lm_steps": 300,
+    "lm_batch_size": 16,
+    "lm_overrides": [],
+    "lm": True,
+}
+
+
+def quick(settings: Optional[Sequence[str]] = None) -> Study:
+    s = parse_settings(settings, QUICK_DEFAULTS, "quick")
+    return _fmnist_study("quick", s, "Fashion-MNIST SymViT vs RPC-SymViT (6iter/layer1, 2iter/all-layer), one "
+                         "seed, shortened schedules; clean/FGSM/PGD/corruptions/OOD on test subsets; KPCA "
+                         "analysis of the SymViT; small Symlm vs RPC-Symlm on the embedded Wikipedia corpus. "
+                         "About 25 minutes on 2 CPU cores.",
+                         suites=("clean", "fgsm", "pgd", "corruptions", "ood"))
+
+
+SMOKE_DEFAULTS: Dict[str, Any] = dict(QUICK_DEFAULTS, **{
+    "train_steps": 30, "batch_size": 32, "train_subset": 512,
+    "train_overrides": ["model.kwargs.embed_dim=32", "model.kwargs.depth=2", "model.kwargs.num_heads=2",
+                        "data.val_size=128"],
+    "depth": 2, "eval_limit": 128, "attack_limit": 48, "eps": "2/255,6/255", "pgd_steps": 3,
+    "corruptions": ["gaussian_noise", "contrast"], "corruption_limit": 32, "ood_limit": 128,
+    "strong_attack_limit": 16,
+    "lm_steps": 10, "lm_batch_size": 4,
+    "lm_overrides": ["model.kwargs.d_model=32", "model.kwargs.n_layer=2"],
+    "analyze_args": ["--limit", "4"],
+})
+
+
+def smoke(settings: Optional[Sequence[str]] = None) -> Study:
+    s = parse_settings(settings, SMOKE_DEFAULTS, "smoke")
+    return _fmnist_study("smoke", s, "The quick study's pipeline on a few hundred examples and a few steps "
+                         "(end-to-end check, about 90 s; its numbers mean nothing).",
+                         suites=("clean", "fgsm", "pgd", "corruptions", "ood"))
+
+
+FULL_DEFAULTS: Dict[str, Any] = dict(QUICK_DEFAULTS, **{
+    "seeds": [0, 1, 2], "train_steps": 9400, "batch_size": 128, "eval_limit": 0, "attack_limit": 1000,
+    "corruptions": [], "corruption_limit": 1000, "ood_limit": 0, "strong_attack_limit": 500,
+    "lm_steps": 3000, "lm_batch_size": 32,
+    "preset_scaled": "fmnist-scaled-s", "preset_scaled_alpha": "fmnist-scaled-alpha",
+    "preset_asym": "fmnist-vit", "preset_seg": "seg-fmnist-symvit", "preset_seg_rpc": "seg-fmnist-rpc-symvit",
+    "seg_steps": 3000, "seg_limit": 500,
+})
+
+
+def fmnist_full(settings: Optional[Sequence[str]] = None) -> Study:
+    s = parse_settings(settings, FULL_DEFAULTS, "fmnist-full")
+    st = _fmnist_study("fmnist-full", s, "Fashion-MNIST, several seeds per model (mean +- std): every attack "
+                       "including AutoAttack and Square, all 15 corruptions, OOD, Scaled Attention S/alpha vs "
+                       "the asymmetric baseline, segmentation on the composed Fashion-MNIST scenes, LM. "
+                       "Hours on CPU; minutes on one GPU.",
+                       suites=("clean", "fgsm", "pgd", "corruptions", "ood", "noise", "sld", "spsa", "cw",
+                               "autoattack", "square"))
+    steps, bs, seeds = int(s["train_steps"]), int(s["batch_size"]), list(s["seeds"])
+    common = [f"train.max_steps={steps}", f"train.batch_size={bs}"] + list(s.get("train_overrides") or [])
+    scaled = [
+        ModelSpec("vit", "ViT (asymmetric softmax)", s["preset_asym"], common, "scaled", "baseline", seeds, steps * bs),
+        ModelSpec("scaled_s", "Scaled Attention S", s["preset_scaled"], common, "scaled", "rpc", seeds, steps * bs, 1.1),
+        ModelSpec("scaled_alpha", "Scaled Attention alpha", s["preset_scaled_alpha"], common, "scaled", "rpc", seeds,
+                  steps * bs, 1.3),
+    ]
+    st.models.extend(scaled)
+    keys = [m.key for m in scaled]
+    st.evals.append(EvalSpec("clean", keys, [], None))
+    st.claims += [
+        ClaimSpec("scaled_s", "Scaled Attention S beats the asymmetric softmax ViT (clean top-1)", "scaled",
+                  "clean", "top1", "vit", "scaled_s"),
+        ClaimSpec("scaled_alpha", "Scaled Attention alpha beats the asymmetric softmax ViT (clean top-1)", "scaled",
+                  "clean", "top1", "vit", "scaled_alpha"),
+    ]
+    seg_steps = int(s["seg_steps"])
+    seg = [
+        ModelSpec("seg_symvit", "Segmenter SymViT", s["preset_seg"], [f"train.max_steps={seg_steps}"], "seg",
+                  "baseline", seeds, seg_steps * 16),
+        ModelSpec("seg_rpc", "Segmenter RPC-SymViT", s["preset_seg_rpc"], [f"train.max_steps={seg_steps}"], "seg",
+                  "rpc", seeds, seg_steps * 16, 1.3),
+    ]
+    st.models.extend(seg)
+    sk = [m.key for m in seg]
+    st.evals += [EvalSpec("seg", sk, [], s.get("seg_limit") or None),
+                 EvalSpec("seg-corruptions", sk, [], s.get("seg_limit") or None, copies=10)]
+    st.claims += [
+        ClaimSpec("seg_miou", "RPC raises segmentation mIoU", "seg", "seg", "mIoU", "seg_symvit", "seg_rpc"),
+        ClaimSpec("seg_corrupt_miou", "RPC raises mIoU on corrupted scenes", "seg", "seg-corruptions", "mIoU",
+                  "seg_symvit", "seg_rpc"),
+    ]
+    st.claims = [c for c in st.claims]
+    return st
+
+
+def _fmnist_study(name: str, s: Dict[str, Any], description: str, suites: Sequence[str]) -> Study:
+    seeds = [int(x) for x in s["seeds"]]
+    if not seeds:
+        raise StudyError("--set seeds=...: at least one seed")
+    models = _fmnist_models(s, seeds)
+    keys = [m.key for m in models]
+    evals = _vision_evals(s, keys, suites)
+    analyses = [{"model": "symvit", "args": list(s.get("analyze_args") or [])}]
+    claims = _vision_claims(suites, extra=[
+        ("autoattack", "RPC (6 iters, layer 1) is more accurate under AutoAttack", "autoattack", "top1@1/255", "rpc6", True, 1.0),
+        ("square", "RPC (6 iters, layer 1) is more accurate under the Square attack", "square", "top1@1/255", "rpc6", True, 1.0),
+    ] if "autoattack" in suites else [])
+    st = Study(name, description, models, evals, analyses, None, claims, s)
+    if s.get("lm"):
+        lm = _lm_models(s, seeds)
+        st.models.extend(lm)
+        lk = [m.key for m in lm]
+        st.evals += [EvalSpec("ppl", lk, [], None), EvalSpec("wordswap", lk, [], None)]
+        st.claims += _lm_claims()
+    return st
+
+
+# ------------------------------------------------------------------------------- cluster studies
+IMAGENET_DEFAULTS: Dict[str, Any] = {
+    "seeds": [0], "data.imagenet": None, "data.imagenet_c": None, "data.imagenet_o": None,
+    "data.imagenet_a": None, "data.imagenet_r": None, "device": "cuda",
+    "preset_symvit": "imagenet-symvit-tiny", "preset_rpc6": "imagenet-rpc-symvit-tiny-6iter-layer1",
+    "preset_rpc2all": "imagenet-rpc-symvit-tiny-2iter-all", "train_overrides": [], "eval_limit": 0,
+    "attack_limit": 0, "strong_attack_limit": 1000,
+}
+
+
+def imagenet(settings: Optional[Sequence[str]] = None) -> Study:
+    s = parse_settings(settings, IMAGENET_DEFAULTS, "imagenet")
+    _require_paths(s, ["data.imagenet"], "imagenet")
+    for k in ("data.imagenet_c", "data.imagenet_o", "data.imagenet_a", "data.imagenet_r"):
+        if s.get(k):
+            _require_paths(s, [k], "imagenet")
+    seeds = [int(x) for x in s["seeds"]]
+    root = str(Path(s["data.imagenet"]).expanduser())
+    common = [f"data.root={root}"] + list(s["train_overrides"])
+    samples = 300 * 1_281_167
+    models = [
+        ModelSpec("symvit", "SymViT-tiny", s["preset_symvit"], common, "vision", "baseline", seeds, samples),
+        ModelSpec("rpc6", "RPC-SymViT-tiny 6iter/layer1", s["preset_rpc6"], common, "vision", "rpc", seeds, samples,
+                  E.pap_factor(6, 1, 12)),
+        ModelSpec("rpc2all", "RPC-SymViT-tiny 2iter/all-layer", s["preset_rpc2all"], common, "vision", "rpc", seeds,
+                  samples, E.pap_factor(2, 12, 12)),
+    ]
+    keys = [m.key for m in models]
+    lim = s.get("eval_limit") or None
+    evals = [EvalSpec("clean", keys, [], lim, copies=50),
+             EvalSpec("fgsm", keys, ["fgsm.eps=1:6/255"], s.get("attack_limit") or None, n_eps=6, copies=50),
+             EvalSpec("pgd", keys, ["pgd.eps=1:6/255"], s.get("attack_limit") or None, n_eps=6, copies=50),
+             EvalSpec("autoattack", keys, [], s.get("strong_attack_limit") or None),
+             EvalSpec("square", keys, [], s.get("strong_attack_limit") or None)]
+    suites = ["clean", "fgsm", "pgd", "autoattack", "square"]
+    if s.get("data.imagenet_c"):
+        evals.append(EvalSpec("corruptions", keys, [f"corruptions.root={s['data.imagenet_c']}"], None, copies=75 * 50))
+        suites.append("corruptions")
+    if s.get("data.imagenet_o"):
+        evals.append(EvalSpec("ood", keys, [f"ood.root={s['data.imagenet_o']}"], None, copies=2))
+        suites.append("ood")
+    claims = _vision_claims(suites, extra=[
+        ("autoattack", "RPC (6 iters, layer 1) is more accurate under AutoAttack", "autoattack", "top1@1/255", "rpc6", True, 1.0),
+        ("square", "RPC (6 iters, layer 1) is more accurate under the Square attack", "square", "top1@1/255", "rpc6", True, 1.0),
+    ])
+    st = Study("imagenet", "The paper's ImageNet-1K configuration (SPEC 4-5): SymViT-tiny vs RPC-SymViT-tiny, "
+               "300 epochs of the DeiT recipe. For GPU clusters: run the train stages one by one under torchrun "
+               "(docs/reproduce.md).", models, evals,
+               [{"model": "symvit", "args": []}], None, claims, s, device=str(s["device"]))
+    return st
+
+
+WIKITEXT_DEFAULTS: Dict[str, Any] = {
+    "seeds": [0], "data.wikitext103": None, "device": "cuda",
+    "preset_symlm": "wt103-symlm", "preset_rpc_symlm": "wt103-rpc-symlm", "lm_overrides": [],
+}
+
+
+def wikitext103(settings: Optional[Sequence[str]] = None) -> Study:
+    s = parse_settings(settings, WIKITEXT_DEFAULTS, "wikitext103")
+    _require_paths(s, ["data.wikitext103"], "wikitext103")
+    seeds = [int(x) for x in s["seeds"]]
+    root = str(Path(s["data.wikitext103"]).expanduser())
+    common = [f"data.root={root}"] + list(s["lm_overrides"])
+    models = [ModelSpec("symlm", "Symlm (small)", s["preset_symlm"], common, "lm", "baseline", seeds, 500_000 * 96 * 256),
+              ModelSpec("rpc_symlm", "RPC-Symlm (small, 4 iters layers 1-4)", s["preset_rpc_symlm"], common, "lm",
+                        "rpc", seeds, 500_000 * 96 * 256, E.pap_factor(4, 4, 16))]
+    keys = [m.key for m in models]
+    evals = [EvalSpec("ppl", keys, [], None), EvalSpec("wordswap", keys, [], None)]
+    return Study("wikitext103", "The paper's WikiText-103 language-modelling configuration (SPEC 4-5): Symlm vs "
+                 "RPC-Symlm, 500k steps. For GPU clusters (docs/reproduce.md).", models, evals, [], None,
+                 _lm_claims(), s, device=str(s["device"]))
+
+
+STUDIES: Dict[str, Callable[..., Study]] = {
+    "smoke": smoke, "quick": quick, "fmnist-full": fmnist_full, "imagenet": imagenet, "wikitext103": wikitext103,
+}
+_DEFAULTS = {"smoke": SMOKE_DEFAULTS, "quick": QUICK_DEFAULTS, "fmnist-full": FULL_DEFAULTS,
+             "imagenet": IMAGENET_DEFAULTS, "wikitext103": WIKITEXT_DEFAULTS}
+
+
+def list_studies() -> List[tuple]:
+    return [(n, STUDIES[n]().description if n not in ("imagenet", "wikitext103") else
+             {"imagenet": "The paper's ImageNet-1K configuration (needs --set data.imagenet=PATH; GPU cluster).",
+              "wikitext103": "The paper's WikiText-103 configuration (needs --set data.wikitext103=PATH; GPU cluster)."}[n],
+             _DEFAULTS[n]) for n in STUDIES]
+
+
+def get_study(name: str, settings: Optional[Sequence[str]] = None) -> Study:
+    if name not in STUDIES:
+        raise StudyError(f"unknown study preset {name!r}; choose one of {', '.join(STUDIES)}")
+    return STUDIES[name](settings)
+
+
+# ------------------------------------------------------------------------------------- stage list
+def build_stages(study: Study, device: Optional[str] = None) -> List[Stage]:
+    from . import stages as S
+
+    device = device or study.device
+    stages: List[Stage] = []
+    train_names: Dict[str, str] = {}
+    for m in study.models:
+        for seed, run in zip(m.seeds, m.runs()):
+            ov = list(m.overrides) + ([f"train.device={device}"] if device and device != "cpu" else [])
+            name = f"train.{run}"
+            stages.append(Stage(name, "train", S.train_stage, params={
+                "run": run, "preset": m.preset, "overrides": ov, "seed": seed, "family": m.family, "label": m.label},
+                estimate_s=E.train_estimate(m.family, m.train_samples, m.cost),
+                description=f"train {m.label} (seed {seed}) from preset {m.preset}"))
+            train_names[run] = name
+    eval_names: Dict[tuple, str] = {}
+    for ev in study.evals:
+        for key in ev.models:
+            m = study.model(key)
+            for seed, run in zip(m.seeds, m.runs()):
+                sets = list(ev.sets)
+                deps = [train_names[run]]
+                if ev.baseline_model and ev.baseline_model != key:
+                    b = study.model(ev.baseline_model)
+                    brun = f"{b.key}-s{seed}" if seed in b.seeds else b.runs()[0]
+                    sets.append(f"{ev.suite}.baseline={{out}}/runs/{brun}")
+                    bname = eval_names.get((brun, ev.suite))
+                    if bname:
+                        deps.append(bname)
+                if device and device != "cpu":
+                    sets.append(f"device={device}")
+                name = f"eval.{run}.{ev.suite}"
+                stages.append(Stage(name, "eval", S.eval_stage, deps=deps, params={
+                    "run": run, "suite": ev.suite, "sets": sets, "limit": ev.limit, "model": key, "seed": seed},
+                    estimate_s=E.eval_estimate(ev.suite, ev.limit or 10000, m.cost, ev.copies, ev.n_eps),
+                    description=f"{ev.suite} on {m.label} (seed {seed})"))
+                eval_names[(run, ev.suite)] = name
+    for a in study.analyses:
+        m = study.model(a["model"])
+        for run in m.runs():
+            name = f"analyze.{run}"
+            stages.append(Stage(name, "analyze", S.analyze_stage, deps=[train_names[run]], params={
+                "run": run, "args": list(a.get("args", [])), "out": f"analysis/{run}", "model": m.key},
+                estimate_s=E.ANALYZE_S, description=f"KPCA analysis (J_proj, alignment) of {m.label}"))
+    if study.compare:
+        runs = [r for k in study.compare["models"] for r in study.model(k).runs()]
+        stages.append(Stage("compare", "compare", S.compare_stage, deps=[train_names[r] for r in runs], params={
+            "runs": runs, "args": list(study.compare.get("args", [])), "out": "analysis/compare"},
+            estimate_s=E.COMPARE_S, description="compare the models' KPCA statistics"))
+    stages.append(Stage("report", "report", S.report_stage, after=[s.name for s in stages],
+                        params={"study": study.name}, estimate_s=E.REPORT_S,
+                        description="results.json, report.md, report.html and figures"))
+    return stages
