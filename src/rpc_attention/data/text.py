@@ -252,17 +252,25 @@ def read_wikitext_lines(root: os.PathLike, split: str) -> Iterator[List[str]]:
             yield line.split()
 
 
+def _min_freq(data_cfg: Mapping, default: int) -> int:
+    mf = data_cfg.get("min_freq")
+    mf = default if mf is None else int(mf)
+    if mf < 1:
+        raise ValueError(f"data.min_freq must be >= 1, got {mf}")
+    return mf
+
+
 def _data_settings(data_cfg: Mapping) -> Dict:
     source = data_cfg.get("source", "embedded")
     if source == "embedded":
         return {"source": "embedded", "seed": int(data_cfg.get("split_seed", 0)),
-                "min_freq": int(data_cfg.get("min_freq", 3)), "tokenizer": TOKENIZER_VERSION}
+                "min_freq": _min_freq(data_cfg, 3), "tokenizer": TOKENIZER_VERSION}
     if source == "wikitext":
         if not data_cfg.get("root"):
             raise FileNotFoundError("data.source=wikitext needs data.root: a directory with "
                                     f"{', '.join(WIKITEXT_FILES.values())} (--set data.root=PATH)")
         return {"source": "wikitext", "root": str(Path(data_cfg["root"]).expanduser().resolve()),
-                "min_freq": int(data_cfg.get("min_freq", 1))}
+                "min_freq": _min_freq(data_cfg, 1)}
     raise ValueError(f"unknown text data source {source!r}; use 'embedded' or 'wikitext'")
 
 
@@ -396,7 +404,7 @@ def prepare_corpus(data_cfg: Mapping, cache_dir: Optional[os.PathLike] = None) -
     """Encode (or load from ``cache_dir``) the corpus described by ``data_cfg``.
 
     ``data_cfg`` keys: ``source`` (``embedded`` | ``wikitext``), ``root`` (WikiText directory),
-    ``min_freq`` (embedded default 3, WikiText 1), ``split_seed`` (embedded). Without ``cache_dir``
+    ``min_freq`` (``None``: embedded 3, WikiText 1), ``split_seed`` (embedded). Without ``cache_dir``
     the arrays live in memory only.
     """
     settings = _data_settings(data_cfg)

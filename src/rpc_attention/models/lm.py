@@ -147,6 +147,11 @@ def sinusoidal_positions(n: int, d: int, offset: int = 0, device=None, dtype=tor
     return torch.cat([ang.sin(), ang.cos()], dim=-1)[:, :d].to(dtype)
 
 
+def _upcast(x: Tensor) -> Tensor:
+    """Half / bfloat16 logits -> float32 before the softmax; float32 / float64 stay as they are."""
+    return x.float() if x.dtype in (torch.float16, torch.bfloat16) else x
+
+
 class AdaptiveLogSoftmax(nn.Module):
     """Adaptive softmax (Grave et al.) with word vectors tied to an embedding and ``div_val = 1``.
 
@@ -175,15 +180,15 @@ class AdaptiveLogSoftmax(nn.Module):
         if self.n_clusters:
             w = torch.cat([w, self.cluster_weight], dim=0)
             b = torch.cat([b, self.cluster_bias], dim=0)
-        return F.log_softmax(F.linear(h, w.to(h.dtype), b.to(h.dtype)).float(), dim=-1)
+        return F.log_softmax(_upcast(F.linear(h, w.to(h.dtype), b.to(h.dtype))), dim=-1)
 
     def _tail_logprob(self, h: Tensor, weight: Tensor, i: int) -> Tensor:
         lo, hi = self.bounds[i], self.bounds[i + 1]
         logits = F.linear(h, weight[lo:hi].to(h.dtype), self.bias[lo:hi].to(h.dtype))
-        return F.log_softmax(logits.float(), dim=-1)
+        return F.log_softmax(_upcast(logits), dim=-1)
 
     def target_logprob(self, h: Tensor, target: Tensor, weight: Optional[Tensor] = None) -> Tensor:
-        """log p(target) for hidden states ``h`` (M, d) and targets (M,) -> (M,) float32 (or float64)."""
+        """log p(target) for hidden states ``h`` (M, d) and targets (M,) -> (M,) (float32 at least)."""
         weight = self.weight if weight is None else weight
         if target.min() < 0 or target.max() >= self.vocab_size:
             raise ValueError(f"targets must lie in [0, {self.vocab_size}), got [{int(target.min())}, {int(target.max())}]")
@@ -286,7 +291,8 @@ def _cached_attention(attn: nn.Module, x: Tensor, cache: Dict[str, Tensor]) -> T
 
 
 class Symlm(nn.Module):
-    """Causal word-level LM; ``forward(idx)`` returns hidden states (B, T, d_model).
+    """Causal word-level LM; ``forward(idx)`` returns hidden states (B, T, d_model) and
+    ``forward(idx, targets)`` the per-token log-probabilities of ``targets`` (B, T).
 
     Use :meth:`loss` (mean NLL), :meth:`target_logprob` (per-token log-probabilities) or
     :meth:`next_logprob` (log-probabilities of every word after the last position).
@@ -320,7 +326,16 @@ class Symlm(nn.Module):
     def out_weight(self) -> Tensor:
         return self.tok_emb.weight if self.config.tie_weights else self.crit.weight
 
-    def forward(self, idx: Tensor, cache: Optional[List[Dict[str, Tensor]]] = None) -> Tensor:
+    def forward(self, idx: Tensor, targets: Optional[Tensor] = None,
+                cache: Optional[List[Dict[str, Tensor]]] = None) -> Tensor:
+        """Hidden states (B, T, d_model); with ``targets`` (B, T) the log-probabilities of the targets."""
+        h = self._hidden(idx, cache)
+        if targets is None:
+            return h
+        lp = self.crit.target_logprob(h.reshape(-1, h.shape[-1]), targets.reshape(-1), self.out_weight)
+        return lp.view(targets.shape)
+
+    def _hidden(self, idx: Tensor, cache: Optional[List[Dict[str, Tensor]]] = None) -> Tensor:
         if idx.dim() != 2:
             raise ValueError(f"idx must be (batch, tokens), got shape {tuple(idx.shape)}")
         b, t = idx.shape
@@ -341,9 +356,7 @@ class Symlm(nn.Module):
 
     def target_logprob(self, idx: Tensor, targets: Tensor) -> Tensor:
         """(B, T) log p(targets[b, t] | idx[b, :t+1])."""
-        h = self(idx)
-        lp = self.crit.target_logprob(h.reshape(-1, h.shape[-1]), targets.reshape(-1), self.out_weight)
-        return lp.view(targets.shape)
+        return self(idx, targets)
 
     def loss(self, idx: Tensor, targets: Tensor) -> Tensor:
         """Mean negative log-likelihood (nats per token)."""
@@ -351,7 +364,7 @@ class Symlm(nn.Module):
 
     def next_logprob(self, idx: Tensor, cache: Optional[List[Dict[str, Tensor]]] = None) -> Tensor:
         """(B, vocab) log-probabilities of the next word after the last position of ``idx``."""
-        h = self(idx, cache)[:, -1]
+        h = self._hidden(idx, cache)[:, -1]
         return self.crit.full_logprob(h, self.out_weight)
 
     def config_dict(self) -> Dict:

@@ -1,0 +1,156 @@
+"""Task ``lm``: word-level language modelling with :class:`rpc_attention.models.lm.Symlm`.
+
+Config keys it reads:
+
+- ``model.name``: ``symlm-small`` or ``symlm-medium`` (or ``null`` for the plain defaults) and
+  ``model.kwargs``: any :class:`~rpc_attention.models.lm.SymlmConfig` field (``attention``,
+  ``rpc_layers``, ``n_iter``, ``lambd``, ``n_layer``, ``d_model``, ``context``, ``cutoffs`` ...).
+  ``model.kwargs.vocab_size`` is filled from the corpus.
+- ``data.source``: ``embedded`` (Wikipedia lead paragraphs, default) or ``wikitext`` with
+  ``data.root`` (a directory with ``wiki.{train,valid,test}.tokens``); ``data.min_freq`` (default 3 embedded, 1 WikiText),
+  ``data.split_seed``; ``data.cache_dir`` (encoded corpus cache; default: a ``text-cache/<hash>``
+  directory in ``runs/`` next to the run directories, see :func:`text_cache_dir`).
+
+Train items are non-overlapping windows of ``context`` tokens of the training stream (shuffled by
+the trainer); validation uses non-overlapping windows of the valid stream. Metrics: ``loss`` (nats
+per token) and ``ppl``.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from pathlib import Path
+from typing import Any, Dict, Optional
+
+import torch
+
+from .tasks import register_task
+
+__all__ = ["LMTask", "text_cache_dir"]
+
+
+def text_cache_dir(cfg: Dict[str, Any], run_dir: Optional[os.PathLike] = None) -> Path:
+    """Where the encoded corpus of ``cfg`` is cached.
+
+    ``data.cache_dir`` when set (the trainer records the resolved path in ``config.yaml``);
+    otherwise ``<parent of run_dir>/text-cache/<fingerprint>`` or, without a run directory,
+    ``$RPC_ATTENTION_CACHE`` / ``~/.cache/rpc-attention`` ``/text-cache/<fingerprint>``. The
+    fingerprint covers the source files and settings, so runs on the same corpus share one cache.
+    """
+    from ..data.text import corpus_fingerprint
+
+    data = cfg["data"]
+    if data.get("cache_dir"):
+        return Path(data["cache_dir"]).expanduser()
+    fp, _ = corpus_fingerprint(data)
+    if run_dir is not None:
+        base = Path(run_dir).expanduser().resolve().parent
+    else:
+        base = Path(os.environ.get("RPC_ATTENTION_CACHE") or Path.home() / ".cache" / "rpc-attention")
+    return base / "text-cache" / fp[:16]
+
+
+def _run_dir_of(cfg: Dict[str, Any]) -> Optional[str]:
+    train = cfg.get("train") or {}
+    for key in ("run_dir", "out_dir", "output_dir"):
+        if train.get(key):
+            return str(train[key])
+    return None
+
+
+class LMTask:
+    throughput_unit = "tokens"
+    primary_metric = "ppl"
+    lower_is_better = True
+
+    def __init__(self) -> None:
+        self._corpus = None
+        self._corpus_key = None
+
+    # ------------------------------------------------------------------ config
+    def default_config(self) -> Dict[str, Any]:
+        return {
+            "model": {"name": "symlm-small", "kwargs": {}},
+            "data": {"source": "embedded", "root": None, "min_freq": None, "split_seed": 0, "cache_dir": None},
+            "optim": {"name": "adam", "lr": 2.5e-4, "weight_decay": 0.0, "clip_grad": 0.25},
+        }
+
+    def corpus(self, cfg: Dict[str, Any], run_dir: Optional[os.PathLike] = None):
+        from ..data.text import prepare_corpus
+
+        cache = text_cache_dir(cfg, run_dir or _run_dir_of(cfg))
+        key = (str(cache), repr(sorted((k, str(v)) for k, v in cfg["data"].items())))
+        if self._corpus is None or self._corpus_key != key:
+            self._corpus = prepare_corpus(cfg["data"], cache)
+            self._corpus_key = key
+        return self._corpus
+
+    def finalize_config(self, cfg: Dict[str, Any]) -> Dict[str, Any]:
+        from ..models.lm import lm_config
+
+        data = cfg["data"]
+        if not data.get("cache_dir"):
+            data["cache_dir"] = str(text_cache_dir(cfg, _run_dir_of(cfg)).resolve())
+        corpus = self.corpus(cfg)
+        kw = cfg["model"].setdefault("kwargs", {}) or {}
+        cfg["model"]["kwargs"] = kw
+        if kw.get("vocab_size") not in (None, len(corpus.vocab)):
+            raise ValueError(f"model.kwargs.vocab_size={kw['vocab_size']} but the corpus vocabulary has "
+                             f"{len(corpus.vocab)} words (leave it unset)")
+        kw["vocab_size"] = len(corpus.vocab)
+        lm_config(cfg["model"].get("name"), **kw)  # validate early (unknown keys, bad rpc_layers, ...)
+        return cfg
+
+    # ------------------------------------------------------------------ build
+    def build_model(self, cfg: Dict[str, Any]) -> torch.nn.Module:
+        from ..models.lm import build_lm
+
+        kw = dict(cfg["model"].get("kwargs") or {})
+        if "vocab_size" not in kw:
+            raise ValueError("model.kwargs.vocab_size is not set (the lm task fills it from the corpus)")
+        return build_lm(cfg["model"].get("name"), **kw)
+
+    def _context(self, cfg: Dict[str, Any]) -> int:
+        from ..models.lm import lm_config
+
+        return lm_config(cfg["model"].get("name"), **(cfg["model"].get("kwargs") or {})).context
+
+    def build_datasets(self, cfg: Dict[str, Any]):
+        from ..data.text import LMWindows
+
+        corpus = self.corpus(cfg)
+        ctx = self._context(cfg)
+        return {"train": LMWindows(corpus.train, ctx), "val": LMWindows(corpus.valid, ctx),
+                "test": LMWindows(corpus.test, ctx)}
+
+    def collate_fn(self, cfg: Dict[str, Any]):
+        return None
+
+    def count(self, batch) -> int:
+        return int(batch[1].numel())
+
+    # ------------------------------------------------------------------ train / eval
+    def loss(self, model, batch, cfg: Dict[str, Any]):
+        x, y = batch
+        lp = model(x, y)
+        loss = -lp.float().mean()
+        return loss, {"ppl": math.exp(min(float(loss.detach()), 50.0))}
+
+    @torch.no_grad()
+    def evaluate(self, model, loader, cfg: Dict[str, Any]) -> Dict[str, float]:
+        device = next(model.parameters()).device
+        nll = 0.0
+        n = 0
+        for x, y in loader:
+            x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
+            lp = model(x, y)
+            nll -= float(lp.double().sum())
+            n += y.numel()
+        if n == 0:
+            raise ValueError("evaluation data set is empty")
+        loss = nll / n
+        return {"loss": loss, "ppl": math.exp(min(loss, 700.0)), "n": n}
+
+
+register_task("lm", LMTask())
