@@ -51,7 +51,7 @@ def _read_idx(path: Path) -> np.ndarray:
     arr = np.frombuffer(data, dtype=np.uint8, offset=4 + 4 * ndim)
     if arr.size != int(np.prod(shape)):
         raise ValueError(f"{path} is truncated: expected {int(np.prod(shape))} values, found {arr.size}")
-    return arr.reshape(shape)
+    return arr.reshape(shape).copy()
 
 
 _FMNIST_CACHE: Dict[Tuple[str, str], Tuple[np.ndarray, np.ndarray]] = {}
@@ -184,6 +184,8 @@ class SeededTransformDataset(Dataset):
     yields) or a plain int (then epoch = 0, position = index). The global torch / numpy / python RNG
     states are saved and restored around the call, so loading data never perturbs the training RNG.
     """
+
+    seeded_positions = True  # the trainer's StepSampler yields (index, epoch, position) keys
 
     def __init__(self, dataset: Dataset, seed: int = 0) -> None:
         self.dataset = dataset

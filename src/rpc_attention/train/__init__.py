@@ -1,0 +1,23 @@
+"""Task-generic trainer: presets, DDP, checkpoints, resume, run loading.
+
+Public API::
+
+    from rpc_attention.train import resolve_config, run_training, load_run
+    cfg = resolve_config("fmnist-rpc-symvit", ["train.epochs=1"])
+    run_dir = run_training(cfg, "runs/x")            # resume=True / force=True as on the CLI
+    model, cfg = load_run(run_dir)                    # eval mode
+
+Tasks plug in through :func:`rpc_attention.train.tasks.register_task`; epoch-end callbacks through
+:func:`rpc_attention.train.callbacks.register_callback`.
+"""
+
+from .config import list_presets, load_preset, resolve_config
+from .run import load_run
+from .tasks import get_task, list_tasks, register_task
+from .callbacks import register_callback
+from .trainer import RunExistsError, TrainingDiverged, run_training
+
+__all__ = [
+    "resolve_config", "list_presets", "load_preset", "run_training", "load_run", "register_task", "get_task",
+    "list_tasks", "register_callback", "RunExistsError", "TrainingDiverged",
+]

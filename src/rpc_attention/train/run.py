@@ -1,0 +1,52 @@
+"""Load a finished (or interrupted) run: ``load_run(run_dir) -> (model, cfg)``."""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+from typing import Any, Dict, Tuple
+
+import torch
+
+__all__ = ["load_run"]
+
+
+def load_run(run_dir: os.PathLike, device: Any = "cpu", ema: bool = False) -> Tuple[torch.nn.Module, Dict[str, Any]]:
+    """Rebuild a run's model from ``DIR/config.yaml`` and load its weights; returns ``(model, cfg)`` in eval mode.
+
+    Weights: ``DIR/model.safetensors`` (``DIR/model_ema.safetensors`` with ``ema=True``); a run that
+    has not finished falls back to its newest good checkpoint (with a note on stderr).
+    Raises ``FileNotFoundError`` (no run / no weights) or ``ValueError`` (weights do not fit the config).
+    """
+    from safetensors.torch import load_file
+
+    from .checkpoint import latest_checkpoint
+    from .config import load_config_file
+    from .tasks import get_task
+
+    run = Path(run_dir)
+    cfg_path = run / "config.yaml"
+    if not cfg_path.is_file():
+        raise FileNotFoundError(f"{run} is not a training run (expected {cfg_path})")
+    cfg = load_config_file(cfg_path)
+    task = get_task(cfg.get("task", "classification"))
+    name = "model_ema.safetensors" if ema else "model.safetensors"
+    path = run / name
+    if not path.is_file():
+        ckpt = latest_checkpoint(run / "checkpoints", warn=None)
+        if ckpt is None or not (ckpt / name).is_file():
+            what = "EMA weights (train.ema.enabled was off?)" if ema else "weights"
+            raise FileNotFoundError(f"{run} has no {what}: expected {path} or a checkpoint under {run / 'checkpoints'}")
+        print(f"note: {run} is unfinished; loading {ckpt.name}", file=sys.stderr)
+        path = ckpt / name
+    model = task.build_model(cfg)
+    try:
+        sd = load_file(str(path))
+    except Exception as exc:  # noqa: BLE001
+        raise ValueError(f"cannot read {path}: {str(exc).splitlines()[0]}") from None
+    try:
+        model.load_state_dict(sd, strict=True)
+    except RuntimeError as exc:
+        raise ValueError(f"{path} does not match the model in {cfg_path}: {str(exc).splitlines()[0]}") from None
+    return model.to(device).eval(), cfg

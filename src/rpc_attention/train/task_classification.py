@@ -1,0 +1,127 @@
+"""Built-in task ``classification``: timm image classifiers on Fashion-MNIST, MNIST-5k or ImageFolder.
+
+Config keys it reads: ``model.name`` (any timm model, e.g. ``rpc_symvit_tiny_patch16_224``),
+``model.kwargs`` (passed to ``timm.create_model``; ``num_classes``/``in_chans``/``img_size`` default
+to the data set's), ``data.*`` (see :mod:`rpc_attention.data.images`), ``train.mixup`` (timm Mixup /
+CutMix / label smoothing). Metrics: ``loss``, ``acc1``, ``acc5`` (percent).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Dict
+
+import torch
+import torch.nn.functional as F
+
+from .tasks import register_task
+
+__all__ = ["ClassificationTask"]
+
+
+class ClassificationTask:
+    throughput_unit = "images"
+    primary_metric = "acc1"
+
+    def __init__(self) -> None:
+        self._mixup = None
+        self._mixup_key = None
+
+    # ------------------------------------------------------------------ config
+    def default_config(self) -> Dict[str, Any]:
+        return {
+            "data": {"name": "fashion_mnist", "val_size": 0, "train_subset": None, "test_subset": None,
+                     "subset_seed": 0, "crop_pct": 0.875},
+            "train": {"mixup": {"mixup": 0.0, "cutmix": 0.0, "prob": 1.0, "switch_prob": 0.5,
+                                "label_smoothing": 0.0}},
+        }
+
+    def finalize_config(self, cfg: Dict[str, Any]) -> Dict[str, Any]:
+        from ..data.images import dataset_info
+
+        if not cfg["model"].get("name"):
+            raise ValueError("model.name is not set (a timm model name such as symvit_tiny_patch16_224)")
+        if not cfg["data"].get("name"):
+            raise ValueError("data.name is not set (fashion_mnist, mnist5k or imagefolder)")
+        info = dataset_info(cfg["data"]["name"])
+        for key in ("mean", "std", "num_classes", "in_chans", "img_size"):
+            if cfg["data"].get(key) is None:
+                cfg["data"][key] = info[key]
+        kw = cfg["model"].setdefault("kwargs", {}) or {}
+        cfg["model"]["kwargs"] = kw
+        kw.setdefault("num_classes", int(cfg["data"]["num_classes"]))
+        kw.setdefault("in_chans", int(cfg["data"]["in_chans"]))
+        kw.setdefault("img_size", int(cfg["data"]["img_size"]))
+        return cfg
+
+    # ------------------------------------------------------------------ build
+    def build_model(self, cfg: Dict[str, Any]) -> torch.nn.Module:
+        import timm
+        import rpc_attention.models  # noqa: F401  (registers the SymViT family)
+
+        name = cfg["model"]["name"]
+        try:
+            return timm.create_model(name, **(cfg["model"].get("kwargs") or {}))
+        except RuntimeError as exc:
+            if "Unknown model" in str(exc):
+                raise ValueError(f"unknown model {name!r} (not in timm's registry)") from None
+            raise
+
+    def build_datasets(self, cfg: Dict[str, Any]):
+        from ..data.images import build_datasets
+
+        return build_datasets(cfg)
+
+    def collate_fn(self, cfg: Dict[str, Any]):
+        return None
+
+    def setup(self, cfg: Dict[str, Any], device) -> None:
+        m = cfg["train"].get("mixup") or {}
+        self._mixup = None
+        if float(m.get("mixup", 0)) > 0 or float(m.get("cutmix", 0)) > 0:
+            from timm.data import Mixup
+
+            self._mixup = Mixup(
+                mixup_alpha=float(m.get("mixup", 0)), cutmix_alpha=float(m.get("cutmix", 0)),
+                prob=float(m.get("prob", 1.0)), switch_prob=float(m.get("switch_prob", 0.5)),
+                label_smoothing=float(m.get("label_smoothing", 0.0)),
+                num_classes=int(cfg["model"]["kwargs"]["num_classes"]))
+
+    def count(self, batch) -> int:
+        return int(batch[0].shape[0])
+
+    # ------------------------------------------------------------------ train / eval
+    def loss(self, model, batch, cfg: Dict[str, Any]):
+        x, y = batch
+        smoothing = float((cfg["train"].get("mixup") or {}).get("label_smoothing", 0.0))
+        if self._mixup is not None and model.training:
+            x, soft = self._mixup(x, y)
+            logits = model(x)
+            loss = torch.sum(-soft * F.log_softmax(logits.float(), dim=-1), dim=-1).mean()
+        else:
+            logits = model(x)
+            loss = F.cross_entropy(logits.float(), y, label_smoothing=smoothing)
+        acc = (logits.detach().argmax(-1) == y).float().mean() * 100.0
+        return loss, {"acc": acc}
+
+    @torch.no_grad()
+    def evaluate(self, model, loader, cfg: Dict[str, Any]) -> Dict[str, float]:
+        device = next(model.parameters()).device
+        n = 0
+        loss_sum = 0.0
+        c1 = 0
+        c5 = 0
+        for x, y in loader:
+            x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
+            logits = model(x).float()
+            loss_sum += float(F.cross_entropy(logits, y, reduction="sum"))
+            k = min(5, logits.shape[-1])
+            top = logits.topk(k, dim=-1).indices
+            c1 += int((top[:, 0] == y).sum())
+            c5 += int((top == y[:, None]).any(-1).sum())
+            n += y.shape[0]
+        if n == 0:
+            raise ValueError("evaluation data set is empty")
+        return {"loss": loss_sum / n, "acc1": 100.0 * c1 / n, "acc5": 100.0 * c5 / n, "n": n}
+
+
+register_task("classification", ClassificationTask())

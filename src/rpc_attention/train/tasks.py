@@ -1,0 +1,78 @@
+"""Task registry: what the trainer trains.
+
+A task is any object with
+
+* ``build_model(cfg) -> nn.Module``
+* ``build_datasets(cfg) -> {"train": ds, "val": ds, ...}`` (``"test"`` optional; used for the final
+  evaluation when ``cfg["eval"]["final_split"] == "test"``). Train items may be indexed with a tuple
+  ``(index, epoch, position)`` when the data set is an
+  :class:`rpc_attention.data.images.SeededTransformDataset`; plain data sets get plain ints.
+* ``collate_fn(cfg)`` -> a DataLoader collate function, or ``None`` for the default
+* ``loss(model, batch, cfg) -> (loss_tensor, {stat: float or 0-d tensor})`` (the batch is already
+  on the training device; ``model`` may be DDP/compile-wrapped)
+* ``evaluate(model, loader, cfg) -> {metric: float}`` (model in eval mode, under ``torch.no_grad``)
+* ``throughput_unit``: ``"images"`` or ``"tokens"``
+
+and optionally
+
+* ``count(batch) -> int``: units (images/tokens) in a batch, for the throughput (default ``len(batch[0])``)
+* ``default_config() -> dict``: task defaults merged below the preset
+* ``finalize_config(cfg) -> cfg``: fill derived values (e.g. ``data.mean``) after overrides
+* ``setup(cfg, device)``: called once per run before training (e.g. to build Mixup)
+* ``primary_metric``: name of the metric shown in the progress bar / summary (default ``"acc"``)
+
+Register with :func:`register_task`. Task modules ``rpc_attention.train.task_*`` (any module in this
+package whose name starts with ``task_``) are imported on first lookup, so adding a task is adding a
+file ``src/rpc_attention/train/task_<name>.py`` that calls ``register_task``.
+"""
+
+from __future__ import annotations
+
+import importlib
+import pkgutil
+from typing import Any, Dict, List
+
+__all__ = ["register_task", "get_task", "list_tasks", "discover_tasks"]
+
+_TASKS: Dict[str, Any] = {}
+_DISCOVERED = False
+
+_REQUIRED = ("build_model", "build_datasets", "loss", "evaluate")
+
+
+def register_task(name: str, task: Any, overwrite: bool = False) -> Any:
+    """Register ``task`` under ``name`` (returns the task, so it can decorate a class instance)."""
+    missing = [a for a in _REQUIRED if not callable(getattr(task, a, None))]
+    if missing:
+        raise TypeError(f"task {name!r} lacks {', '.join(missing)}")
+    if getattr(task, "throughput_unit", "images") not in ("images", "tokens"):
+        raise ValueError(f"task {name!r}: throughput_unit must be 'images' or 'tokens'")
+    if name in _TASKS and not overwrite and _TASKS[name] is not task:
+        raise ValueError(f"task {name!r} is already registered")
+    _TASKS[name] = task
+    return task
+
+
+def discover_tasks() -> None:
+    """Import every ``rpc_attention.train.task_*`` module (each registers its tasks)."""
+    global _DISCOVERED
+    if _DISCOVERED:
+        return
+    _DISCOVERED = True
+    from . import __path__ as pkg_path
+
+    for mod in sorted(m.name for m in pkgutil.iter_modules(pkg_path)):
+        if mod.startswith("task_"):
+            importlib.import_module(f"{__package__}.{mod}")
+
+
+def get_task(name: str) -> Any:
+    discover_tasks()
+    if name not in _TASKS:
+        raise ValueError(f"unknown task {name!r}; registered tasks: {', '.join(sorted(_TASKS)) or '(none)'}")
+    return _TASKS[name]
+
+
+def list_tasks() -> List[str]:
+    discover_tasks()
+    return sorted(_TASKS)
