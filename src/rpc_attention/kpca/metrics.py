@@ -18,6 +18,7 @@ from __future__ import annotations
 import math
 from typing import Dict, Optional
 
+import numpy as np
 import torch
 from torch import Tensor
 
@@ -248,8 +249,11 @@ def _rbf_kernel(x: Tensor) -> Tensor:
     x = x.double()
     sq = (x * x).sum(-1)
     d2 = (sq.unsqueeze(-1) + sq.unsqueeze(-2) - 2.0 * x @ x.transpose(-2, -1)).clamp_min(0.0)
-    nz = d2[d2 > 0]
-    sigma2 = float(nz.median()) if nz.numel() else 1.0
+    d2 = d2 * (1.0 - torch.eye(d2.shape[-1], dtype=d2.dtype, device=d2.device))  # exact zero diagonal
+    # "non-zero" up to the rounding of the Gram-based distance (identical rows give ~1e-16, not 0)
+    nz = d2[d2 > 1e-12 * float(d2.max().clamp_min(1e-300))]
+    # numpy's median (mean of the two middle values for an even count), not torch's lower median
+    sigma2 = float(np.median(nz.cpu().numpy())) if nz.numel() else 1.0
     return torch.exp(-d2 / (2.0 * sigma2))
 
 

@@ -1,0 +1,142 @@
+"""Hooks give the same q, k, v as the modules' own forward (output recomputed from the capture)."""
+
+import os
+
+import pytest
+import torch
+
+from rpc_attention import functional as RF
+from rpc_attention import nn as rnn
+from rpc_attention.kpca.hooks import AttentionCapture, find_attention_modules
+
+torch.set_num_threads(1)
+
+
+def _x(b=2, n=7, c=16, seed=0):
+    return torch.randn(b, n, c, generator=torch.Generator().manual_seed(seed))
+
+
+def _check(cap, y, atol=1e-5):
+    assert not cap.errors, cap.errors
+    assert len(cap.captures) == 1
+    c = cap.captures[0]
+    torch.testing.assert_close(c.output, y.double(), atol=0, rtol=0)
+    torch.testing.assert_close(c.module_output(), y.double(), atol=atol, rtol=1e-4)
+    return c
+
+
+@pytest.mark.parametrize("is_causal", [False, True])
+def test_rpc_nn_attention_and_symmetric(is_causal):
+    x = _x()
+    for mod in (rnn.Attention(16, 2, qkv_bias=True), rnn.SymmetricAttention(16, 2, qkv_bias=True)):
+        mod.eval()
+        with AttentionCapture(mod) as cap:
+            y = mod(x, is_causal=is_causal)
+        c = _check(cap, y)
+        assert c.causal == is_causal
+        # q, k, v equal the module's own split
+        parts = [p.double() for p in mod._split(x)]
+        torch.testing.assert_close(c.k, parts[-2], atol=1e-6, rtol=1e-5)
+        torch.testing.assert_close(c.v, parts[-1], atol=1e-6, rtol=1e-5)
+        if isinstance(mod, rnn.SymmetricAttention):
+            assert c.symmetric and c.q is c.k
+        else:
+            torch.testing.assert_close(c.q, parts[0], atol=1e-6, rtol=1e-5)
+
+
+def test_rpc_attention_records_pap_state_and_restores_flag():
+    x = _x(seed=1)
+    mod = rnn.RPCAttention(16, 2, n_iter=3).eval()
+    with AttentionCapture(mod) as cap:
+        assert mod.keep_state
+        y = mod(x)
+    assert mod.keep_state is False and mod.last_state is None
+    c = _check(cap, y)
+    k, v = mod._split(x)
+    _, state = RF.pap_attention(k, v, n_iter=3, lambd=4.0, model_dim=16, return_state=True)
+    torch.testing.assert_close(c.k, state.cleaned_keys.double(), atol=1e-6, rtol=1e-5)
+    torch.testing.assert_close(c.k_raw, k.double(), atol=1e-6, rtol=1e-5)
+    torch.testing.assert_close(c.pap["sparse"], state.sparse.double(), atol=1e-6, rtol=1e-5)
+
+
+@pytest.mark.parametrize("mode", ["s", "alpha"])
+def test_scaled_attention_effective_values(mode):
+    x = _x(seed=2)
+    mod = rnn.ScaledAttention(16, 2, mode=mode, num_tokens=7).eval()
+    with torch.no_grad():
+        if mode == "s":
+            mod.s_matrix.normal_(std=0.2)
+        else:
+            mod.alpha.fill_(0.4)
+    with AttentionCapture(mod) as cap:
+        y = mod(x)
+    c = _check(cap, y)
+    assert c.v_eff is not None and not torch.allclose(c.v_eff, c.v)
+    if mode == "s":
+        torch.testing.assert_close(c.v_eff, c.v - mod.s_matrix.detach().double() @ c.v)
+
+
+def test_padding_mask_is_captured():
+    x = _x(seed=3)
+    mask = torch.ones(2, 1, 1, 7, dtype=torch.bool)
+    mask[1, ..., 5:] = False
+    mod = rnn.SymmetricAttention(16, 2).eval()
+    with AttentionCapture(mod) as cap:
+        y = mod(x, attn_mask=mask)
+    c = _check(cap, y)
+    assert c.key_valid(0) is None
+    assert c.key_valid(1).tolist() == [True] * 5 + [False] * 2
+
+
+def test_timm_vit_hooks_match_forward():
+    import timm
+
+    m = timm.create_model("vit_tiny_patch16_224", pretrained=False, img_size=32, patch_size=8, depth=2,
+                          num_classes=3).eval()
+    assert [n for n, _, _ in find_attention_modules(m)] == ["blocks.0.attn", "blocks.1.attn"]
+    with AttentionCapture(m) as cap, torch.no_grad():
+        m(torch.randn(2, 3, 32, 32))
+    assert not cap.errors and len(cap.captures) == 2
+    for c in cap.captures:
+        assert c.kind == "timm" and c.q.shape == (2, 3, 17, 64)
+        torch.testing.assert_close(c.module_output(), c.output, atol=1e-5, rtol=1e-4)
+
+
+def test_our_vision_models_are_found():
+    import timm
+
+    m = timm.create_model("rpc_symvit_tiny_patch16_224", img_size=16, patch_size=4, embed_dim=32, depth=2,
+                          num_heads=2, num_classes=3, rpc_layers=[0], n_iter=2).eval()
+    kinds = [k for _, _, k in find_attention_modules(m)]
+    assert kinds == ["rpc", "symmetric"]
+    with AttentionCapture(m) as cap, torch.no_grad():
+        m(torch.randn(2, 3, 16, 16))
+    assert not cap.errors
+    for c in cap.captures:
+        torch.testing.assert_close(c.module_output(), c.output, atol=1e-5, rtol=1e-4)
+
+
+def test_hf_bert_and_vit_hooks_match_forward():
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    from transformers import BertConfig, BertModel, ViTConfig, ViTModel
+
+    torch.manual_seed(0)
+    bert = BertModel(BertConfig(hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64,
+                                vocab_size=100)).eval()
+    ids = torch.randint(0, 100, (2, 9))
+    am = torch.ones(2, 9, dtype=torch.long)
+    am[1, 6:] = 0
+    with AttentionCapture(bert) as cap, torch.no_grad():
+        bert(input_ids=ids, attention_mask=am)
+    assert not cap.errors and len(cap.captures) == 2
+    for c in cap.captures:
+        assert c.kind == "hf" and c.key_valid(1).tolist() == [True] * 6 + [False] * 3
+        diff = (c.module_output() - c.output).abs()
+        assert diff[0].max() < 1e-5 and diff[1, :6].max() < 1e-5  # padded query rows are irrelevant
+    vit = ViTModel(ViTConfig(hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64,
+                             image_size=32, patch_size=8)).eval()
+    with AttentionCapture(vit) as cap, torch.no_grad():
+        vit(pixel_values=torch.randn(2, 3, 32, 32))
+    assert not cap.errors and len(cap.captures) == 2
+    for c in cap.captures:
+        torch.testing.assert_close(c.module_output(), c.output, atol=1e-5, rtol=1e-4)
