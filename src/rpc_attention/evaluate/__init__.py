@@ -1,0 +1,12 @@
+"""Evaluation suites: clean accuracy, adversarial attacks, common corruptions and OOD detection.
+
+Use the registry in :mod:`rpc_attention.evaluate.suites` (``register_suite``, ``get_suite``,
+``list_suites``, ``run_suite``, ``write_result``); suite modules in this package (``classification``,
+``corruptions``, ``ood``, and the LM / segmentation engineers' ``lm``, ``segmentation``) are
+discovered and imported on first use of the registry.  Importing this package is cheap: torchattacks
+and imagecorruptions are imported only when an attack or corruption runs.
+"""
+
+from .suites import get_suite, list_suites, register_suite, run_suite, write_result
+
+__all__ = ["register_suite", "get_suite", "list_suites", "run_suite", "write_result"]

@@ -1,0 +1,277 @@
+"""Adversarial attacks in two input spaces, on any classifier ``nn.Module``.
+
+Spaces (SPEC section 6):
+
+* ``pixel`` (default, correct): the model is wrapped with its normalisation
+  (:class:`~rpc_attention.evaluate.common.Normalized`), inputs live in ``[0, 1]`` and adversarial
+  inputs are clipped to ``[0, 1]``; ``eps`` is in pixel units (``1/255`` = one grey level).
+* ``official``: as the official code, the attack works on the already-normalised tensor with no
+  clipping to the valid image range; ``eps`` is in normalised units.
+
+torchattacks implements FGSM, PGD, SPSA, CW, Square and the AutoAttack components and always clamps
+to ``[0, 1]``.  For the ``official`` space we hand torchattacks an affine re-parameterisation of the
+normalised tensor, ``x_n = lo + s * u`` with ``u`` in ``[0, 1]``, where ``[lo, lo + s]`` is the
+normalised image of ``[0, 1]`` widened by a margin (default ``max(1, 2 eps)`` normalised units).  All
+L_p norms scale by the same ``s``, so an attack with budget ``eps / s`` on ``u`` is exactly the
+unclipped attack with budget ``eps`` on ``x_n`` as long as the box never binds, which it cannot for
+L-inf attacks (the eps-ball lies inside the box).  Carlini-Wagner (unbounded L2, tanh box) is the one
+attack for which the box can bind; it is then "no clipping within margin".
+
+Written here because no installed library offers them: sparse L1 descent (SLD, the cleverhans
+algorithm) and uniform L-inf noise; both take explicit bounds (``None`` = no clipping).
+
+Gradients are taken through the whole model, i.e. through every PAP iteration (nothing is detached).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable, Dict, Mapping, Optional, Tuple
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from .common import Normalized
+
+__all__ = ["SPACES", "InputSpace", "sparse_l1_descent", "uniform_noise", "make_attack", "ATTACKS"]
+
+SPACES = ("pixel", "official")
+
+
+class _Affine(nn.Module):
+    """``model(lo + scale * u)``: torchattacks' ``[0, 1]`` box mapped onto normalised inputs."""
+
+    def __init__(self, model: nn.Module, lo: float, scale: float) -> None:
+        super().__init__()
+        self.model = model
+        self.lo = float(lo)
+        self.scale = float(scale)
+
+    def forward(self, u: Tensor) -> Tensor:
+        return self.model(self.lo + self.scale * u)
+
+
+@dataclass
+class InputSpace:
+    """Where an attack operates.  ``model`` is the classifier on *normalised* inputs.
+
+    * :attr:`image_model` takes ``[0, 1]`` images (used to score clean and adversarial images).
+    * :meth:`for_torchattacks` returns ``(box_model, to_box, from_box, scale)`` for an attack
+      library that works on ``[0, 1]``; budgets in this space's units are divided by ``scale``.
+    * :meth:`for_own` returns ``(model, to_space, from_space, (lo, hi))`` for our attacks, which take
+      explicit bounds.
+    """
+
+    model: nn.Module
+    mean: Tensor  # [C]
+    std: Tensor  # [C]
+    name: str = "pixel"
+
+    def __post_init__(self) -> None:
+        if self.name not in SPACES:
+            raise ValueError(f"unknown input space {self.name!r}; choose from {', '.join(SPACES)}")
+        self.image_model = Normalized(self.model, self.mean, self.std)
+
+    # normalised <-> pixel
+    def _c(self, t: Tensor, x: Tensor) -> Tensor:
+        return t.to(device=x.device, dtype=x.dtype).view(1, -1, 1, 1)
+
+    def normalise(self, x01: Tensor) -> Tensor:
+        return (x01 - self._c(self.mean, x01)) / self._c(self.std, x01)
+
+    def denormalise(self, xn: Tensor) -> Tensor:
+        return xn * self._c(self.std, xn) + self._c(self.mean, xn)
+
+    def normalised_range(self, margin: float) -> Tuple[float, float]:
+        lo = float(((0.0 - self.mean) / self.std).min()) - margin
+        hi = float(((1.0 - self.mean) / self.std).max()) + margin
+        return lo, hi
+
+    def for_torchattacks(self, margin: float = 1.0):
+        """``(box_model, to_box, from_box, scale)``; ``from_box`` returns attack-space tensors
+        (pixels for ``pixel``, normalised tensors for ``official``)."""
+        if self.name == "pixel":
+            return self.image_model, (lambda x01: x01), (lambda u: u), 1.0
+        lo, hi = self.normalised_range(margin)
+        scale = hi - lo
+        box = _Affine(self.model, lo, scale)
+        return box, (lambda x01: (self.normalise(x01) - lo) / scale), (lambda u: lo + scale * u), scale
+
+    def for_own(self):
+        """``(model_in_space, to_space, bounds)``: bounds ``(0, 1)`` in pixel space, ``None`` in official."""
+        if self.name == "pixel":
+            return self.image_model, (lambda x01: x01), (0.0, 1.0)
+        return self.model, self.normalise, None
+
+    def to_space(self, x01: Tensor) -> Tensor:
+        return x01 if self.name == "pixel" else self.normalise(x01)
+
+    def space_model(self) -> nn.Module:
+        """The classifier on this space's tensors (pixels or normalised)."""
+        return self.image_model if self.name == "pixel" else self.model
+
+
+# ---------------------------------------------------------------------------------------------
+# attacks written here
+
+
+def _clip(x: Tensor, bounds: Optional[Tuple[float, float]]) -> Tensor:
+    return x if bounds is None else x.clamp(bounds[0], bounds[1])
+
+
+def uniform_noise(x: Tensor, eps: float, bounds: Optional[Tuple[float, float]] = (0.0, 1.0),
+                  generator: Optional[torch.Generator] = None) -> Tensor:
+    """``x + U(-eps, eps)`` independently per element, clipped to ``bounds`` (``None``: no clipping)."""
+    noise = torch.rand(x.shape, generator=generator, device=x.device, dtype=x.dtype) * 2 - 1
+    return _clip(x + eps * noise, bounds).detach()
+
+
+def _l1_scale(eta: Tensor, eps: float) -> Tensor:
+    """Shrink each example's perturbation onto the L1 ball of radius ``eps`` (cleverhans ``clip_eta``)."""
+    norm = eta.flatten(1).abs().sum(1).clamp_min(1e-12)
+    factor = torch.clamp(eps / norm, max=1.0)
+    return eta * factor.view(-1, *([1] * (eta.ndim - 1)))
+
+
+def sparse_l1_descent(
+    model: nn.Module,
+    x: Tensor,
+    y: Tensor,
+    eps: float = 10.0,
+    steps: int = 20,
+    step_size: float = 1.0,
+    grad_sparsity: float = 99.0,
+    bounds: Optional[Tuple[float, float]] = (0.0, 1.0),
+    rand_init: bool = False,
+    clip_grad: bool = False,
+) -> Tensor:
+    """Sparse L1 descent (Tramer & Boneh 2019; the cleverhans ``SparseL1Descent`` algorithm).
+
+    Each step moves along the sign of the gradient restricted to its coordinates at or above the
+    ``grad_sparsity`` percentile of ``|grad|`` (per example), normalised to L1 norm 1 and scaled by
+    ``step_size``; the total perturbation is shrunk onto the L1 ball of radius ``eps`` and the image
+    clipped to ``bounds``.  ``clip_grad`` ignores gradient coordinates that point out of the box.
+    """
+    if not 0 <= grad_sparsity < 100:
+        raise ValueError(f"grad_sparsity must be in [0, 100), got {grad_sparsity}")
+    x = x.detach()
+    if rand_init:
+        # uniform direction on the L1 sphere scaled by a uniform radius (Laplace sample, normalised)
+        lap = torch.distributions.Laplace(0.0, 1.0).sample(x.shape).to(x)
+        lap = lap / lap.flatten(1).abs().sum(1).clamp_min(1e-12).view(-1, *([1] * (x.ndim - 1)))
+        r = torch.rand(x.shape[0], device=x.device, dtype=x.dtype).view(-1, *([1] * (x.ndim - 1)))
+        adv = _clip(x + eps * r * lap, bounds)
+    else:
+        adv = x.clone()
+    n_feat = x[0].numel()
+    k = max(1, int(round(n_feat * grad_sparsity / 100.0)))  # kth smallest |g| = the percentile
+    for _ in range(int(steps)):
+        adv.requires_grad_(True)
+        loss = F.cross_entropy(model(adv), y, reduction="sum")
+        (grad,) = torch.autograd.grad(loss, adv)
+        adv = adv.detach()
+        if clip_grad and bounds is not None:
+            at_min = (adv <= bounds[0]) & (grad < 0)
+            at_max = (adv >= bounds[1]) & (grad > 0)
+            grad = grad.masked_fill(at_min | at_max, 0.0)
+        g = grad.flatten(1)
+        a = g.abs()
+        thresh = a.kthvalue(min(k, n_feat), dim=1, keepdim=True).values
+        mask = (a >= thresh) & (a > 0)
+        count = mask.sum(1, keepdim=True).clamp_min(1)
+        step = (torch.sign(g) * mask / count).view_as(adv)
+        eta = _l1_scale(adv + step_size * step - x, eps)
+        adv = _clip(x + eta, bounds).detach()
+    return adv
+
+
+# ---------------------------------------------------------------------------------------------
+# one factory for every attack suite
+
+
+def _ta():
+    import torchattacks  # noqa: F401  (imported lazily: it is slow and optional for other code)
+
+    return torchattacks
+
+
+def _autoattack(ta, model, eps: float, n_classes: int, seed: int, steps: int, n_queries: int, norm: str = "Linf"):
+    """AutoAttack 'standard' (Croce & Hein 2020): APGD-CE, APGD-T, FAB-T, Square(5000), each run on
+    the points the previous ones did not break.  Built from torchattacks' components so that the
+    step counts follow the original (100), which torchattacks' ``AutoAttack`` wrapper leaves at 10;
+    targeted attacks use the top ``min(9, n_classes - 1)`` classes as in the original."""
+    nc = min(10, int(n_classes))  # torchattacks targets n_classes - 1 classes
+    attacks = [
+        ta.APGD(model, norm=norm, eps=eps, steps=steps, n_restarts=1, seed=seed, loss="ce"),
+        ta.APGDT(model, norm=norm, eps=eps, steps=steps, n_restarts=1, seed=seed, n_classes=nc),
+        ta.FAB(model, norm=norm, eps=eps, steps=steps, n_restarts=1, seed=seed, multi_targeted=True, n_classes=nc),
+        ta.Square(model, norm=norm, eps=eps, n_queries=n_queries, n_restarts=1, seed=seed),
+    ]
+    return ta.MultiAttack(attacks)
+
+
+def make_attack(name: str, space: InputSpace, eps: Optional[float], opts: Mapping[str, Any],
+                n_classes: int = 10) -> Callable[[Tensor, Tensor], Tensor]:
+    """Return ``attack(x01, y) -> adversarial tensor in the space's units`` (pixels or normalised).
+
+    ``opts`` holds the suite's settings (steps, step ratio, ...); ``eps`` is in the space's units.
+    """
+    seed = int(opts.get("seed") or 0)
+    if name in ("sld", "noise"):
+        model, to_space, bounds = space.for_own()
+        if name == "noise":
+            gen_holder: Dict[str, torch.Generator] = {}
+
+            def attack_noise(x01: Tensor, y: Tensor) -> Tensor:
+                g = gen_holder.get("g")
+                if g is None:
+                    g = gen_holder["g"] = torch.Generator(device=x01.device).manual_seed(seed)
+                return uniform_noise(to_space(x01), float(eps), bounds, generator=g)
+
+            return attack_noise
+
+        def attack_sld(x01: Tensor, y: Tensor) -> Tensor:
+            return sparse_l1_descent(model, to_space(x01), y, eps=float(eps), steps=int(opts["steps"]),
+                                     step_size=float(opts["step_size"]), grad_sparsity=float(opts["grad_sparsity"]),
+                                     bounds=bounds, rand_init=bool(opts.get("rand_init", False)),
+                                     clip_grad=bool(opts.get("clip_grad", False)))
+
+        return attack_sld
+
+    ta = _ta()
+    margin = max(float(opts.get("official_margin") or 1.0), 2.0 * float(eps or 0.0))
+    box, to_box, from_box, s = space.for_torchattacks(margin)
+    e = None if eps is None else float(eps) / s
+    if name == "fgsm":
+        atk = ta.FGSM(box, eps=e)
+    elif name == "pgd":
+        steps = int(opts["steps"])
+        atk = ta.PGD(box, eps=e, alpha=float(opts["step_ratio"]) * e, steps=steps,
+                     random_start=bool(opts.get("random_start", True)))
+    elif name == "spsa":
+        atk = ta.SPSA(box, eps=e, delta=float(opts["delta"]) / s, lr=float(opts["lr"]) / s,
+                      nb_iter=int(opts["steps"]), nb_sample=int(opts["n_samples"]),
+                      max_batch_size=int(opts["max_batch_size"]))
+    elif name == "cw":
+        atk = ta.CW(box, c=float(opts["c"]), kappa=float(opts["kappa"]), steps=int(opts["steps"]), lr=float(opts["lr"]))
+    elif name == "square":
+        atk = ta.Square(box, norm="Linf", eps=e, n_queries=int(opts["n_queries"]), n_restarts=1,
+                        p_init=float(opts.get("p_init", 0.8)), seed=seed)
+    elif name == "autoattack":
+        atk = _autoattack(ta, box, e, n_classes, seed, int(opts["steps"]), int(opts["n_queries"]))
+    else:
+        raise ValueError(f"unknown attack {name!r}")
+
+    def attack(x01: Tensor, y: Tensor) -> Tensor:
+        u = to_box(x01)
+        if name == "cw":
+            # torchattacks' CW starts from atanh(2u - 1): pixels at exactly 0 or 1 (Fashion-MNIST's
+            # black background) would sit at +-inf with zero gradient and could never move.
+            u = u.clamp(1e-6, 1 - 1e-6)
+        return from_box(atk(u, y)).detach()
+
+    return attack
+
+
+ATTACKS = ("fgsm", "pgd", "spsa", "sld", "cw", "noise", "autoattack", "square")

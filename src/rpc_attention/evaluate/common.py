@@ -1,0 +1,133 @@
+"""Shared helpers of the evaluation suites: data, batching with progress bars, normalisation."""
+
+from __future__ import annotations
+
+import os
+import sys
+from typing import Any, Iterator, Mapping, Optional, Sequence, Tuple
+
+import torch
+from torch import Tensor, nn
+
+__all__ = ["progress", "norm_stats", "load_eval_data", "dataset_to_tensors", "predict_logits",
+           "topk_correct", "Normalized", "data_name", "num_classes_of"]
+
+
+def progress(iterable=None, total: Optional[int] = None, desc: str = "", unit: str = "batch"):
+    """tqdm progress bar (with ETA) that is silent when stderr is not a TTY or when
+    ``RPC_ATTENTION_NO_PROGRESS=1``."""
+    from tqdm.auto import tqdm
+
+    disable = os.environ.get("RPC_ATTENTION_NO_PROGRESS", "") not in ("", "0") or not sys.stderr.isatty()
+    return tqdm(iterable, total=total, desc=desc, unit=unit, disable=disable, leave=False, dynamic_ncols=True)
+
+
+def data_name(cfg: Mapping[str, Any]) -> str:
+    data = cfg.get("data") or {}
+    return str(data.get("name") or data.get("dataset") or "unknown")
+
+
+def num_classes_of(model: nn.Module, cfg: Mapping[str, Any]) -> Optional[int]:
+    mcfg = cfg.get("model") or {}
+    for key in ("num_classes",):
+        if mcfg.get(key):
+            return int(mcfg[key])
+        if (cfg.get("data") or {}).get(key):
+            return int(cfg["data"][key])
+    n = getattr(model, "num_classes", None)
+    return int(n) if isinstance(n, int) and n > 0 else None
+
+
+def norm_stats(cfg: Mapping[str, Any], channels: int) -> Tuple[Tensor, Tensor]:
+    """Per-channel ``(mean, std)`` from ``cfg["data"]`` (scalars or lists), shaped ``[C]``."""
+    data = cfg.get("data") or {}
+    mean, std = data.get("mean", 0.0), data.get("std", 1.0)
+
+    def vec(v, name):
+        t = torch.as_tensor(v, dtype=torch.float32).flatten()
+        if t.numel() == 1:
+            t = t.expand(channels).clone()
+        if t.numel() != channels:
+            raise ValueError(f"data.{name} has {t.numel()} values but the images have {channels} channels")
+        return t
+
+    mean_t, std_t = vec(mean, "mean"), vec(std, "std")
+    if (std_t <= 0).any():
+        raise ValueError(f"data.std must be positive, got {std_t.tolist()}")
+    return mean_t, std_t
+
+
+class Normalized(nn.Module):
+    """``model((x - mean) / std)``: a classifier on ``[0, 1]`` pixels (pixel-space attacks)."""
+
+    def __init__(self, model: nn.Module, mean: Tensor, std: Tensor) -> None:
+        super().__init__()
+        self.model = model
+        self.register_buffer("mean", mean.reshape(1, -1, 1, 1).clone(), persistent=False)
+        self.register_buffer("std", std.reshape(1, -1, 1, 1).clone(), persistent=False)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.model((x - self.mean.to(x.dtype)) / self.std.to(x.dtype))
+
+
+def dataset_to_tensors(ds: Any, limit: Optional[int] = None) -> Tuple[Tensor, Tensor]:
+    """``(x, y)`` tensors from a tuple of tensors, a TensorDataset or any map-style dataset of pairs."""
+    if isinstance(ds, (tuple, list)) and len(ds) == 2 and all(isinstance(t, Tensor) for t in ds):
+        x, y = ds
+    elif hasattr(ds, "tensors") and len(ds.tensors) >= 2:
+        x, y = ds.tensors[0], ds.tensors[1]
+    elif (isinstance(getattr(ds, "images", None), Tensor) and getattr(ds, "images").dtype == torch.uint8
+          and getattr(ds, "transform", 1) is None and getattr(ds, "mean", 1) is None):
+        # rpc_attention.data.images.TensorImageDataset without transform/normalisation: no per-item loop
+        n = len(ds) if limit is None else min(len(ds), int(limit))
+        x, y = ds.images[:n].float() / 255.0, torch.as_tensor(ds.labels[:n])
+    else:
+        n = len(ds) if limit is None else min(len(ds), int(limit))
+        # an evenly spread subset (folder data sets are sorted by class)
+        idx = range(len(ds)) if n == len(ds) else [int(k * len(ds) / n) for k in range(n)]
+        xs, ys = [], []
+        for i in idx:
+            xi, yi = ds[i]
+            xs.append(torch.as_tensor(xi))
+            ys.append(torch.as_tensor(yi))
+        x, y = torch.stack(xs), torch.stack(ys)
+    if limit is not None:
+        x, y = x[: int(limit)], y[: int(limit)]
+    return x, torch.as_tensor(y).long()
+
+
+def load_eval_data(cfg: Mapping[str, Any], split: str = "test", limit: Optional[int] = None) -> Tuple[Tensor, Tensor]:
+    """Un-normalised ``[0, 1]`` evaluation images ``[N, C, H, W]`` and labels of the run's data set
+    (the first ``limit`` examples, in data-set order)."""
+    from ..data import images as _images
+
+    ds = _images.build_eval_dataset(cfg, split=split, normalize=False)
+    x, y = dataset_to_tensors(ds, limit)
+    x = x.float()
+    if x.ndim == 3:
+        x = x.unsqueeze(1)
+    return x, y
+
+
+@torch.no_grad()
+def predict_logits(model: nn.Module, x: Tensor, batch_size: int = 256, device: str = "cpu", desc: str = "") -> Tensor:
+    out = []
+    for i in progress(range(0, len(x), batch_size), total=(len(x) + batch_size - 1) // batch_size, desc=desc):
+        out.append(model(x[i:i + batch_size].to(device)).float().cpu())
+    return torch.cat(out) if out else torch.empty(0)
+
+
+def topk_correct(logits: Tensor, y: Tensor, ks: Sequence[int] = (1, 5)) -> dict:
+    """Number of examples whose label is in the top-k predictions, for each k (k capped at #classes)."""
+    res = {}
+    maxk = min(max(ks), logits.shape[-1])
+    top = logits.topk(maxk, dim=-1).indices
+    hit = top == y.view(-1, 1)
+    for k in ks:
+        res[k] = int(hit[:, : min(k, maxk)].any(dim=1).sum())
+    return res
+
+
+def chunks(n: int, batch_size: int, desc: str = "") -> Iterator[slice]:
+    for i in progress(range(0, n, batch_size), total=(n + batch_size - 1) // batch_size, desc=desc):
+        yield slice(i, min(i + batch_size, n))

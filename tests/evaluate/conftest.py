@@ -1,0 +1,70 @@
+"""Shared fixtures: a tiny RPC-SymViT trained for ~1 s on Fashion-MNIST, and its config."""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import pytest
+import torch
+
+FMNIST = os.environ.get("RPC_ATTENTION_FASHION_MNIST", "/usr/share/datasets/fashion-mnist")
+needs_fmnist = pytest.mark.skipif(not os.path.isdir(FMNIST), reason="Fashion-MNIST not installed")
+
+MEAN, STD = 0.2860, 0.3530
+
+
+def tiny_cfg():
+    return {
+        "task": "classification",
+        "model": {"name": "rpc_symvit_tiny_patch16_224", "num_classes": 10, "img_size": 28, "in_chans": 1,
+                  "patch_size": 7, "embed_dim": 32, "depth": 1, "num_heads": 2, "rpc_layers": "all", "n_iter": 2},
+        "data": {"name": "fashion_mnist", "mean": [MEAN], "std": [STD]},
+    }
+
+
+def build_tiny(cfg=None):
+    import timm
+
+    import rpc_attention  # noqa: F401  (registers the models)
+
+    cfg = cfg or tiny_cfg()
+    kw = {k: v for k, v in cfg["model"].items() if k != "name"}
+    return timm.create_model(cfg["model"]["name"], **kw)
+
+
+@pytest.fixture(scope="session")
+def tiny_model():
+    """(model, cfg): trained 2 epochs on 2000 training images (about 1 s), ~50-60 % test accuracy."""
+    if not os.path.isdir(FMNIST):
+        pytest.skip("Fashion-MNIST not installed")
+    from rpc_attention.data.images import fashion_mnist
+
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(0)
+        cfg = tiny_cfg()
+        model = build_tiny(cfg)
+        xi, yi = fashion_mnist("train")
+        x = ((torch.from_numpy(np.array(xi[:2000])).float() / 255 - MEAN) / STD).unsqueeze(1)
+        y = torch.from_numpy(np.array(yi[:2000])).long()
+        opt = torch.optim.AdamW(model.parameters(), 3e-3)
+        for _ in range(2):
+            for i in range(0, 2000, 100):
+                loss = torch.nn.functional.cross_entropy(model(x[i:i + 100]), y[i:i + 100])
+                opt.zero_grad()
+                loss.backward()
+                opt.step()
+    model.eval()
+    return model, cfg
+
+
+@pytest.fixture(scope="session")
+def test_batch():
+    """64 Fashion-MNIST test images in [0, 1] ([64, 1, 28, 28]) and labels."""
+    if not os.path.isdir(FMNIST):
+        pytest.skip("Fashion-MNIST not installed")
+    from rpc_attention.data.images import fashion_mnist
+
+    xi, yi = fashion_mnist("test")
+    x = torch.from_numpy(np.array(xi[:64])).float().div(255).unsqueeze(1)
+    return x, torch.from_numpy(np.array(yi[:64])).long()
