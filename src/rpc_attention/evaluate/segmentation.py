@@ -1,0 +1,419 @@
+"""Segmentation metrics and the evaluation suites ``seg`` and ``seg-corruptions``.
+
+Metrics (SPEC section 6) come from one confusion matrix ``cm[gt, pred]`` accumulated over the whole
+split (pixels labelled 255 are ignored):
+
+- pixel accuracy ``sum_c cm[c, c] / sum cm``;
+- mean accuracy: mean over classes present in the ground truth of ``cm[c, c] / sum_j cm[c, j]``;
+- IoU_c = ``cm[c, c] / (sum_j cm[c, j] + sum_i cm[i, c] - cm[c, c])``, mIoU the mean over classes
+  that occur in the ground truth or the predictions (a class absent from both is left out, ``nan``).
+
+All reported in percent. ``seg`` evaluates clean images (``--set seg.split=val|test``,
+``--set seg.save_examples=N`` writes N PNGs ``input | ground truth | prediction`` to
+``RUN/eval/seg_examples/``). ``seg-corruptions`` evaluates the same metrics on images corrupted
+with the 15 ImageNet-C corruptions at severities 1..5 (labels unchanged), via
+:func:`rpc_attention.evaluate.corruptions.corrupt_images`; corruption of image ``i`` is seeded by
+``(seed, corruption, severity, i)``. Large images (ADE20K) are evaluated by sliding windows of the
+training crop size.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from ._imagecorruptions_compat import CORRUPTIONS
+from .suites import register_suite
+
+__all__ = [
+    "IGNORE_INDEX", "confusion_matrix", "metrics_from_confusion", "predict_logits", "SegEvaluator",
+    "evaluate_loader", "seg_suite", "seg_corruptions_suite", "colorize", "save_examples",
+]
+
+IGNORE_INDEX = 255
+
+
+# -------------------------------------------------------------------------------------------- metrics
+def confusion_matrix(pred: Tensor, target: Tensor, num_classes: int, ignore_index: int = IGNORE_INDEX) -> Tensor:
+    """``[K, K]`` int64 counts, rows = ground truth, columns = prediction; ``ignore_index`` pixels skipped."""
+    pred, target = pred.reshape(-1).long(), target.reshape(-1).long()
+    if pred.shape != target.shape:
+        raise ValueError(f"prediction and target differ in size: {pred.numel()} vs {target.numel()}")
+    keep = target != ignore_index
+    pred, target = pred[keep], target[keep]
+    if target.numel() and (int(target.min()) < 0 or int(target.max()) >= num_classes):
+        raise ValueError(f"target labels must be in 0..{num_classes - 1} or {ignore_index}, "
+                         f"found {int(target.min())}..{int(target.max())}")
+    idx = target * num_classes + pred.clamp(0, num_classes - 1)
+    return torch.bincount(idx.cpu(), minlength=num_classes * num_classes).reshape(num_classes, num_classes)
+
+
+def metrics_from_confusion(cm: Tensor) -> Dict[str, Any]:
+    """``{"pixel_acc", "mean_acc", "miou"}`` (percent) plus ``"iou"`` and ``"acc"`` per class (lists, nan where undefined)."""
+    cm = cm.double()
+    tp = cm.diag()
+    gt = cm.sum(1)
+    pr = cm.sum(0)
+    total = cm.sum()
+    union = gt + pr - tp
+    iou = torch.where(union > 0, tp / union.clamp(min=1), torch.full_like(tp, float("nan")))
+    acc = torch.where(gt > 0, tp / gt.clamp(min=1), torch.full_like(tp, float("nan")))
+
+    def nanmean(t: Tensor) -> float:
+        m = ~torch.isnan(t)
+        return float(t[m].mean()) * 100.0 if bool(m.any()) else float("nan")
+
+    return {
+        "pixel_acc": float(tp.sum() / total) * 100.0 if total > 0 else float("nan"),
+        "mean_acc": nanmean(acc),
+        "miou": nanmean(iou),
+        "iou": [float(v) * 100.0 for v in iou],
+        "acc": [float(v) * 100.0 for v in acc],
+    }
+
+
+# ------------------------------------------------------------------------------------------ inference
+def _window_of(cfg: Mapping[str, Any]) -> Optional[Tuple[int, int]]:
+    """Sliding-window (size, stride) of a run config, or None for whole-image inference."""
+    ev = cfg.get("eval") or {}
+    data = cfg.get("data") or {}
+    sw = ev.get("sliding_window")
+    if sw is None:
+        sw = str(data.get("name", "")).lower() in ("ade20k", "ade")
+    if not sw:
+        return None
+    size = int(ev.get("window_size") or data.get("crop_size") or data.get("img_size") or 512)
+    stride = int(ev.get("window_stride") or size)
+    return size, stride
+
+
+def predict_logits(model: nn.Module, x: Tensor, window: Optional[Tuple[int, int]] = None,
+                   out_size: Optional[Tuple[int, int]] = None) -> Tensor:
+    """Logits ``[B, K, H, W]`` of ``x`` (whole image, or sliding windows when ``window=(size, stride)``),
+    resized bilinearly to ``out_size`` when given."""
+    from ..models.segmentation import sliding_window_logits
+
+    if window is not None:
+        logits = sliding_window_logits(model, x, window[0], window[1])
+    else:
+        logits = model(x).float()
+    if out_size is not None and tuple(logits.shape[-2:]) != tuple(out_size):
+        logits = F.interpolate(logits, size=tuple(out_size), mode="bilinear", align_corners=False)
+    return logits
+
+
+class SegEvaluator:
+    """Accumulates a confusion matrix and the summed cross-entropy over batches."""
+
+    def __init__(self, num_classes: int, ignore_index: int = IGNORE_INDEX) -> None:
+        self.num_classes = int(num_classes)
+        self.ignore_index = ignore_index
+        self.cm = torch.zeros(self.num_classes, self.num_classes, dtype=torch.int64)
+        self.loss_sum = 0.0
+        self.pixels = 0
+        self.images = 0
+
+    def update(self, logits: Tensor, target: Tensor) -> Tensor:
+        """Add ``logits [B, K, H, W]`` vs ``target [B, H, W]``; returns the predictions."""
+        target = target.to(logits.device)
+        valid = int((target != self.ignore_index).sum())
+        if valid:
+            self.loss_sum += float(F.cross_entropy(logits.float(), target, ignore_index=self.ignore_index,
+                                                   reduction="sum"))
+        self.pixels += valid
+        self.images += int(target.shape[0])
+        pred = logits.argmax(1)
+        self.cm += confusion_matrix(pred, target, self.num_classes, self.ignore_index)
+        return pred
+
+    def result(self) -> Dict[str, Any]:
+        if self.images == 0:
+            raise ValueError("segmentation evaluation data set is empty")
+        out = metrics_from_confusion(self.cm)
+        out["loss"] = self.loss_sum / max(self.pixels, 1)
+        out["n"] = self.images
+        return out
+
+
+def _iter_pairs(batch) -> Iterable[Tuple[Tensor, Tensor]]:
+    """Yield ``(x [B,C,H,W], y [B,H,W])`` groups from a stacked batch or a list batch (ADE20K eval)."""
+    x, y = batch
+    if isinstance(x, (list, tuple)):
+        for xi, yi in zip(x, y):
+            yield xi.unsqueeze(0), yi.unsqueeze(0)
+    else:
+        yield x, y
+
+
+@torch.no_grad()
+def evaluate_loader(model: nn.Module, loader: Iterable, num_classes: int,
+                    window: Optional[Tuple[int, int]] = None, device=None, limit: Optional[int] = None,
+                    transform=None) -> Dict[str, Any]:
+    """Metrics of ``model`` over ``loader`` (batches ``(x, y)``); ``transform(x, offset)`` (optional)
+    alters the inputs first (corruptions)."""
+    if device is None:
+        device = next(model.parameters()).device
+    ev = SegEvaluator(num_classes)
+    seen = 0
+    for batch in loader:
+        for x, y in _iter_pairs(batch):
+            if limit is not None and seen >= limit:
+                break
+            if limit is not None and seen + x.shape[0] > limit:
+                x, y = x[: limit - seen], y[: limit - seen]
+            if transform is not None:
+                x = transform(x, seen)
+            x, y = x.to(device), y.to(device)
+            ev.update(predict_logits(model, x, window, out_size=tuple(y.shape[-2:])), y)
+            seen += x.shape[0]
+        if limit is not None and seen >= limit:
+            break
+    return ev.result()
+
+
+# ------------------------------------------------------------------------------------------ examples
+def _palette(k: int) -> np.ndarray:
+    """A fixed colour per class (class 0 dark grey), deterministic."""
+    rng = np.random.RandomState(12345)
+    pal = rng.randint(40, 256, size=(max(k, 1), 3)).astype(np.uint8)
+    pal[0] = (30, 30, 30)
+    return pal
+
+
+def colorize(label: np.ndarray, num_classes: int) -> np.ndarray:
+    """``uint8 [H, W, 3]`` colour image of a label map (ignored pixels white)."""
+    pal = _palette(num_classes)
+    out = np.full(label.shape + (3,), 255, dtype=np.uint8)
+    m = (label >= 0) & (label < num_classes)
+    out[m] = pal[label[m]]
+    return out
+
+
+def save_examples(images01: Tensor, labels: Tensor, preds: Tensor, num_classes: int, out_dir: str,
+                  start: int = 0, scale: int = 4) -> List[str]:
+    """Write ``input | ground truth | prediction`` PNGs (one per image) to ``out_dir``; returns the paths."""
+    from PIL import Image
+
+    os.makedirs(out_dir, exist_ok=True)
+    paths = []
+    for i in range(images01.shape[0]):
+        img = (images01[i].clamp(0, 1) * 255).round().byte().permute(1, 2, 0).cpu().numpy()
+        if img.shape[2] == 1:
+            img = np.repeat(img, 3, axis=2)
+        gt = colorize(labels[i].cpu().numpy(), num_classes)
+        pr = colorize(preds[i].cpu().numpy(), num_classes)
+        sep = np.full((img.shape[0], 2, 3), 255, dtype=np.uint8)
+        row = np.concatenate([img, sep, gt, sep, pr], axis=1)
+        pil = Image.fromarray(row)
+        if scale > 1:
+            pil = pil.resize((row.shape[1] * scale, row.shape[0] * scale), Image.NEAREST)
+        path = os.path.join(out_dir, f"example_{start + i:04d}.png")
+        tmp = os.path.join(out_dir, f".tmp-example_{start + i:04d}.png")
+        pil.save(tmp, format="PNG")
+        os.replace(tmp, path)
+        paths.append(path)
+    return paths
+
+
+# --------------------------------------------------------------------------------------------- suites
+def _num_classes(model: nn.Module, cfg: Mapping[str, Any]) -> int:
+    n = (cfg.get("model") or {}).get("num_classes") or (cfg.get("data") or {}).get("num_classes") \
+        or getattr(model, "num_classes", None)
+    if not n:
+        raise ValueError("cannot tell the number of classes (model.num_classes missing from the run config)")
+    return int(n)
+
+
+def _class_names(cfg: Mapping[str, Any], k: int) -> List[str]:
+    from ..data.segmentation import dataset_info
+
+    try:
+        names = list(dataset_info((cfg.get("data") or {}).get("name", "")).get("classes") or [])
+    except ValueError:
+        names = []
+    return names if len(names) == k else [str(i) for i in range(k)]
+
+
+def _loader(ds, batch_size: int):
+    from torch.utils.data import DataLoader
+
+    from ..data.segmentation import seg_collate
+
+    return DataLoader(ds, batch_size=batch_size, shuffle=False, num_workers=0, collate_fn=seg_collate)
+
+
+def _norm(cfg: Mapping[str, Any], channels: int) -> Tuple[Tensor, Tensor]:
+    from .common import norm_stats
+
+    mean, std = norm_stats(cfg, channels)
+    return mean.view(1, -1, 1, 1), std.view(1, -1, 1, 1)
+
+
+def _check_data(cfg: Mapping[str, Any], opts: Dict[str, Any]) -> None:
+    if (cfg.get("task") or "") != "segmentation":
+        raise ValueError(f"the seg suites need a segmentation run (task: segmentation), got task {cfg.get('task')!r}")
+    from ..data.segmentation import build_eval_dataset
+
+    if str(opts.get("split", "test")) not in ("train", "val", "test"):
+        raise ValueError(f"seg split must be train, val or test, got {opts.get('split')!r}")
+    build_eval_dataset(dict(cfg), split=str(opts.get("split", "test")), normalize=False)  # raises if missing
+
+
+def _check_corruptions(cfg: Mapping[str, Any], opts: Dict[str, Any]) -> None:
+    _check_data(cfg, opts)
+    for c in opts.get("corruptions") or []:
+        if c not in CORRUPTIONS:
+            raise ValueError(f"unknown corruption {c!r}; choose from {', '.join(CORRUPTIONS)}")
+    _severities(opts)
+
+
+def _severities(opts: Mapping[str, Any]) -> List[int]:
+    raw = opts.get("severities", "1,2,3,4,5")
+    vals = raw if isinstance(raw, (list, tuple)) else str(raw).split(",")
+    try:
+        sev = [int(float(v)) for v in vals if str(v).strip()]
+    except ValueError:
+        raise ValueError(f"severities must be integers 1..5, got {raw!r}") from None
+    if not sev or any(s not in (1, 2, 3, 4, 5) for s in sev):
+        raise ValueError(f"severities must be integers 1..5, got {raw!r}")
+    return sev
+
+
+def seg_suite(model: nn.Module, cfg: Mapping[str, Any], run_dir, opts: Dict[str, Any]) -> Dict[str, Any]:
+    """Clean segmentation metrics (pixel acc, mean acc, mIoU, per-class IoU); optional example PNGs."""
+    from ..data.segmentation import build_eval_dataset
+
+    device = torch.device(opts.get("device") or "cpu")
+    split = str(opts.get("split", "test"))
+    k = _num_classes(model, cfg)
+    names = _class_names(cfg, k)
+    ds = build_eval_dataset(dict(cfg), split=split, normalize=False)
+    limit = opts.get("limit")
+    n_total = len(ds) if limit is None else min(len(ds), int(limit))
+    window = _window_of(cfg)
+    n_save = int(opts.get("save_examples") or 0)
+    out_dir = os.path.join(str(run_dir) if run_dir else ".", "eval", "seg_examples")
+    from .common import progress
+
+    ev = SegEvaluator(k)
+    saved: List[str] = []
+    seen = 0
+    loader = _loader(ds, int(opts.get("batch_size") or 32))
+    with torch.no_grad():
+        for batch in progress(loader, desc="seg", total=len(loader)):
+            for x01, y in _iter_pairs(batch):
+                if seen >= n_total:
+                    break
+                x01, y = x01[: n_total - seen], y[: n_total - seen]
+                mean, std = _norm(cfg, x01.shape[1])
+                x = ((x01 - mean) / std).to(device)
+                pred = ev.update(predict_logits(model, x, window, tuple(y.shape[-2:])), y.to(device))
+                if len(saved) < n_save:
+                    m = min(n_save - len(saved), x01.shape[0])
+                    saved += save_examples(x01[:m], y[:m], pred[:m], k, out_dir, start=len(saved))
+                seen += x01.shape[0]
+            if seen >= n_total:
+                break
+    res = ev.result()
+    metrics = {"pixel_acc": res["pixel_acc"], "mean_acc": res["mean_acc"], "miou": res["miou"], "loss": res["loss"]}
+    rows = []
+    for i, name in enumerate(names):
+        metrics[f"iou/{name}"] = res["iou"][i]
+        rows.append({"class": name, "iou": res["iou"][i], "acc": res["acc"][i]})
+    bg = _all_background_miou(ev.cm)
+    metrics["baseline_all_class0_miou"] = bg
+    out = {
+        "metrics": metrics, "rows": rows, "n_examples": res["n"],
+        "data": {"name": (cfg.get("data") or {}).get("name"), "split": split, "n_examples": res["n"]},
+        "protocol": ("confusion matrix over all pixels of the split (label 255 ignored); mIoU over classes "
+                     "present in ground truth or prediction; percent" +
+                     (f"; sliding window {window[0]} stride {window[1]}" if window else "; whole images")),
+        "settings": {"window": list(window) if window else None},
+    }
+    if saved:
+        out["settings"]["examples"] = saved
+    return out
+
+
+def _all_background_miou(cm: Tensor) -> float:
+    """mIoU of predicting class 0 everywhere on the same ground truth (the trivial baseline)."""
+    gt = cm.sum(1)
+    base = torch.zeros_like(cm)
+    base[:, 0] = gt
+    return metrics_from_confusion(base)["miou"]
+
+
+def seg_corruptions_suite(model: nn.Module, cfg: Mapping[str, Any], run_dir, opts: Dict[str, Any]) -> Dict[str, Any]:
+    """Segmentation metrics on corrupted inputs, per corruption and severity (labels unchanged)."""
+    from ..data.segmentation import build_eval_dataset
+    from .common import progress
+    from .corruptions import corrupt_images
+
+    device = torch.device(opts.get("device") or "cpu")
+    split = str(opts.get("split", "test"))
+    k = _num_classes(model, cfg)
+    names = list(opts.get("corruptions") or CORRUPTIONS)
+    sevs = _severities(opts)
+    seed = int(opts.get("seed") or 0)
+    ds = build_eval_dataset(dict(cfg), split=split, normalize=False)
+    limit = opts.get("limit")
+    window = _window_of(cfg)
+    bs = int(opts.get("batch_size") or 32)
+
+    def run(transform) -> Dict[str, Any]:
+        def tf(x01: Tensor, offset: int) -> Tensor:
+            if transform is not None:
+                x01 = transform(x01, offset)
+            mean, std = _norm(cfg, x01.shape[1])
+            return (x01 - mean) / std
+
+        return evaluate_loader(model, _loader(ds, bs), k, window, device, limit, tf)
+
+    clean = run(None)
+    rows = [{"corruption": "clean", "severity": 0, "pixel_acc": clean["pixel_acc"], "mean_acc": clean["mean_acc"],
+             "miou": clean["miou"]}]
+    metrics: Dict[str, float] = {"clean_pixel_acc": clean["pixel_acc"], "clean_mean_acc": clean["mean_acc"],
+                                 "clean_miou": clean["miou"]}
+    all_miou, all_macc, all_pacc = [], [], []
+    for name in progress(names, desc="seg-corruptions", unit="corruption"):
+        per = []
+        for s in sevs:
+            res = run(lambda x, off, n=name, s=s: corrupt_images(x, n, s, seed=seed, offset=off))
+            rows.append({"corruption": name, "severity": s, "pixel_acc": res["pixel_acc"],
+                         "mean_acc": res["mean_acc"], "miou": res["miou"]})
+            per.append(res)
+            all_miou.append(res["miou"])
+            all_macc.append(res["mean_acc"])
+            all_pacc.append(res["pixel_acc"])
+        metrics[f"miou/{name}"] = float(np.mean([r["miou"] for r in per]))
+        metrics[f"mean_acc/{name}"] = float(np.mean([r["mean_acc"] for r in per]))
+    metrics["corrupted_miou"] = float(np.mean(all_miou))
+    metrics["corrupted_mean_acc"] = float(np.mean(all_macc))
+    metrics["corrupted_pixel_acc"] = float(np.mean(all_pacc))
+    return {
+        "metrics": metrics, "rows": rows, "n_examples": clean["n"],
+        "data": {"name": (cfg.get("data") or {}).get("name"), "split": split, "n_examples": clean["n"]},
+        "protocol": ("segmentation metrics on inputs corrupted with imagecorruptions (image i seeded by seed, "
+                     "corruption, severity, i), labels unchanged; corrupted_* = mean over corruptions x "
+                     "severities; percent"),
+        "settings": {"corruptions": names, "severities": sevs,
+                     "window": list(window) if window else None},
+    }
+
+
+_SEG_DEFAULTS = {"split": "test", "save_examples": 0}
+_CORR_DEFAULTS = {"split": "test", "limit": 100, "batch_size": 50, "corruptions": list(CORRUPTIONS),
+                  "severities": "1,2,3,4,5"}
+
+register_suite("seg", seg_suite, tasks=("segmentation",), defaults=_SEG_DEFAULTS,
+               description="segmentation: pixel accuracy, mean accuracy, mIoU and per-class IoU (percent)",
+               check=_check_data)
+register_suite("seg-corruptions", seg_corruptions_suite, tasks=("segmentation",), defaults=_CORR_DEFAULTS,
+               description="segmentation under the 15 ImageNet-C corruptions x 5 severities (labels unchanged)",
+               check=_check_corruptions)
