@@ -116,7 +116,7 @@ def test_our_vision_models_are_found():
         torch.testing.assert_close(c.module_output(), c.output, atol=1e-5, rtol=1e-4)
 
 
-def test_hf_bert_and_vit_hooks_match_forward():
+def test_hf_bert_and_vit_hooks_match_forward_and_cli(tmp_path):
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     from transformers import BertConfig, BertModel, ViTConfig, ViTModel
 
@@ -140,3 +140,15 @@ def test_hf_bert_and_vit_hooks_match_forward():
     assert not cap.errors and len(cap.captures) == 2
     for c in cap.captures:
         torch.testing.assert_close(c.module_output(), c.output, atol=1e-5, rtol=1e-4)
+    # the CLI on a built-in config (same test: transformers is imported once)
+    import json
+
+    from rpc_attention.cli import main
+
+    out = tmp_path / "hf"
+    rc = main(["analyze", "--hf", "bert-tiny-config", "--seq-len", "80", "--limit", "2", "--out", str(out),
+               "--no-figures"])
+    assert rc == 0
+    data = json.loads((out / "kpca.json").read_text())
+    assert len(data["protocols"]["paper"]["layers"]) == 2 and data["failures"] == []
+    assert data["protocols"]["exact"]["layers"][0]["tokens"] == 80

@@ -139,7 +139,8 @@ def _plot(data, metrics, path, split):
         ax.set_ylabel(f"{split} {m}")
         ax.set_title(f"{split} {m}")
         ax.grid(alpha=0.3)
-        ax.legend(fontsize=8)
+        if ax.get_legend_handles_labels()[0]:
+            ax.legend(fontsize=8)
     fig.tight_layout()
     fd, tmp = tempfile.mkstemp(dir=str(path.parent), prefix=".compare.", suffix=".png")
     os.close(fd)

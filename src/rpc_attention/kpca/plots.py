@@ -24,7 +24,7 @@ def _save(fig, path: Path) -> str:
     fd, tmp = tempfile.mkstemp(dir=str(path.parent), prefix=f".{path.name}.", suffix=".png")
     os.close(fd)
     try:
-        fig.savefig(tmp, dpi=110, bbox_inches="tight")
+        fig.savefig(tmp, dpi=100)
         os.replace(tmp, path)
     finally:
         if os.path.exists(tmp):
@@ -57,6 +57,7 @@ def make_figures(result: Dict[str, Any], out_dir: Path) -> List[str]:
         ax.set_ylabel("natural log (mean ± std over heads, examples)")
         ax.set_title(f"J_proj terms per layer [{proto}]")
         ax.legend(fontsize=8)
+    fig.tight_layout()
     files.append(_save(fig, out_dir / "jproj_terms.png"))
     plt.close(fig)
     # ---- J_proj history over epochs
@@ -77,6 +78,7 @@ def make_figures(result: Dict[str, Any], out_dir: Path) -> List[str]:
             ax.set_title(f"J_proj and its terms over training [{proto}]")
             ax.legend(fontsize=8)
         if any_plotted:
+            fig.tight_layout()
             files.append(_save(fig, out_dir / "jproj_history.png"))
         plt.close(fig)
     # ---- gamma differences per axis with controls
@@ -97,6 +99,7 @@ def make_figures(result: Dict[str, Any], out_dir: Path) -> List[str]:
         ax.set_title(f"gamma constancy per axis [{proto}]")
         ax.legend(fontsize=8)
     if plotted:
+        fig.tight_layout()
         files.append(_save(fig, out_dir / "gamma_axes.png"))
     plt.close(fig)
     # ---- alignment per layer next to chance
@@ -142,6 +145,7 @@ def make_figures(result: Dict[str, Any], out_dir: Path) -> List[str]:
         ax.set_ylabel("||S||_F / ||K||_F")
         ax.set_title("PAP sparse part per RPC layer")
         ax.legend(fontsize=8)
+        fig.tight_layout()
         files.append(_save(fig, out_dir / "pap_sparse.png"))
         plt.close(fig)
     return files

@@ -1,0 +1,198 @@
+"""Aggregation, report writing, the jproj callback and the analyze CLI on tiny models."""
+
+import json
+
+import pytest
+import timm
+import torch
+
+from rpc_attention import nn as rnn
+from rpc_attention.cli import main
+from rpc_attention.kpca import metrics as M
+from rpc_attention.kpca.analysis import analyze_captures, pap_stats
+from rpc_attention.kpca.hooks import AttentionCapture
+from rpc_attention.kpca.report import run_analysis, summary_markdown
+from rpc_attention.kpca.sources import image_probe
+
+torch.set_num_threads(1)
+
+
+def _rpc_vit(lambd=4.0):
+    torch.manual_seed(0)
+    return timm.create_model("rpc_symvit_tiny_patch16_224", img_size=16, patch_size=2, in_chans=1, embed_dim=32,
+                             depth=2, num_heads=2, num_classes=4, rpc_layers=[0], n_iter=3, lambd=lambd).eval()
+
+
+def test_analyze_captures_fields_and_aggregation():
+    m = _rpc_vit()
+    with AttentionCapture(m) as cap, torch.no_grad():
+        m(torch.randn(3, 1, 16, 16))
+    res = analyze_captures(cap.captures, "exact")
+    assert res["failures"] == []
+    assert [l["name"] for l in res["layers"]] == ["blocks.0.attn", "blocks.1.attn"]
+    l0 = res["layers"][0]
+    assert l0["kind"] == "rpc" and l0["keys"] == "pap_cleaned" and l0["symmetric"]
+    for key in ("jproj", "phi2", "h2", "optimal_cosine", "linear_cka", "rbf_cka", "direct_cosine", "eig_max"):
+        assert l0[key]["n"] == 3 * 2, key  # examples x heads
+    assert len(l0["gamma"]["learned"]["per_axis_mean"]) == 16
+    # layer mean equals a direct computation of the first layer's J_proj
+    c = cap.captures[0]
+    direct = torch.cat([M.projection_loss(c.k[b], c.k[b], c.v[b], c.scale)["jproj"] for b in range(3)])
+    assert l0["jproj"]["mean"] == pytest.approx(direct.mean().item(), rel=1e-10)
+    # model level = plain mean over all records
+    allj = [l["jproj"]["mean"] for l in res["layers"]]
+    assert res["model"]["jproj"]["mean"] == pytest.approx(sum(allj) / 2, rel=1e-10)
+    g = res["model"]["gamma"]
+    assert g["eigvec"]["mean"] < 1e-6 * g["random"]["mean"]
+    # paper protocol standardises q and k, so it differs
+    paper = analyze_captures(cap.captures, "paper")
+    assert paper["protocol"] == "paper"
+    assert paper["model"]["phi2"]["mean"] != pytest.approx(res["model"]["phi2"]["mean"])
+
+
+def test_failures_are_reported_not_dropped():
+    mod = rnn.SymmetricAttention(32, 2).eval()  # head dim 16 > N = 5 tokens: no KPCA
+    with AttentionCapture(mod) as cap:
+        mod(torch.randn(2, 5, 32))
+    res = analyze_captures(cap.captures, "exact")
+    assert len(res["failures"]) == 2 and all("Dv <= N" in f["error"] for f in res["failures"])
+    assert res["layers"][0]["jproj"]["n"] == 4  # J_proj still measured
+
+
+def test_causal_capture_uses_causal_jproj():
+    mod = rnn.SymmetricAttention(16, 2).eval()
+    x = torch.randn(1, 6, 16)
+    with AttentionCapture(mod) as cap:
+        mod(x, is_causal=True)
+    c = cap.captures[0]
+    res = analyze_captures(cap.captures, "exact", gram=False)
+    ref = M.projection_loss(c.k[0], c.k[0], c.v[0], c.scale, causal=True)["jproj"].mean().item()
+    noncausal = M.projection_loss(c.k[0], c.k[0], c.v[0], c.scale)["jproj"].mean().item()
+    assert res["layers"][0]["jproj"]["mean"] == pytest.approx(ref, rel=1e-10)
+    assert ref != pytest.approx(noncausal)
+
+
+def test_run_analysis_writes_json_summary_figures_and_pap_study(tmp_path):
+    m = _rpc_vit(lambd=0.2)  # small threshold: S is non-zero at random init
+    x01 = torch.rand(4, 1, 16, 16, generator=torch.Generator().manual_seed(0))
+    probe = image_probe(m, x01, [0.5], [0.25], torch.tensor([0, 1, 2, 3]), {"source": "test", "model": "tiny"})
+    res = run_analysis(probe, tmp_path, protocols=("paper", "exact"), figures=False)
+    data = json.loads((tmp_path / "kpca.json").read_text())
+    assert set(data["protocols"]) == {"paper", "exact"}
+    assert "65x16" in data["chance"]
+    assert set(data["pap"]) >= {"clean", "fgsm", "noise", "settings"}
+    assert list(data["pap"]["clean"]) == ["blocks.0.attn"]
+    assert data["pap"]["fgsm"]["blocks.0.attn"]["rel_norm"] > 0
+    text = (tmp_path / "summary.md").read_text()
+    for word in ("`paper`", "`exact`", "chance", "Rule:", "sparse part"):
+        assert word in text
+    assert "||" not in text  # markdown tables stay intact
+    assert "figures" not in res
+    # figures (matplotlib is slow: one protocol)
+    from rpc_attention.kpca.plots import make_figures
+
+    res["protocols"].pop("paper")
+    res["history"] = [{"epoch": e, "jproj/exact/model/jproj": 1.0 / e, "jproj/exact/model/phi2": 0.1,
+                       "jproj/exact/model/h2": 0.1 - 1.0 / e} for e in (1, 2)]
+    files = make_figures(res, tmp_path)
+    assert sorted(files) == ["alignment_layers.png", "gamma_axes.png", "jproj_history.png", "jproj_terms.png",
+                             "pap_sparse.png"]
+    for f in files:
+        assert (tmp_path / f).stat().st_size > 1000, f
+
+
+def test_summary_verdicts_follow_rules():
+    def mk(opt, cka, j, phi2, h2, learned, pert, rnd):
+        gam = {"learned": {"mean": learned}, "perturbed": {"mean": pert}, "random": {"mean": rnd},
+               "eigvec": {"mean": 0.0}}
+        return {"layers": [], "model": {"optimal_cosine": {"mean": opt}, "linear_cka": {"mean": cka},
+                                        "rbf_cka": {"mean": cka}, "jproj": {"mean": j, "std": 0.0},
+                                        "phi2": {"mean": phi2}, "h2": {"mean": h2}, "gamma": gam}}
+
+    chance = {"10x4": {k: {"mean": 0.2, "std": 0.01} for k in ("optimal_cosine", "linear_cka", "rbf_cka", "direct_cosine")}}
+    res = {"meta": {"source": "t"}, "chance": chance, "failures": [],
+           "protocols": {"exact": mk(0.95, 0.9, 0.5, 1.0, 0.5, 1e-9, 1e-6, 1.0),
+                         "paper": mk(0.21, 0.2, -1.0, 1e-3, 2.0, 0.9, 1e-6, 1.0)},
+           "history": [{"epoch": 1, "jproj/exact/model/jproj": 1.0, "jproj/exact/model/phi2": 1.0, "jproj/exact/model/h2": 0.0},
+                       {"epoch": 2, "jproj/exact/model/jproj": 0.5, "jproj/exact/model/phi2": 1.0, "jproj/exact/model/h2": 0.5}]}
+    text = summary_markdown(res)
+    assert "supports" in text and "consistent with eigenvectors" in text
+    assert "no metric exceeds the chance level" in text and "no better than random" in text
+    assert "negative" in text and "dominated by \u2016h\u2016^2" in text
+    assert "driven by \u2016h\u2016^2" in text
+
+
+def test_pap_stats_values():
+    mod = rnn.RPCAttention(16, 2, n_iter=2, lambd=0.5).eval()
+    with AttentionCapture(mod) as cap:
+        mod(torch.randn(2, 6, 16))
+    st = pap_stats(cap.captures)[""]
+    s = cap.captures[0].pap["sparse"]
+    assert st["zero_fraction"] == pytest.approx(float((s == 0).double().mean()))
+    assert st["rel_norm"] == pytest.approx(float(s.norm() / cap.captures[0].k_raw.norm()))
+    assert st["n_iter_run"] == 2
+
+
+class _FakeLogger:
+    def __init__(self):
+        self.records = []
+
+    def log(self, rec):
+        self.records.append(rec)
+
+
+class _FakeTask:
+    def build_datasets(self, cfg):
+        g = torch.Generator().manual_seed(0)
+        ds = torch.utils.data.TensorDataset(torch.randn(10, 1, 16, 16, generator=g), torch.zeros(10, dtype=torch.long))
+        return {"train": ds, "val": ds}
+
+    def collate_fn(self, cfg):
+        return None
+
+    def loss(self, model, batch, cfg):
+        x, y = batch
+        return torch.nn.functional.cross_entropy(model(x), y), {}
+
+    def build_model(self, cfg):
+        raise NotImplementedError
+
+    def evaluate(self, model, loader, cfg):
+        return {}
+
+
+def test_jproj_callback_logs_both_protocols(tmp_path):
+    from rpc_attention.kpca.callbacks import jproj_callback, jproj_record
+    from rpc_attention.train.callbacks import get_callback
+    from rpc_attention.train.tasks import register_task
+
+    assert get_callback("jproj") is jproj_callback
+    register_task("kpca-test-fake", _FakeTask(), overwrite=True)
+    m = _rpc_vit()
+    cfg = {"task": "kpca-test-fake", "train": {"jproj_examples": 3}}
+    log = _FakeLogger()
+    jproj_callback(m, cfg, 1, tmp_path, log)
+    jproj_callback(m, cfg, 2, tmp_path, log)
+    assert [r["epoch"] for r in log.records] == [1, 2]
+    rec = log.records[0]
+    for proto in ("paper", "exact"):
+        for t in ("jproj", "phi2", "h2"):
+            assert isinstance(rec[f"jproj/{proto}/model/{t}"], float)
+            assert f"jproj/{proto}/blocks.1.attn/{t}" in rec
+    with AttentionCapture(m) as cap, torch.no_grad():
+        m(_FakeTask().build_datasets(None)["val"].tensors[0][:3])
+    assert jproj_record(cap.captures)["jproj/exact/model/jproj"] == pytest.approx(rec["jproj/exact/model/jproj"])
+
+
+def test_analyze_cli_timm_hf_and_errors(tmp_path, capsys):
+    out = tmp_path / "timm"
+    rc = main(["analyze", "--timm", "vit_tiny_patch16_224", "--timm-kwarg", "img_size=32", "--timm-kwarg", "patch_size=4",
+               "--timm-kwarg", "depth=1", "--timm-kwarg", "embed_dim=32", "--timm-kwarg", "num_heads=2", "--limit", "2", "--out", str(out), "--no-figures", "--protocol", "exact"])
+    assert rc == 0
+    data = json.loads((out / "kpca.json").read_text())
+    assert list(data["protocols"]) == ["exact"] and data["meta"]["source"] == "timm"
+    assert data["protocols"]["exact"]["layers"][0]["optimal_cosine"]["n"] == 2 * 2
+    assert main(["analyze", "--run", str(tmp_path / "nope"), "--out", str(tmp_path / "x")]) == 2
+    assert main(["analyze", "--hf", str(tmp_path), "--out", str(tmp_path / "x")]) == 2
+    err = capsys.readouterr().err
+    assert "error:" in err and "Traceback" not in err
