@@ -307,6 +307,7 @@ def pap_attention(
     tol: Optional[float] = None,
     return_state: bool = False,
     fused: bool = True,
+    checkpoint_iters: bool = False,
 ) -> Union[Tensor, Tuple[Tensor, PAPState]]:
     """Principal Attention Pursuit: robust symmetric attention (SPEC section 3).
 
@@ -332,6 +333,19 @@ def pap_attention(
         return_state: also return a :class:`PAPState` (S, L, Y, mu, ...).
         fused: run each attention on ``scaled_dot_product_attention`` (O(N d) memory); ``False``
             materialises the N x N matrix.
+        checkpoint_iters: keep less for the backward pass: only the cleaned keys and a 1-byte
+            shrinkage pattern per ADMM pass; each pass's attention is recomputed during backward
+            (one extra attention forward per pass). Same outputs and gradients.
+
+    Implementation (``fused=True``, the default): the passes run in the scaled-dual form
+    ``U = Y / mu``, in which mu enters only through tau and ``U`` and ``K2`` need two fused
+    elementwise updates each (``U_t = L_{t-1} - L_t + C_t``, ``K2_t = L_{t-1} - 2 U_{t-1} + C_t``
+    with ``C_t = clamp(k - L_{t-1} + U_{t-1}, -tau, tau)``). When gradients are needed the passes run
+    inside one :class:`torch.autograd.Function` whose backward walks them in reverse with
+    hand-derived elementwise gradients, so the autograd graph holds per pass only what the
+    attention kernel saves plus one int8 tensor. ``return_state=True``, ``fused=False`` and code
+    traced by ``torch.compile`` use the plain autograd formulation (the SPEC loop), which gives the
+    same values.
     """
     _check_kv(k, v, need_same_dim=True)
     mu_mode = check_pap_options(n_iter=n_iter, lambd=lambd, threshold=threshold, mu_mode=mu_mode,
@@ -352,27 +366,60 @@ def pap_attention(
     cdtype = torch.promote_types(k.dtype, torch.float32)
     kc = k.to(cdtype)
     mu = _compute_mu(kc, valid, mu_mode, width)
-    inv_mu = 1.0 / mu
-    tau = lambd * mu if threshold == "lambda_mu" else lambd * inv_mu
+    tau = lambd * mu if threshold == "lambda_mu" else lambd / mu
+    tol = None if tol is None else float(tol)
 
+    if fused and not return_state and not _is_compiling():
+        if torch.is_grad_enabled() and (kc.requires_grad or v.requires_grad):
+            return _PAPFunction.apply(kc, v, tau, mask, n_iter, is_causal, dropout_p, scale, tol,
+                                      bool(checkpoint_iters))
+        with torch.no_grad():
+            return _pap_loop(kc, v, tau, mask, n_iter, is_causal, dropout_p, scale, tol, None)[0]
+    return _pap_autograd(kc, v, mu, tau, mask, n_iter, is_causal, dropout_p, scale, tol, return_state,
+                         fused, bool(checkpoint_iters))
+
+
+def _is_compiling() -> bool:
+    compiler = getattr(torch, "compiler", None)
+    return bool(compiler is not None and hasattr(compiler, "is_compiling") and compiler.is_compiling())
+
+
+def _tol_stop(new_sparse: Tensor, sparse: Tensor, tol: float) -> bool:
+    new_sparse, sparse = new_sparse.detach(), sparse.detach()
+    change = torch.linalg.vector_norm(new_sparse - sparse)
+    ref = torch.linalg.vector_norm(sparse).clamp_min(1e-12)
+    return float(change / ref) < tol
+
+
+def _pap_autograd(kc, v, mu, tau, mask, n_iter, is_causal, dropout_p, scale, tol, return_state, fused,
+                  checkpoint_iters):
+    """The SPEC loop in plain autograd ops (explicit path, ``return_state``, ``torch.compile``)."""
+    inv_mu = 1.0 / mu
+
+    def admm_pass(lowrank: Tensor, dual: Tensor):
+        new_sparse = soft_shrink(kc - lowrank + dual * inv_mu, tau)
+        k2 = kc - new_sparse - dual * inv_mu
+        lowrank = _attend(k2.to(v.dtype), k2.to(v.dtype), v, mask, is_causal, 0.0, scale, fused).to(kc.dtype)
+        dual = dual + mu * (kc - lowrank - new_sparse)
+        return new_sparse, lowrank, dual
+
+    use_ckpt = checkpoint_iters and torch.is_grad_enabled() and (kc.requires_grad or v.requires_grad)
     lowrank = torch.zeros_like(kc)
     dual = torch.zeros_like(kc)
     sparse = torch.zeros_like(kc)
     n_run = 0
     for _ in range(n_iter - 1):
-        new_sparse = soft_shrink(kc - lowrank + dual * inv_mu, tau)
-        k2 = kc - new_sparse - dual * inv_mu
-        lowrank = _attend(k2.to(v.dtype), k2.to(v.dtype), v, mask, is_causal, 0.0, scale, fused).to(cdtype)
-        dual = dual + mu * (kc - lowrank - new_sparse)
-        n_run += 1
-        if tol is not None and n_run > 1:
-            change = torch.linalg.vector_norm(new_sparse - sparse)
-            ref = torch.linalg.vector_norm(sparse).clamp_min(1e-12)
-            sparse = new_sparse
-            if float(change / ref) < tol:
-                break
+        if use_ckpt:
+            from torch.utils.checkpoint import checkpoint
+
+            new_sparse, lowrank, dual = checkpoint(admm_pass, lowrank, dual, use_reentrant=False)
         else:
-            sparse = new_sparse
+            new_sparse, lowrank, dual = admm_pass(lowrank, dual)
+        n_run += 1
+        stop = tol is not None and n_run > 1 and _tol_stop(new_sparse, sparse, tol)
+        sparse = new_sparse
+        if stop:
+            break
     sparse = soft_shrink(kc - lowrank + dual * inv_mu, tau)
     k2 = (kc - sparse - dual * inv_mu).to(v.dtype)
     out = _attend(k2, k2, v, mask, is_causal, dropout_p, scale, fused)
@@ -380,6 +427,145 @@ def pap_attention(
     if return_state:
         return out, PAPState(sparse, lowrank, dual, mu, tau, k2, n_run)
     return out
+
+
+# ---------------------------------------------------------------------------------------------
+# Fused PAP (the default path). Scaled dual U = Y / mu, C = clamp(A, -tau, tau) = A - S:
+#   A_t  = k - L_{t-1} + U_{t-1}          (A_1 = k: L_0 = U_0 = 0)
+#   C_t  = clamp(A_t, -tau, tau)           S_t = A_t - C_t
+#   K2_t = k - S_t - U_{t-1} = L_{t-1} - 2 U_{t-1} + C_t
+#   L_t  = attention(K2_t)
+#   U_t  = U_{t-1} + k - L_t - S_t = L_{t-1} - L_t + C_t
+# Backward of one pass, given G_L = dLoss/dL_t and G_U = dLoss/dU_t (both 0 after the final pass):
+#   gK2 = attention_backward(G_L - G_U);  gC = gK2 + G_U
+#   gA  = gC * [|A_t| < tau];             gtau += gC * sign(S_t)
+#   dk += gA;  dL_{t-1} = gC - gA;        dU_{t-1} = gA - 2 gK2
+# ---------------------------------------------------------------------------------------------
+
+
+def _pap_loop(kc, v, tau, mask, n_iter, is_causal, dropout_p, scale, tol, record, v_leaf=None):
+    """Run the passes in the scaled-dual form. ``record``: None (values only), ``"graph"`` (keep
+    each attention's autograd graph on detached leaves) or ``"ckpt"`` (keep only the cleaned keys).
+    Returns ``(out, steps)``; ``steps`` holds ``(k2, attention_output_or_None, sign(S))`` per pass.
+
+    Written with in-place updates into fresh or recycled buffers: on CPU these elementwise passes
+    are memory bound, and every avoided allocation or read counts next to the attention kernel.
+    """
+    neg_tau = -tau
+    steps = []
+    lowrank = u = sparse = None
+    keep_sign = record is not None
+
+    def one_pass(lowrank, u, final, need_sparse):
+        if lowrank is None:  # A_1 = k
+            c = torch.maximum(kc, neg_tau)
+            torch.minimum(c, tau, out=c)
+            k2 = c
+            s = torch.sub(kc, c) if (need_sparse or keep_sign) else None
+        else:
+            a = torch.sub(kc, lowrank).add_(u)
+            c = torch.maximum(a, neg_tau)
+            torch.minimum(c, tau, out=c)
+            k2 = torch.add(lowrank, u, alpha=-2.0).add_(c)
+            s = a.sub_(c) if (need_sparse or keep_sign) else None
+        sign = None
+        if keep_sign:
+            sign = torch.sign(s) if need_sparse else s.sign_()
+        k2a = k2.to(v.dtype)
+        p = dropout_p if final else 0.0
+        if record == "graph" or (record == "ckpt" and final):
+            k2a = k2a.detach().requires_grad_(True)
+            with torch.enable_grad():
+                att = _attend(k2a, k2a, v_leaf, mask, is_causal, p, scale, True)
+            steps.append((k2a, att, sign))
+            new_l = att.detach()
+        else:
+            new_l = _attend(k2a, k2a, v, mask, is_causal, p, scale, True)
+            if record == "ckpt":  # 1 byte per element for the shrinkage pattern
+                steps.append((k2a, None, sign.to(torch.int8)))
+        return c, s, new_l
+
+    n_run = 0
+    for _ in range(n_iter - 1):
+        c, new_sparse, att = one_pass(lowrank, u, False, tol is not None)
+        new_l = att.to(kc.dtype)
+        # U_t = L_{t-1} - L_t + C_t, written into U_{t-1}'s buffer (U_1 = C_1 - L_1)
+        u = torch.sub(c, new_l) if lowrank is None else torch.sub(lowrank, new_l, out=u).add_(c)
+        lowrank = new_l
+        n_run += 1
+        stop = tol is not None and n_run > 1 and _tol_stop(new_sparse, sparse, tol)
+        sparse = new_sparse
+        if stop:
+            break
+    _, _, out = one_pass(lowrank, u, True, False)
+    return out, steps
+
+
+class _PAPFunction(torch.autograd.Function):
+    """PAP passes with a hand-written elementwise backward (see the derivation above)."""
+
+    @staticmethod
+    def forward(ctx, kc, v, tau, mask, n_iter, is_causal, dropout_p, scale, tol, checkpoint_iters):
+        v_leaf = v.detach().requires_grad_(v.requires_grad)
+        out, steps = _pap_loop(kc.detach(), v.detach(), tau.detach(), mask, n_iter, is_causal, dropout_p,
+                               scale, tol, "ckpt" if checkpoint_iters else "graph", v_leaf)
+        # save_for_backward (not ctx attributes): the engine frees these after a backward without
+        # retain_graph, together with the attention graphs hanging off the saved outputs.
+        flat = [t for step in steps for t in step]
+        ctx.save_for_backward(v_leaf, *flat)
+        ctx.attend_args = (mask, is_causal, scale)
+        ctx.kdtype = kc.dtype
+        ctx.tau_shape = tau.shape
+        return out.detach()
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, g_out):
+        v_leaf, *flat = ctx.saved_tensors
+        steps = [flat[i:i + 3] for i in range(0, len(flat), 3)]
+        del flat
+        mask, is_causal, scale = ctx.attend_args
+        cdtype = ctx.kdtype
+        need_v = v_leaf.requires_grad
+        gk = gv = gtau = None
+        g_l, g_u = g_out, None  # gradients w.r.t. L_t and U_t (U: none after the final pass)
+        for t in range(len(steps) - 1, -1, -1):
+            k2a, att, sign = steps[t]
+            steps[t] = None
+            g_att = g_l if g_u is None else g_l.sub_(g_u)
+            if att is None:  # checkpointed pass: recompute its attention
+                k2a = k2a.detach().requires_grad_(True)
+                with torch.enable_grad():
+                    att = _attend(k2a, k2a, v_leaf, mask, is_causal, 0.0, scale, True)
+            inputs = (k2a, v_leaf) if need_v else (k2a,)
+            grads = torch.autograd.grad(att, inputs, g_att.to(att.dtype), retain_graph=True)
+            del att, g_att
+            if need_v:
+                gv = grads[1].to(cdtype) if gv is None else gv.add_(grads[1])
+            gk2 = grads[0].to(cdtype)
+            del grads
+            if sign.dtype != cdtype:
+                sign = sign.to(cdtype)
+            if g_u is None:  # final pass: dLoss/dC = gK2 (copied when gK2 is needed below)
+                gc = gk2.clone() if t > 0 else gk2
+            else:
+                gc = g_u.add_(gk2)
+            gtau = torch.mul(gc, sign) if gtau is None else gtau.addcmul_(gc, sign)
+            g_outside = torch.mul(gc, sign).mul_(sign)  # gC outside the clamp -> dL_{t-1}
+            g_a = gc.sub_(g_outside)  # gC inside the clamp -> dA_t
+            if t > 0:
+                g_l = g_outside
+            if gk is None:
+                gk = g_a
+                if t > 0:
+                    g_u = torch.add(g_a, gk2, alpha=-2.0)  # dU_{t-1} = gA - 2 gK2
+            else:
+                gk.add_(g_a)
+                if t > 0:
+                    g_u = g_a.add_(gk2, alpha=-2.0)
+        gtau = gtau.sum_to_size(ctx.tau_shape)
+        gv = gv.to(v_leaf.dtype) if gv is not None else None
+        return gk, gv, gtau, None, None, None, None, None, None, None
 
 
 def _check_s_matrix(s_matrix: Tensor, h: int, n: int) -> None:

@@ -120,6 +120,9 @@ class RPCAttention(SymmetricAttention):
             ``"head_dim"``, ``"causal_head_dim"``.
         model_dim: width in mu, default ``dim`` (the official C).
         tol: optional early stop of the ADMM passes (inference).
+        checkpoint_iters: keep only the cleaned keys and a 1-byte shrinkage pattern per ADMM pass
+            for backward and recompute each pass's attention there (less memory, one extra
+            attention forward per pass; same outputs and gradients). Performance option only.
     """
 
     def __init__(
@@ -136,6 +139,7 @@ class RPCAttention(SymmetricAttention):
         mu_mode: Optional[str] = None,
         model_dim: Optional[int] = None,
         tol: Optional[float] = None,
+        checkpoint_iters: bool = False,
         device=None,
         dtype=None,
     ) -> None:
@@ -148,6 +152,7 @@ class RPCAttention(SymmetricAttention):
         self.mu_mode = mu_mode
         self.model_dim = model_dim
         self.tol = tol
+        self.checkpoint_iters = bool(checkpoint_iters)
         self.last_state: Optional[RF.PAPState] = None
         self.keep_state = False  # analysis tools set this to record S, L, Y of the last forward
 
@@ -155,6 +160,7 @@ class RPCAttention(SymmetricAttention):
         return {
             "n_iter": self.n_iter, "lambd": self.lambd, "threshold": self.threshold,
             "mu_mode": self.mu_mode, "model_dim": self.model_dim or self.dim, "tol": self.tol,
+            "checkpoint_iters": self.checkpoint_iters,
         }
 
     def forward(self, x: Tensor, attn_mask: Optional[Tensor] = None, is_causal: bool = False) -> Tensor:
@@ -163,7 +169,7 @@ class RPCAttention(SymmetricAttention):
             k, v, n_iter=self.n_iter, lambd=self.lambd, attn_mask=attn_mask, is_causal=is_causal,
             dropout_p=self._dropout_p, scale=self.scale, model_dim=self.model_dim or self.dim,
             threshold=self.threshold, mu_mode=self.mu_mode, tol=self.tol,
-            return_state=self.keep_state, fused=self.fused_attn,
+            return_state=self.keep_state, fused=self.fused_attn, checkpoint_iters=self.checkpoint_iters,
         )
         if self.keep_state:
             res, self.last_state = res
