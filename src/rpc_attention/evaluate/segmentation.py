@@ -178,11 +178,21 @@ def evaluate_loader(model: nn.Module, loader: Iterable, num_classes: int,
 
 
 # ------------------------------------------------------------------------------------------ examples
+_BASE_COLORS = (
+    (30, 30, 30), (31, 119, 180), (255, 127, 14), (44, 160, 44), (214, 39, 40), (148, 103, 189),
+    (140, 86, 75), (227, 119, 194), (188, 189, 34), (23, 190, 207), (255, 255, 120), (174, 199, 232),
+    (255, 187, 120), (152, 223, 138), (255, 152, 150), (197, 176, 213), (196, 156, 148), (247, 182, 210),
+    (219, 219, 141), (158, 218, 229),
+)
+
+
 def _palette(k: int) -> np.ndarray:
-    """A fixed colour per class (class 0 dark grey), deterministic."""
-    rng = np.random.RandomState(12345)
-    pal = rng.randint(40, 256, size=(max(k, 1), 3)).astype(np.uint8)
-    pal[0] = (30, 30, 30)
+    """A fixed colour per class (class 0 dark grey, then well-separated colours), deterministic."""
+    pal = np.zeros((max(k, 1), 3), dtype=np.uint8)
+    n = min(len(_BASE_COLORS), len(pal))
+    pal[:n] = np.array(_BASE_COLORS[:n], dtype=np.uint8)
+    if len(pal) > n:
+        pal[n:] = np.random.RandomState(12345).randint(40, 256, size=(len(pal) - n, 3))
     return pal
 
 
