@@ -228,3 +228,22 @@ def test_bad_options_raise():
     model.config.rpc_key_mode = "bogus"
     with pytest.raises(ValueError, match="key_mode"):
         model(torch.randint(0, 64, (1, 4)))
+
+
+def test_cross_attention_never_cleans_queries(monkeypatch):
+    calls = []
+    orig = rpc_hf.asymmetric_rpc_attention
+
+    def spy(q, k, v, **kw):
+        calls.append((q.shape[2], k.shape[2], kw["same_tokens"], kw["is_causal"]))
+        return orig(q, k, v, **kw)
+
+    monkeypatch.setattr(rpc_hf, "asymmetric_rpc_attention", spy)
+    rpc_hf.register(rpc_layers="all", n_iter=2, lambd=INF)
+    model = gpt2(add_cross_attention=True)
+    ids = torch.randint(0, 64, (2, 6))
+    enc = torch.randn(2, 6, 32)  # same length as the decoder input: still cross-attention
+    got = out_of(model, ids, encoder_hidden_states=enc)
+    assert sorted(set(calls)) == [(6, 6, False, False), (6, 6, True, True)]
+    monkeypatch.setattr(rpc_hf, "asymmetric_rpc_attention", orig)
+    torch.testing.assert_close(got, with_impl(model, "eager", ids, encoder_hidden_states=enc), rtol=0, atol=1e-5)

@@ -147,8 +147,12 @@ def convert(
         state = {"orig_class": type(attn), "pap": dict(opts), "saved": {}}
         if type(attn) is SymmetricAttention:
             # Paper's symmetric PAP layer: same parameters, RPCAttention forward.
+            # Attributes an RPCAttention has beyond a SymmetricAttention (its PAP options and whatever
+            # else RPCAttention.__init__ sets), taken from a parameter-free prototype on "meta".
             pap = {k: opts[k] for k in ("n_iter", "lambd", "threshold", "mu_mode", "model_dim", "tol")}
-            extra = {**pap, "last_state": None, "keep_state": False}
+            proto = RPCAttention(attn.dim, attn.num_heads, device="meta", **pap)
+            extra = {k: v for k, v in proto.__dict__.items()
+                     if not k.startswith("_") and (k not in attn.__dict__ or k in pap)}
             for k in extra:
                 if k in attn.__dict__:
                     state["saved"][k] = attn.__dict__[k]
