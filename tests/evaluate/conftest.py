@@ -17,9 +17,11 @@ MEAN, STD = 0.2860, 0.3530
 def tiny_cfg():
     return {
         "task": "classification",
-        "model": {"name": "rpc_symvit_tiny_patch16_224", "num_classes": 10, "img_size": 28, "in_chans": 1,
-                  "patch_size": 7, "embed_dim": 32, "depth": 1, "num_heads": 2, "rpc_layers": "all", "n_iter": 2},
-        "data": {"name": "fashion_mnist", "mean": [MEAN], "std": [STD]},
+        "model": {"name": "rpc_symvit_tiny_patch16_224",
+                  "kwargs": {"num_classes": 10, "img_size": 28, "in_chans": 1, "patch_size": 7, "embed_dim": 32,
+                             "depth": 1, "num_heads": 2, "rpc_layers": "all", "n_iter": 2}},
+        "data": {"name": "fashion_mnist", "mean": [MEAN], "std": [STD], "num_classes": 10, "in_chans": 1,
+                 "img_size": 28},
     }
 
 
@@ -29,8 +31,7 @@ def build_tiny(cfg=None):
     import rpc_attention  # noqa: F401  (registers the models)
 
     cfg = cfg or tiny_cfg()
-    kw = {k: v for k, v in cfg["model"].items() if k != "name"}
-    return timm.create_model(cfg["model"]["name"], **kw)
+    return timm.create_model(cfg["model"]["name"], **cfg["model"]["kwargs"])
 
 
 @pytest.fixture(scope="session")
@@ -68,3 +69,16 @@ def test_batch():
     xi, yi = fashion_mnist("test")
     x = torch.from_numpy(np.array(xi[:64])).float().div(255).unsqueeze(1)
     return x, torch.from_numpy(np.array(yi[:64])).long()
+
+
+@pytest.fixture(scope="session")
+def tiny_run(tiny_model, tmp_path_factory):
+    """A run directory (config.yaml + model.safetensors) holding the tiny trained model."""
+    import yaml
+    from safetensors.torch import save_file
+
+    model, cfg = tiny_model
+    d = tmp_path_factory.mktemp("run")
+    (d / "config.yaml").write_text(yaml.safe_dump(cfg))
+    save_file({k: v.contiguous() for k, v in model.state_dict().items()}, str(d / "model.safetensors"))
+    return d

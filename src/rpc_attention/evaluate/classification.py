@@ -116,7 +116,7 @@ register_suite(
     defaults={"eps": SWEEP, **_SPACE}, description="FGSM L-inf sweep")
 register_suite(
     "pgd", _attack_suite("pgd", "PGD L-inf (torchattacks), untargeted, cross-entropy, random start", "Linf"),
-    defaults={"eps": SWEEP, "steps": 20, "step_ratio": 0.15, "random_start": True, **_SPACE},
+    defaults={"eps": SWEEP, "steps": 20, "step_ratio": 0.15, "random_start": True, "limit": 1000, **_SPACE},
     description="PGD L-inf sweep, 20 steps of 0.15 eps, random start")
 register_suite(
     "spsa", _attack_suite("spsa", "SPSA L-inf (torchattacks, gradient-free, margin loss, Adam)", "Linf"),
@@ -126,7 +126,7 @@ register_suite(
 register_suite(
     "sld", _attack_suite("sld", "sparse L1 descent (ours, cleverhans algorithm), cross-entropy", "L1"),
     defaults={"eps": "10", "steps": 20, "step_size": 1.0, "grad_sparsity": 99.0, "rand_init": False,
-              "clip_grad": False, **_SPACE},
+              "clip_grad": False, "limit": 1000, **_SPACE},
     description="sparse L1 descent (L1 ball)")
 register_suite(
     "cw", _attack_suite("cw", "Carlini-Wagner L2 (torchattacks), unbounded, c fixed", "L2"),

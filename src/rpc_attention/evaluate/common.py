@@ -28,14 +28,21 @@ def data_name(cfg: Mapping[str, Any]) -> str:
 
 
 def num_classes_of(model: nn.Module, cfg: Mapping[str, Any]) -> Optional[int]:
-    mcfg = cfg.get("model") or {}
-    for key in ("num_classes",):
-        if mcfg.get(key):
-            return int(mcfg[key])
-        if (cfg.get("data") or {}).get(key):
-            return int(cfg["data"][key])
+    v = cfg_value(cfg, "num_classes")
+    if v:
+        return int(v)
     n = getattr(model, "num_classes", None)
     return int(n) if isinstance(n, int) and n > 0 else None
+
+
+def cfg_value(cfg: Mapping[str, Any], key: str, default: Any = None) -> Any:
+    """``key`` from ``cfg["data"]``, ``cfg["model"]["kwargs"]`` or ``cfg["model"]`` (first found)."""
+    data = cfg.get("data") or {}
+    model = cfg.get("model") or {}
+    for src in (data, model.get("kwargs") or {}, model):
+        if isinstance(src, Mapping) and src.get(key) is not None:
+            return src[key]
+    return default
 
 
 def norm_stats(cfg: Mapping[str, Any], channels: int) -> Tuple[Tensor, Tensor]:

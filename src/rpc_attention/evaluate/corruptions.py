@@ -28,7 +28,7 @@ import torch
 from torch import Tensor, nn
 
 from ._imagecorruptions_compat import CORRUPTIONS
-from .common import Normalized, chunks, data_name, load_eval_data, norm_stats, progress, topk_correct
+from .common import Normalized, cfg_value, chunks, data_name, load_eval_data, norm_stats, progress, topk_correct
 from .suites import register_suite
 
 __all__ = ["CORRUPTIONS", "ALEXNET_ERRORS", "corrupt_images", "mce", "MIN_SIZE"]
@@ -170,8 +170,8 @@ def corruptions_suite(model: nn.Module, cfg: Mapping[str, Any], run_dir, opts: D
 
     if root:
         _check_tree(str(root), names)
-        size = int((cfg.get("model") or {}).get("img_size") or 224)
-        channels = int((cfg.get("model") or {}).get("in_chans") or 3)
+        size = int(cfg_value(cfg, "img_size", 224))
+        channels = int(cfg_value(cfg, "in_chans", 3))
         mean, std = norm_stats(cfg, channels)
     else:
         x, y = load_eval_data(cfg, "test", limit)

@@ -26,7 +26,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from .common import Normalized, data_name, load_eval_data, norm_stats, predict_logits, progress, topk_correct
+from .common import Normalized, cfg_value, data_name, load_eval_data, norm_stats, predict_logits, progress, topk_correct
 from .suites import register_suite
 
 __all__ = ["auroc", "aupr", "fpr_at_recall", "ood_metrics", "msp_score", "read_class_list"]
@@ -183,7 +183,7 @@ def _all_wnids(opts: Mapping[str, Any]) -> Optional[List[str]]:
 
 
 def _img_size(cfg: Mapping[str, Any]) -> int:
-    return int((cfg.get("model") or {}).get("img_size") or 224)
+    return int(cfg_value(cfg, "img_size", 224))
 
 
 # ---------------------------------------------------------------------------------------------

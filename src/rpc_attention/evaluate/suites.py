@@ -158,6 +158,8 @@ def parse_value(key: str, raw: Any, default: Any) -> Any:
         return raw
     text = raw.strip()
     try:
+        if key == "limit":
+            return None if text.lower() in ("", "none", "all") else int(text)
         if key == "eps" or key.endswith("_eps") or isinstance(default, list):
             if isinstance(default, list) and default and isinstance(default[0], str):
                 return [p.strip() for p in text.split(",") if p.strip()]
@@ -173,8 +175,6 @@ def parse_value(key: str, raw: Any, default: Any) -> Any:
             return int(text)
         if isinstance(default, float):
             return _parse_number(text)
-        if default is None and key == "limit":
-            return None if text.lower() in ("", "none", "all") else int(text)
     except ValueError as exc:
         raise ValueError(f"--set {key}={raw}: {exc}") from None
     if text.lower() in ("none", "null"):
