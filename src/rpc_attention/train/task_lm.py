@@ -11,6 +11,10 @@ Config keys it reads:
   ``data.split_seed``; ``data.cache_dir`` (encoded corpus cache; default: a ``text-cache/<hash>``
   directory in ``runs/`` next to the run directories, see :func:`text_cache_dir`).
 
+``train.steps`` (optional) sets the number of optimizer steps (``train.epochs`` and
+``train.max_steps`` are derived) and ``schedule.warmup_steps`` the warm-up length in steps
+(``schedule.warmup_epochs`` is derived), as the paper's recipe is given in steps.
+
 Train items are non-overlapping windows of ``context`` tokens of the training stream (shuffled by
 the trainer); validation uses non-overlapping windows of the valid stream. Metrics: ``loss`` (nats
 per token) and ``ppl``.
@@ -74,6 +78,8 @@ class LMTask:
             "model": {"name": "symlm-small", "kwargs": {}},
             "data": {"source": "embedded", "root": None, "min_freq": None, "split_seed": 0, "cache_dir": None},
             "optim": {"name": "adam", "lr": 2.5e-4, "weight_decay": 0.0, "clip_grad": 0.25},
+            "schedule": {"warmup_steps": None},
+            "train": {"steps": None},
         }
 
     def corpus(self, cfg: Dict[str, Any], run_dir: Optional[os.PathLike] = None):
@@ -99,7 +105,20 @@ class LMTask:
             raise ValueError(f"model.kwargs.vocab_size={kw['vocab_size']} but the corpus vocabulary has "
                              f"{len(corpus.vocab)} words (leave it unset)")
         kw["vocab_size"] = len(corpus.vocab)
-        lm_config(cfg["model"].get("name"), **kw)  # validate early (unknown keys, bad rpc_layers, ...)
+        mcfg = lm_config(cfg["model"].get("name"), **kw)  # validate early (unknown keys, bad rpc_layers, ...)
+        # step-based schedule (the paper's recipe is in steps): derive epochs / warm-up epochs
+        batch = int(cfg["train"]["batch_size"])
+        spe = ((len(corpus.train) - 1) // mcfg.context) // batch
+        if spe < 1:
+            raise ValueError(f"the training stream ({len(corpus.train)} tokens) holds fewer than one batch of "
+                             f"{batch} windows of {mcfg.context} tokens")
+        steps = cfg["train"].get("steps")
+        if steps:
+            cfg["train"]["epochs"] = max(1, math.ceil(int(steps) / spe))
+            cfg["train"]["max_steps"] = int(steps)
+        warm = cfg["schedule"].get("warmup_steps")
+        if warm:
+            cfg["schedule"]["warmup_epochs"] = float(warm) / spe
         return cfg
 
     # ------------------------------------------------------------------ build
