@@ -65,7 +65,7 @@ def deep_merge(base: Dict[str, Any], over: Dict[str, Any]) -> Dict[str, Any]:
 def list_presets() -> List[Tuple[str, str]]:
     """``[(name, description), ...]`` for every ``presets/*.yaml``, sorted by name."""
     out = []
-    for p in sorted(PRESET_DIR.glob("*.yaml")):
+    for p in sorted(PRESET_DIR.glob("*.yaml"), key=lambda p: p.stem):
         try:
             desc = (yaml.safe_load(p.read_text()) or {}).get("description", "")
         except yaml.YAMLError:
@@ -102,9 +102,15 @@ def load_preset(name: str) -> Dict[str, Any]:
 
 def _parse_value(text: str) -> Any:
     try:
-        return yaml.safe_load(text) if text.strip() != "" else ""
+        value = yaml.safe_load(text) if text.strip() != "" else ""
     except yaml.YAMLError:
         return text
+    if isinstance(value, str):  # YAML 1.1 reads "1e-3" as a string
+        try:
+            return float(value) if value.strip().lower() not in ("nan", "inf", "-inf", "infinity") else value
+        except ValueError:
+            pass
+    return value
 
 
 def parse_overrides(items: Optional[Iterable[str]]) -> List[Tuple[str, Any]]:
