@@ -219,6 +219,11 @@ def collect_results(out_dir, study, pipeline) -> Dict[str, Any]:
                 cells[f"{suite}:{metric}"] = c
             rows.append({"model": key, "label": res["models"][key]["label"], "role": res["models"][key]["role"],
                          "cells": cells})
+        # a column nobody has a number for, and that has no paper anchor, is noise: drop it
+        keep = [c for c in cols if c[4] or any(r["cells"][f"{c[0]}:{c[1]}"]["n"] for r in rows)]
+        for r in rows:
+            r["cells"] = {k: v for k, v in r["cells"].items() if any(k == f"{c[0]}:{c[1]}" for c in keep)}
+        cols = keep
         paper = {"baseline": {}, "rpc": {}}
         for suite, metric, header, higher, pid in cols:
             if pid and pid in PAPER_ROWS:

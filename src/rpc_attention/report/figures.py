@@ -41,6 +41,12 @@ def _save(fig, out_dir: Path, name: str) -> str:
     return f"figures/{name}"
 
 
+def _int_locator():
+    from matplotlib.ticker import MaxNLocator
+
+    return MaxNLocator(integer=True)
+
+
 def _eps_value(label) -> Optional[float]:
     """'2/255' -> 2.0 (in 1/255 units); a plain float -> value * 255."""
     if label is None:
@@ -89,10 +95,11 @@ def attack_curves(res: Dict[str, Any], out_dir: Path) -> List[dict]:
             ax.errorbar(xs, [m for m, _ in ms], yerr=[s for _, s in ms], marker="o", capsize=3, label=label)
         ax.set_title(f"{suite.upper()} (white-box through PAP)")
         ax.set_xlabel("eps (x 1/255, pixel space)")
+        ax.xaxis.set_major_locator(_int_locator())
         ax.set_ylabel("top-1 accuracy (%)")
         ax.grid(alpha=0.3)
         ax.legend(fontsize=8)
-    fig.tight_layout()
+    fig.subplots_adjust(wspace=0.28)
     p = _save(fig, out_dir, "attack_curves.png")
     n_seeds = max(len(e) for per in res["evals"][suites[0]].values() for e in [per]) if suites else 1
     cap = ("Top-1 accuracy vs attack budget eps for each model (eps = 0: clean accuracy of the same examples)"
@@ -149,7 +156,7 @@ def corruption_bars(res: Dict[str, Any], out_dir: Path) -> List[dict]:
     ax.set_title("Error under each corruption")
     ax.grid(axis="y", alpha=0.3)
     ax.legend(fontsize=8)
-    fig.tight_layout()
+    fig.subplots_adjust(wspace=0.28)
     p = _save(fig, out_dir, "corruption_errors.png")
     cap = ("Top-1 error per corruption (mean over the 5 severities); error bars: "
            + ("std across seeds." if multi_seed else "range from the mildest to the strongest severity (one seed)."))
@@ -208,7 +215,7 @@ def training_curves(res: Dict[str, Any], out_dir: Path) -> List[dict]:
             ax.grid(alpha=0.3)
             if d:
                 ax.legend(fontsize=7)
-        fig.tight_layout()
+        fig.subplots_adjust(wspace=0.28)
         p = _save(fig, out_dir, f"training_{fam}.png")
         figs.append({"path": p, "caption": f"Training curves ({fam} models): loss per logged step and the "
                                            "validation metric at each evaluation.", "section": fam})
@@ -246,10 +253,11 @@ def kpca_figures(res: Dict[str, Any], out_dir: Path) -> List[dict]:
                                 ax.plot([x], [y], marker="o", mfc="white", color=line.get_color())
             ax.set_yscale("log")
             ax.set_xlabel("layer")
+            ax.xaxis.set_major_locator(_int_locator())
             ax.set_title(f"J_proj terms ({proto} protocol)")
             ax.grid(alpha=0.3)
             ax.legend(fontsize=7)
-        fig.tight_layout()
+        fig.subplots_adjust(wspace=0.28)
         p = _save(fig, out_dir, f"jproj_{run}.png")
         figs.append({"path": p, "section": "kpca", "caption": (
             f"{a['label']}: the projection loss J_proj = mean(||varphi(q)||^2 - ||h||^2) and its two terms per "
@@ -274,13 +282,14 @@ def kpca_figures(res: Dict[str, Any], out_dir: Path) -> List[dict]:
                    label="chance (random matrices)")
         ax.set_xticks(x + width * len(protos) / 2)
         ax.set_xticklabels([m.replace("_", " ") for m in metrics])
-        ax.set_ylim(0, 1)
+        lows = [(_stat(pr.get("model", {}).get(k)) or 0) for pr in protos.values() for k in metrics]
+        ax.set_ylim(min(0.0, min(lows) - 0.05), 1)
         ax.axhline(0.8, color="k", lw=0.8, ls="--")
         ax.set_ylabel("similarity of V and V_hat")
         ax.set_title("Learned values vs the KPCA value matrix")
         ax.legend(fontsize=7)
         ax.grid(axis="y", alpha=0.3)
-        fig.tight_layout()
+        fig.subplots_adjust(wspace=0.28)
         p = _save(fig, out_dir, f"alignment_{run}.png")
         figs.append({"path": p, "section": "kpca", "caption": (
             f"{a['label']}: alignment of the learned value matrix V with the KPCA prediction V_hat (reproduction "
@@ -289,7 +298,7 @@ def kpca_figures(res: Dict[str, Any], out_dir: Path) -> List[dict]:
         hist = a.get("history") or []
         if len(hist) >= 2:
             fig, ax = plt.subplots(figsize=(5.5, 3.6))
-            proto = next(iter(protos))
+            proto = next((pr for pr in protos if any(f"jproj/{pr}/model/jproj" in r for r in hist)), next(iter(protos)))
             for term in ("jproj", "phi2", "h2"):
                 k = f"jproj/{proto}/model/{term}"
                 pts = [(r.get("epoch", i + 1), r[k]) for i, r in enumerate(hist) if isinstance(r.get(k), (int, float))]
@@ -300,7 +309,7 @@ def kpca_figures(res: Dict[str, Any], out_dir: Path) -> List[dict]:
             ax.set_title(f"J_proj during training ({proto})")
             ax.legend(fontsize=7)
             ax.grid(alpha=0.3)
-            fig.tight_layout()
+            fig.subplots_adjust(wspace=0.28)
             p = _save(fig, out_dir, f"jproj_history_{run}.png")
             figs.append({"path": p, "section": "kpca", "caption": f"{a['label']}: J_proj and its terms at the end of "
                                                                   "each training epoch (absolute values, log scale)."})

@@ -53,25 +53,42 @@ class _Tee(io.TextIOBase):
                 st.flush()
 
 
-def run_cli(argv: Sequence[str]) -> str:
+def run_cli(argv: Sequence[str], log_path: Optional[Path] = None) -> str:
     """Run ``rpc-attention ARGV`` in this process; returns its stderr; raises on a non-zero exit.
 
-    A sub-command that is not installed raises :class:`StageSkipped`."""
+    Its stdout and stderr go to ``log_path`` (appended) when given, else to the console. A
+    sub-command that is not installed raises :class:`StageSkipped`."""
     from ..cli import _commands, main
 
     name = argv[0]
     if name not in {n for n, _ in _commands()}:
         raise StageSkipped(f"the `rpc-attention {name}` command is not installed")
     err = io.StringIO()
-    with contextlib.redirect_stderr(_Tee(sys.stderr, err)):
-        try:
-            rc = main(list(argv))
-        except SystemExit as exc:  # argparse errors
-            rc = exc.code if isinstance(exc.code, int) else 2
+    log = None
+    if log_path is not None:
+        Path(log_path).parent.mkdir(parents=True, exist_ok=True)
+        log = open(log_path, "a", encoding="utf-8")
+        log.write("$ rpc-attention " + " ".join(argv) + "\n")
+    try:
+        out_stream = log if log is not None else sys.stdout
+        err_stream = _Tee(log, err) if log is not None else _Tee(sys.stderr, err)
+        with contextlib.redirect_stdout(out_stream), contextlib.redirect_stderr(err_stream):
+            try:
+                rc = main(list(argv))
+            except SystemExit as exc:  # argparse errors
+                rc = exc.code if isinstance(exc.code, int) else 2
+    finally:
+        if log is not None:
+            log.close()
     if rc:
         last = [ln for ln in err.getvalue().strip().splitlines() if ln.strip()]
-        raise RuntimeError(f"rpc-attention {' '.join(argv)} exited {rc}: {last[-1] if last else ''}")
+        where = f" (log: {log_path})" if log_path else ""
+        raise RuntimeError(f"rpc-attention {' '.join(argv)} exited {rc}: {last[-1] if last else ''}{where}")
     return err.getvalue()
+
+
+def _log_path(ctx: StageContext) -> Path:
+    return ctx.out_dir / "logs" / f"{ctx.stage.name}.log"
 
 
 # ------------------------------------------------------------------------------------------- train
@@ -92,8 +109,24 @@ def train_stage(ctx: StageContext) -> dict:
     # A stage whose parameters changed (or --force) trains from scratch; an interrupted one resumes
     # from the trainer's last checkpoint.
     ctx.log(f"preset {p['preset']} {' '.join(overrides)} -> {run_dir}"
-            + (" (resuming from checkpoint)" if ctx.resuming else ""))
-    train.run_training(cfg, str(run_dir), resume=not ctx.fresh, force=ctx.fresh)
+            + (" (resuming from the last checkpoint)" if (run_dir / "config.yaml").is_file() and not ctx.fresh else ""))
+    callbacks = list(p.get("callbacks") or [])
+    if callbacks:
+        from ..train.callbacks import list_callbacks
+
+        have = set(list_callbacks())
+        missing = [c for c in callbacks if c not in have]
+        if missing:
+            ctx.log(f"callbacks {missing} are not installed; training without them")
+        cfg["train"]["callbacks"] = list(cfg["train"].get("callbacks") or []) + [c for c in callbacks if c in have]
+    has_run = (run_dir / "config.yaml").is_file()
+    if ctx.fresh or not has_run:
+        # fresh: parameters changed or --force -> start over; no run yet -> plain start
+        train.run_training(cfg, str(run_dir), resume=False, force=bool(ctx.fresh or run_dir.exists()))
+    else:
+        # an earlier attempt was interrupted (or finished without its marker): continue from the
+        # trainer's newest checkpoint, with the config saved in the run
+        train.run_training(None, str(run_dir), resume=True)
     weights = run_dir / "model.safetensors"
     if not weights.is_file():
         raise RuntimeError(f"training finished but {weights} is missing")
@@ -130,10 +163,12 @@ def eval_stage(ctx: StageContext) -> dict:
     for kv in p.get("sets", []):
         argv += ["--set", kv.replace("{out}", str(ctx.out_dir))]
     ctx.log(" ".join(argv[1:]))
-    run_cli(argv)
+    run_cli(argv, _log_path(ctx))
     rec = read_json(out)
     if rec is None:
         raise RuntimeError(f"rpc-attention eval finished but {out} is missing or unreadable")
+    shown = [(k, v) for k, v in (rec.get("metrics") or {}).items() if isinstance(v, (int, float))][:5]
+    ctx.log(", ".join(f"{k}={v:.4g}" for k, v in shown) + f"  (full output: logs/{ctx.stage.name}.log)")
     return {"outputs": {"json": str(out)}, "result": {"metrics": rec.get("metrics", {})}}
 
 
@@ -148,7 +183,7 @@ def analyze_stage(ctx: StageContext) -> dict:
         shutil.rmtree(out)
     argv = ["analyze", "--run", str(run_dir), "--out", str(out)] + list(p.get("args", []))
     ctx.log(" ".join(argv[1:]))
-    run_cli(argv)
+    run_cli(argv, _log_path(ctx))
     return {"outputs": {"dir": str(out)}, "result": {}}
 
 
@@ -162,7 +197,7 @@ def compare_stage(ctx: StageContext) -> dict:
     argv = ["compare"] + [str(run_dir_of(ctx.out_dir, r)) for r in p["runs"]] + ["--out", str(out)] \
         + list(p.get("args", []))
     ctx.log(" ".join(argv[1:]))
-    run_cli(argv)
+    run_cli(argv, _log_path(ctx))
     return {"outputs": {"dir": str(out)}, "result": {}}
 
 

@@ -37,6 +37,7 @@ class ModelSpec:
     seeds: List[int] = field(default_factory=lambda: [0])
     train_samples: int = 0      # samples seen in training (for the time estimate)
     cost: float = 1.0           # relative cost per sample (PAP iterations)
+    callbacks: List[str] = field(default_factory=list)   # trainer epoch-end callbacks (e.g. jproj)
 
     def runs(self) -> List[str]:
         return [f"{self.key}-s{s}" for s in self.seeds]
@@ -175,14 +176,22 @@ def _lm_claims() -> List[ClaimSpec]:
 
 # ------------------------------------------------------------------------------------------ fmnist
 def _fmnist_models(s: Dict[str, Any], seeds: List[int]) -> List[ModelSpec]:
-    steps, bs = int(s["train_steps"]), int(s["batch_size"])
-    common = [f"train.max_steps={steps}", f"train.batch_size={bs}"]
-    if s.get("train_subset"):
-        common.append(f"data.train_subset={int(s['train_subset'])}")
+    # Shortened schedules through the trainer's own keys: the cosine schedule spans `epochs` of
+    # `train_subset` images, so a short run still decays its learning rate.
+    epochs, bs, subset = int(s["epochs"]), int(s["batch_size"]), int(s.get("train_subset") or 0)
+    common = [f"train.epochs={epochs}", f"train.batch_size={bs}"]
+    if subset:
+        common.append(f"data.train_subset={subset}")
+    if s.get("val_size") is not None:
+        common.append(f"data.val_size={int(s['val_size'])}")
+    if s.get("test_subset"):
+        common.append(f"data.test_subset={int(s['test_subset'])}")
     common += list(s.get("train_overrides") or [])
-    samples = steps * bs
+    samples = epochs * (subset or (60000 - int(s.get("val_size") or 0)))
+    cb = ["jproj"] if s.get("jproj_history") else []
     return [
-        ModelSpec("symvit", "SymViT", s["preset_symvit"], common, "vision", "baseline", seeds, samples, 1.0),
+        ModelSpec("symvit", "SymViT", s["preset_symvit"], common, "vision", "baseline", seeds, samples, 1.0,
+                  callbacks=cb),
         ModelSpec("rpc6", "RPC-SymViT 6iter/layer1", s["preset_rpc6"], common, "vision", "rpc", seeds, samples,
                   E.pap_factor(6, 1, int(s["depth"]))),
         ModelSpec("rpc2all", "RPC-SymViT 2iter/all-layer", s["preset_rpc2all"], common, "vision", "rpc", seeds,
@@ -192,7 +201,7 @@ def _fmnist_models(s: Dict[str, Any], seeds: List[int]) -> List[ModelSpec]:
 
 def _lm_models(s: Dict[str, Any], seeds: List[int]) -> List[ModelSpec]:
     steps, bs = int(s["lm_steps"]), int(s["lm_batch_size"])
-    common = [f"train.max_steps={steps}", f"train.batch_size={bs}"] + list(s.get("lm_overrides") or [])
+    common = [f"train.steps={steps}", f"train.batch_size={bs}"] + list(s.get("lm_overrides") or [])
     samples = steps * bs
     return [
         ModelSpec("symlm", "Symlm", s["preset_symlm"], common, "lm", "baseline", seeds, samples, 1.0),
@@ -230,17 +239,20 @@ def _vision_evals(s: Dict[str, Any], keys: List[str], suites: Sequence[str]) -> 
 
 QUICK_DEFAULTS: Dict[str, Any] = {
     "seeds": [0],
-    # trainer presets (vision engineer's Fashion-MNIST presets); sizes and schedule shortened below
+    # trainer presets (the vision engineer's Fashion-MNIST presets: patch 7, width 96, 6 blocks, 3 heads)
     "preset_symvit": "fmnist-symvit",
     "preset_rpc6": "fmnist-rpc-symvit",
     "preset_rpc2all": "fmnist-rpc-symvit-all",
     "depth": 6,
-    "train_steps": 1200,
-    "batch_size": 64,
-    "train_subset": 0,
+    "epochs": 2,                 # presets: 3
+    "batch_size": 128,
+    "train_subset": 0,           # 0: all 55,000 training images left after the validation split
+    "val_size": 2000,            # presets: 5000
+    "test_subset": 0,
     "train_overrides": [],
-    "eval_limit": 1000,
-    "attack_limit": 300,
+    "jproj_history": True,       # log J_proj of the SymViT at each epoch end (kpca's jproj callback)
+    "eval_limit": 2000,
+    "attack_limit": 500,
     "eps": "1:6/255",
     "pgd_steps": 20,
     "corruptions": ["gaussian_noise", "shot_noise", "impulse_noise", "defocus_blur", "motion_blur",
@@ -249,13 +261,15 @@ QUICK_DEFAULTS: Dict[str, Any] = {
     "ood_limit": 1000,
     "ood_sets": [],
     "strong_attack_limit": 200,
-    "analyze_args": [],
-    # language model (LM engineer's presets on the embedded Wikipedia corpus)
+    "analyze_args": ["--limit", "8"],
+    # language model (the LM engineer's presets on the embedded Wikipedia corpus; 1200 steps there)
     "preset_symlm": "wiki-symlm",
     "preset_rpc_symlm": "wiki-rpc-symlm",
     "lm_steps": 300,
     "lm_batch_size": 16,
     "lm_overrides": [],
+    "lm_eval_sets": ["protocols=sliding", "splits=test"],
+    "lm_eval_limit": 0,
     "lm": True,
 }
 
@@ -270,15 +284,18 @@ def quick(settings: Optional[Sequence[str]] = None) -> Study:
 
 
 SMOKE_DEFAULTS: Dict[str, Any] = dict(QUICK_DEFAULTS, **{
-    "train_steps": 30, "batch_size": 32, "train_subset": 512,
+    "epochs": 1, "batch_size": 64, "train_subset": 256, "val_size": 64, "test_subset": 256,
     "train_overrides": ["model.kwargs.embed_dim=32", "model.kwargs.depth=2", "model.kwargs.num_heads=2",
-                        "data.val_size=128"],
-    "depth": 2, "eval_limit": 128, "attack_limit": 48, "eps": "2/255,6/255", "pgd_steps": 3,
+                        "train.log_every=2", "train.threads=0"],
+    "depth": 2, "eval_limit": 128, "attack_limit": 32, "eps": "2/255,6/255", "pgd_steps": 3,
     "corruptions": ["gaussian_noise", "contrast"], "corruption_limit": 32, "ood_limit": 128,
     "strong_attack_limit": 16,
-    "lm_steps": 10, "lm_batch_size": 4,
-    "lm_overrides": ["model.kwargs.d_model=32", "model.kwargs.n_layer=2"],
-    "analyze_args": ["--limit", "4"],
+    "lm_steps": 4, "lm_batch_size": 4,
+    "lm_overrides": ["model.kwargs.d_model=32", "model.kwargs.n_layer=2", "model.kwargs.n_head=2",
+                     "model.kwargs.d_inner=64", "model.kwargs.context=32", "train.threads=0",
+                     "train.eval_every=0", "eval.final_split=null"],
+    "lm_eval_limit": 400,
+    "analyze_args": ["--limit", "2", "--protocol", "exact"],
 })
 
 
@@ -290,12 +307,12 @@ def smoke(settings: Optional[Sequence[str]] = None) -> Study:
 
 
 FULL_DEFAULTS: Dict[str, Any] = dict(QUICK_DEFAULTS, **{
-    "seeds": [0, 1, 2], "train_steps": 9400, "batch_size": 128, "eval_limit": 0, "attack_limit": 1000,
+    "seeds": [0, 1, 2], "epochs": 20, "val_size": 5000, "eval_limit": 0, "attack_limit": 1000,
     "corruptions": [], "corruption_limit": 1000, "ood_limit": 0, "strong_attack_limit": 500,
-    "lm_steps": 3000, "lm_batch_size": 32,
+    "lm_steps": 1200, "lm_batch_size": 16, "lm_eval_sets": [],
     "preset_scaled": "fmnist-scaled-s", "preset_scaled_alpha": "fmnist-scaled-alpha",
     "preset_asym": "fmnist-vit", "preset_seg": "seg-fmnist-symvit", "preset_seg_rpc": "seg-fmnist-rpc-symvit",
-    "seg_steps": 3000, "seg_limit": 500,
+    "seg_epochs": 8, "seg_limit": 500,
 })
 
 
@@ -307,13 +324,13 @@ def fmnist_full(settings: Optional[Sequence[str]] = None) -> Study:
                        "Hours on CPU; minutes on one GPU.",
                        suites=("clean", "fgsm", "pgd", "corruptions", "ood", "noise", "sld", "spsa", "cw",
                                "autoattack", "square"))
-    steps, bs, seeds = int(s["train_steps"]), int(s["batch_size"]), list(s["seeds"])
-    common = [f"train.max_steps={steps}", f"train.batch_size={bs}"] + list(s.get("train_overrides") or [])
+    seeds = list(s["seeds"])
+    common, samples = st.models[0].overrides, st.models[0].train_samples
     scaled = [
-        ModelSpec("vit", "ViT (asymmetric softmax)", s["preset_asym"], common, "scaled", "baseline", seeds, steps * bs),
-        ModelSpec("scaled_s", "Scaled Attention S", s["preset_scaled"], common, "scaled", "rpc", seeds, steps * bs, 1.1),
+        ModelSpec("vit", "ViT (asymmetric softmax)", s["preset_asym"], common, "scaled", "baseline", seeds, samples),
+        ModelSpec("scaled_s", "Scaled Attention S", s["preset_scaled"], common, "scaled", "rpc", seeds, samples, 1.1),
         ModelSpec("scaled_alpha", "Scaled Attention alpha", s["preset_scaled_alpha"], common, "scaled", "rpc", seeds,
-                  steps * bs, 1.3),
+                  samples, 1.3),
     ]
     st.models.extend(scaled)
     keys = [m.key for m in scaled]
@@ -324,23 +341,22 @@ def fmnist_full(settings: Optional[Sequence[str]] = None) -> Study:
         ClaimSpec("scaled_alpha", "Scaled Attention alpha beats the asymmetric softmax ViT (clean top-1)", "scaled",
                   "clean", "top1", "vit", "scaled_alpha"),
     ]
-    seg_steps = int(s["seg_steps"])
+    seg_epochs = int(s["seg_epochs"])
     seg = [
-        ModelSpec("seg_symvit", "Segmenter SymViT", s["preset_seg"], [f"train.max_steps={seg_steps}"], "seg",
-                  "baseline", seeds, seg_steps * 16),
-        ModelSpec("seg_rpc", "Segmenter RPC-SymViT", s["preset_seg_rpc"], [f"train.max_steps={seg_steps}"], "seg",
-                  "rpc", seeds, seg_steps * 16, 1.3),
+        ModelSpec("seg_symvit", "Segmenter SymViT", s["preset_seg"], [f"train.epochs={seg_epochs}"], "seg",
+                  "baseline", seeds, seg_epochs * 3000),
+        ModelSpec("seg_rpc", "Segmenter RPC-SymViT (encoder and decoder PAP)", s["preset_seg_rpc"],
+                  [f"train.epochs={seg_epochs}"], "seg", "rpc", seeds, seg_epochs * 3000, 1.3),
     ]
     st.models.extend(seg)
     sk = [m.key for m in seg]
     st.evals += [EvalSpec("seg", sk, [], s.get("seg_limit") or None),
                  EvalSpec("seg-corruptions", sk, [], s.get("seg_limit") or None, copies=10)]
     st.claims += [
-        ClaimSpec("seg_miou", "RPC raises segmentation mIoU", "seg", "seg", "mIoU", "seg_symvit", "seg_rpc"),
-        ClaimSpec("seg_corrupt_miou", "RPC raises mIoU on corrupted scenes", "seg", "seg-corruptions", "mIoU",
-                  "seg_symvit", "seg_rpc"),
+        ClaimSpec("seg_miou", "RPC raises segmentation mIoU", "seg", "seg", "miou", "seg_symvit", "seg_rpc"),
+        ClaimSpec("seg_corrupt_miou", "RPC raises mIoU on corrupted scenes", "seg", "seg-corruptions",
+                  "corrupted_miou", "seg_symvit", "seg_rpc"),
     ]
-    st.claims = [c for c in st.claims]
     return st
 
 
@@ -361,7 +377,10 @@ def _fmnist_study(name: str, s: Dict[str, Any], description: str, suites: Sequen
         lm = _lm_models(s, seeds)
         st.models.extend(lm)
         lk = [m.key for m in lm]
-        st.evals += [EvalSpec("ppl", lk, [], None), EvalSpec("wordswap", lk, [], None)]
+        lim = int(s.get("lm_eval_limit") or 0) or None
+        sets = list(s.get("lm_eval_sets") or [])
+        st.evals += [EvalSpec("ppl", lk, [f"ppl.{x}" for x in sets], lim),
+                     EvalSpec("wordswap", lk, [f"wordswap.{x}" for x in sets] + ["wordswap.clean=false"], lim)]
         st.claims += _lm_claims()
     return st
 
@@ -420,7 +439,7 @@ def imagenet(settings: Optional[Sequence[str]] = None) -> Study:
 
 WIKITEXT_DEFAULTS: Dict[str, Any] = {
     "seeds": [0], "data.wikitext103": None, "device": "cuda",
-    "preset_symlm": "wt103-symlm", "preset_rpc_symlm": "wt103-rpc-symlm", "lm_overrides": [],
+    "preset_symlm": "wt103-symlm-small", "preset_rpc_symlm": "wt103-rpc-symlm-small", "lm_overrides": [],
 }
 
 
@@ -472,7 +491,8 @@ def build_stages(study: Study, device: Optional[str] = None) -> List[Stage]:
             ov = list(m.overrides) + ([f"train.device={device}"] if device and device != "cpu" else [])
             name = f"train.{run}"
             stages.append(Stage(name, "train", S.train_stage, params={
-                "run": run, "preset": m.preset, "overrides": ov, "seed": seed, "family": m.family, "label": m.label},
+                "run": run, "preset": m.preset, "overrides": ov, "seed": seed, "family": m.family, "label": m.label,
+                "callbacks": list(m.callbacks)},
                 estimate_s=E.train_estimate(m.family, m.train_samples, m.cost),
                 description=f"train {m.label} (seed {seed}) from preset {m.preset}"))
             train_names[run] = name

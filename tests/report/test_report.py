@@ -1,0 +1,162 @@
+"""The report on a study whose stages are fakes writing outputs in the components' formats: tables,
+verdicts, results.json, figures (real PNGs), HTML with inlined images, skipped stages."""
+
+import json
+import re
+
+import pytest
+
+from rpc_attention.reproduce import StageSkipped, get_study, make_pipeline
+from rpc_attention.reproduce.pipeline import atomic_write_json, atomic_write_text
+from rpc_attention.reproduce.studies import build_stages
+
+BASE = {"symvit": 80.0, "rpc6": 82.0, "rpc2all": 81.0, "symlm": 50.0, "rpc_symlm": 48.0}
+
+
+def _num(run):
+    key, seed = run.rsplit("-s", 1)
+    return key, int(seed), BASE[key] + 0.3 * int(seed)
+
+
+def fake_train(ctx):
+    run = ctx.params["run"]
+    rd = ctx.out_dir / "runs" / run
+    atomic_write_text(rd / "config.yaml", "data: {name: fashion_mnist, train_subset: 512}\ntrain: {max_steps: 20, seed: 0}\n")
+    lines = [json.dumps({"step": i * 10, "train/loss": 2.0 / (i + 1)}) for i in range(5)]
+    lines += [json.dumps({"epoch": e, "val/top1": 70.0 + e}) for e in (1, 2)]
+    atomic_write_text(rd / "metrics.jsonl", "\n".join(lines) + "\n")
+    atomic_write_text(rd / "model.safetensors", "fake")
+    return {"outputs": {"run_dir": str(rd)}}
+
+
+def fake_eval(ctx):
+    p = ctx.params
+    key, seed, base = _num(p["run"])
+    suite = p["suite"]
+    rows, metrics = [], {}
+    if suite == "clean":
+        metrics = {"top1": base, "top5": 99.0}
+    elif suite in ("fgsm", "pgd"):
+        for e in range(1, 4):
+            rows.append({"eps": f"{e}/255", "top1": base - 10 * e, "top5": 90.0})
+            metrics[f"top1@{e}/255"] = base - 10 * e
+        metrics["clean_top1"] = base
+        metrics["mean_top1"] = sum(r["top1"] for r in rows) / len(rows)
+    elif suite == "corruptions":
+        for c in ("gaussian_noise", "contrast"):
+            row = {"corruption": c, **{f"s{s}": 100 - base + s for s in range(1, 6)}}
+            row["mean_error"] = 100 - base + 3
+            rows.append(row)
+        metrics = {"mean_corruption_error": 100 - base + 3}
+        if any("baseline=" in s for s in p["sets"]):
+            assert "{out}" in "".join(p["sets"])  # resolved to the study dir by the real eval stage
+            metrics["mCE"] = 100 * (100 - base + 3) / (100 - BASE["symvit"] - 0.3 * seed + 3)
+    elif suite == "ood":
+        metrics = {"AUPR": base - 40, "AUROC": 90.0}
+    elif suite == "ppl":
+        metrics = {"test_ppl_sliding": base, "valid_ppl_sliding": base + 1}
+    elif suite == "wordswap":
+        raise StageSkipped("word swap needs the LM component")
+    rec = {"suite": suite, "metrics": metrics, "rows": rows, "n_examples": 100, "protocol": f"fake {suite}",
+           "data": {"dataset": "fashion_mnist"}, "settings": {}}
+    out = ctx.out_dir / "runs" / p["run"] / "eval" / f"{suite}.json"
+    atomic_write_json(out, rec)
+    return {"outputs": {"json": str(out)}}
+
+
+def fake_analyze(ctx):
+    out = ctx.out_dir / ctx.params["out"]
+    stat = lambda m, s=0.01: {"mean": m, "std": s, "n": 10}  # noqa: E731
+    layer = lambda i: {"name": f"blocks.{i}.attn", "kind": "sym", "tokens": 17, "heads": 3,  # noqa: E731
+                       "jproj": stat(-2.0 + 0.1 * i), "phi2": stat(1e-3), "h2": stat(2.0 - 0.1 * i),
+                       "optimal_cosine": stat(0.2), "linear_cka": stat(0.1), "rbf_cka": stat(0.3), "direct_cosine": stat(0.05)}
+    model = {"jproj": stat(-1.9), "phi2": stat(1e-3), "h2": stat(1.9), "optimal_cosine": stat(0.21),
+             "linear_cka": stat(0.11), "rbf_cka": stat(0.31), "direct_cosine": stat(0.05),
+             "gamma": {"learned": stat(5.0), "perturbed": stat(0.1), "random": stat(6.0)}}
+    kp = {"protocols": {"paper": {"model": model, "layers": [layer(i) for i in range(3)]},
+                        "exact": {"model": model, "layers": [layer(i) for i in range(3)]}},
+          "chance": {"17x32": {"optimal_cosine": stat(0.18), "linear_cka": stat(0.2), "rbf_cka": stat(0.25),
+                               "direct_cosine": stat(0.0)}},
+          "history": [{"epoch": e, "jproj/paper/model/jproj": -1.0 * e, "jproj/paper/model/phi2": 1e-3,
+                       "jproj/paper/model/h2": 1.0 * e} for e in (1, 2)],
+          "meta": {"model": "symvit"}, "failures": []}
+    atomic_write_json(out / "kpca.json", kp)
+    return {"outputs": {"dir": str(out)}}
+
+
+@pytest.fixture(scope="module")
+def study_dir(tmp_path_factory):
+    out = tmp_path_factory.mktemp("study")
+    study = get_study("quick", ["seeds=0,1"])
+    stages = build_stages(study)
+    fakes = {"train": fake_train, "eval": fake_eval, "analyze": fake_analyze}
+    for s in stages:
+        if s.kind in fakes:
+            s.fn = fakes[s.kind]
+    pipe = make_pipeline(study, out, stages=stages, log=lambda m: None)
+    summary = pipe.run()
+    assert not summary["failed"], summary
+    return out
+
+
+def test_report_files_and_tables(study_dir):
+    md = (study_dir / "report.md").read_text()
+    assert "## Verdicts" in md and "## Setup" in md and "### Time per stage" in md
+    assert "## Image classification and robustness" in md and "## Language modelling" in md
+    # our numbers with std over the two seeds next to the paper's row
+    assert "80.15 ± 0.21 (n=2)" in md          # SymViT clean top-1: mean of 80.0, 80.3
+    assert "*paper: baseline (ImageNet-scale)*" in md and "70.44" in md and "71.49" in md
+    # per-eps table and corruption table
+    assert "| 1/255 |" in md and "| gaussian_noise |" in md
+    # verdicts from the rules: RPC-6 clean +2 points with sigma 0.21 -> reproduced
+    res = json.loads((study_dir / "results.json").read_text())
+    claims = {c["id"]: c for c in res["claims"]}
+    assert claims["clean"]["verdict"] == "reproduced"
+    assert claims["clean"]["effect"]["delta"] == pytest.approx(2.0)
+    assert claims["mce"]["verdict"] == "reproduced"            # lower error than SymViT
+    assert claims["lm_ppl"]["verdict"] == "reproduced"         # ppl 48 < 50
+    assert claims["lm_wordswap"]["verdict"] == "not measured"  # stage skipped
+    assert "word swap needs the LM component" in claims["lm_wordswap"]["reason"]
+    # every number in the tables is in results.json
+    cell = next(r for r in res["tables"]["vision"]["rows"] if r["model"] == "symvit")["cells"]["clean:top1"]
+    assert cell["values"] == [80.0, 80.3]
+    # the skipped stages are listed with their reason, never faked
+    assert "## Skipped, failed and pending stages" in md and "eval.symlm-s0.wordswap`: skipped" in md
+    assert "Verdicts are computed from the numbers by fixed rules" in md
+    # KPCA table shows chance baselines
+    assert "(chance 0.180)" in md
+
+
+def test_figures_are_pngs_and_html_inlines_them(study_dir):
+    res = json.loads((study_dir / "results.json").read_text())
+    figs = [f for f in res["figures"] if f.get("path")]
+    names = {f["path"] for f in figs}
+    for expected in ("figures/attack_curves.png", "figures/corruption_errors.png", "figures/training_vision.png",
+                     "figures/jproj_symvit-s0.png", "figures/alignment_symvit-s0.png"):
+        assert expected in names
+    assert not [f for f in res["figures"] if f.get("section") == "errors"]
+    for f in figs:
+        data = (study_dir / f["path"]).read_bytes()
+        assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 2000
+    md = (study_dir / "report.md").read_text()
+    assert "![" in md and "(figures/attack_curves.png)" in md
+    html = (study_dir / "report.html").read_text()
+    assert html.startswith("<!DOCTYPE html>") and "<table>" in html
+    assert len(re.findall(r'src="data:image/png;base64,', html)) == len(figs)
+    assert "figures/attack_curves.png" not in re.findall(r'src="([^"]+)"', html)
+
+
+def test_rerun_skips_everything_and_keeps_report(study_dir):
+    study = get_study("quick", ["seeds=0,1"])
+    stages = build_stages(study)
+    called = []
+    for s in stages:
+        if s.kind != "report":
+            s.fn = lambda ctx: called.append(ctx.stage.name)
+    pipe = make_pipeline(study, study_dir, stages=stages, log=lambda m: None)
+    summary = pipe.run()
+    # only the skipped stages are tried again (their component may have been installed since)
+    assert called == ["eval.symlm-s0.wordswap", "eval.symlm-s1.wordswap", "eval.rpc_symlm-s0.wordswap",
+                      "eval.rpc_symlm-s1.wordswap"]
+    assert summary["ok"][-1] == "report"   # upstream changed (the retried stages finished): refreshed
+    assert "train.symvit-s0" in summary["cached"] and "eval.rpc6-s1.pgd" in summary["cached"]
