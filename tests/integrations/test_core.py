@@ -1,0 +1,49 @@
+"""asymmetric_rpc_attention: the definition shared by the HF and timm integrations."""
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from rpc_attention import functional as RF
+from rpc_attention.integrations import asymmetric_rpc_attention
+from rpc_attention.integrations._core import check_options, resolve_layers
+
+OPTS = dict(n_iter=3, lambd=0.3, threshold="lambda_over_mu")
+
+
+def test_gradients_flow_through_pap_into_queries_keys_values():
+    torch.manual_seed(0)
+    q, k, v = (torch.randn(1, 2, 5, 3, dtype=torch.float64, requires_grad=True) for _ in range(3))
+    assert torch.autograd.gradcheck(lambda a, b, c: asymmetric_rpc_attention(a, b, c, **OPTS), (q, k, v))
+
+
+def test_definition_matches_pap_state_with_masks():
+    torch.manual_seed(1)
+    q, k, v = torch.randn(3, 2, 2, 6, 4).unbind(0)
+    mask = torch.ones(2, 1, 6, 6, dtype=torch.bool).tril()
+    mask[0, :, :, :2] = False  # left padding in batch 0
+    out = asymmetric_rpc_attention(q, k, v, attn_mask=mask, is_causal=True, **OPTS)
+    _, st = RF.pap_attention(k, v, attn_mask=mask, is_causal=True, return_state=True, **OPTS)
+    ref = F.scaled_dot_product_attention(q - st.sparse, k - st.sparse, v, attn_mask=mask)
+    torch.testing.assert_close(out[0, :, 2:], ref[0, :, 2:])
+    torch.testing.assert_close(out[1], ref[1])
+    pap = asymmetric_rpc_attention(q, k, v, key_mode="pap", **OPTS)
+    _, st = RF.pap_attention(k, v, return_state=True, **OPTS)
+    torch.testing.assert_close(pap, F.scaled_dot_product_attention(q - st.sparse, st.cleaned_keys, v))
+
+
+def test_option_validation():
+    assert resolve_layers("0, 2") == (0, 2) and resolve_layers("all") == "all" and resolve_layers(None) == ()
+    with pytest.raises(ValueError, match=">= 0"):
+        resolve_layers([-1])
+    with pytest.raises(ValueError, match="n_iter"):
+        check_options({"n_iter": 0})
+    with pytest.raises(ValueError, match="clean_queries"):
+        check_options({"clean_queries": "yes"})
+    q = torch.randn(1, 3, 4, 2)
+    with pytest.raises(ValueError, match="multiple"):
+        asymmetric_rpc_attention(q, torch.randn(1, 2, 4, 2), torch.randn(1, 2, 4, 2))
+    with pytest.raises(ValueError, match="d_v == d_k"):
+        asymmetric_rpc_attention(q, q, torch.randn(1, 3, 4, 5))
+    with pytest.raises(ValueError, match="biases"):
+        asymmetric_rpc_attention(q, q, q, attn_mask=torch.randn(4, 4))
