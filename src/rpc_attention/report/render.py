@@ -182,7 +182,9 @@ def render_markdown(res: Dict[str, Any]) -> str:
     ev_lines = []
     for suite, per_model in res.get("evals", {}).items():
         ns = sorted({str(e.get("n_examples")) for pm in per_model.values() for e in pm.values() if e.get("n_examples")})
-        ds = sorted({str((e.get("data") or {}).get("dataset") or (e.get("data") or {}).get("source") or "")
+        ds = sorted({str((e.get("data") or {}).get("dataset") or (e.get("data") or {}).get("source")
+                         or " vs ".join(str(x) for x in ((e.get("data") or {}).get("in_distribution"),
+                                                         (e.get("data") or {}).get("ood")) if x) or "")
                      for pm in per_model.values() for e in pm.values() if e.get("data")})
         if ns:
             ev_lines.append([suite, ", ".join(d for d in ds if d) or "—", ", ".join(ns)])

@@ -167,10 +167,10 @@ def _vision_claims(have_suites: Sequence[str], extra: Sequence[tuple] = ()) -> L
 
 def _lm_claims() -> List[ClaimSpec]:
     return [
-        ClaimSpec("lm_ppl", "RPC-Symlm has lower test perplexity", "lm", "ppl", "ppl", "symlm", "rpc_symlm",
+        ClaimSpec("lm_ppl", "RPC-Symlm has lower test perplexity", "lm", "ppl", "test_ppl_sliding", "symlm", "rpc_symlm",
                   higher=False, margin=0.02, relative=True),
         ClaimSpec("lm_wordswap", "RPC-Symlm has lower perplexity on word-swap-attacked text", "lm", "wordswap",
-                  "ppl", "symlm", "rpc_symlm", higher=False, margin=0.02, relative=True),
+                  "test_attacked_ppl_sliding", "symlm", "rpc_symlm", higher=False, margin=0.02, relative=True),
     ]
 
 
@@ -312,7 +312,7 @@ FULL_DEFAULTS: Dict[str, Any] = dict(QUICK_DEFAULTS, **{
     "lm_steps": 1200, "lm_batch_size": 16, "lm_eval_sets": [],
     "preset_scaled": "fmnist-scaled-s", "preset_scaled_alpha": "fmnist-scaled-alpha",
     "preset_asym": "fmnist-vit", "preset_seg": "seg-fmnist-symvit", "preset_seg_rpc": "seg-fmnist-rpc-symvit",
-    "seg_epochs": 8, "seg_limit": 500,
+    "seg_epochs": 8, "seg_limit": 500, "seg_corruption_limit": 100,
 })
 
 
@@ -350,8 +350,8 @@ def fmnist_full(settings: Optional[Sequence[str]] = None) -> Study:
     ]
     st.models.extend(seg)
     sk = [m.key for m in seg]
-    st.evals += [EvalSpec("seg", sk, [], s.get("seg_limit") or None),
-                 EvalSpec("seg-corruptions", sk, [], s.get("seg_limit") or None, copies=10)]
+    st.evals += [EvalSpec("seg", sk, ["seg.save_examples=4"], s.get("seg_limit") or None),
+                 EvalSpec("seg-corruptions", sk, [], s.get("seg_corruption_limit") or None, copies=75)]
     st.claims += [
         ClaimSpec("seg_miou", "RPC raises segmentation mIoU", "seg", "seg", "miou", "seg_symvit", "seg_rpc"),
         ClaimSpec("seg_corrupt_miou", "RPC raises mIoU on corrupted scenes", "seg", "seg-corruptions",

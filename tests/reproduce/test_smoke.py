@@ -1,0 +1,82 @@
+"""The `smoke` study end to end with the real components (trainer, eval suites, KPCA analysis, LM):
+every stage finishes, the report has its tables, figures and verdicts; a rerun does nothing; an
+interrupted training stage resumes from the trainer's checkpoint without redoing other stages."""
+
+import json
+
+import pytest
+
+from rpc_attention.cli import main
+
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("reproduce-smoke")]
+
+
+@pytest.fixture(scope="module")
+def smoke_dir(tmp_path_factory):
+    out = tmp_path_factory.mktemp("smoke")
+    rc = main(["reproduce", "--preset", "smoke", "--out", str(out)])
+    assert rc == 0, sorted(p.name for p in (out / "stages").glob("*.failed.json"))
+    return out
+
+
+def test_smoke_study_completes_with_report(smoke_dir):
+    stages = json.loads((smoke_dir / "study.json").read_text())["stages"]
+    names = [s["name"] for s in stages]
+    assert {"train.symvit-s0", "train.rpc6-s0", "train.rpc2all-s0", "train.symlm-s0", "train.rpc_symlm-s0",
+            "eval.rpc6-s0.pgd", "eval.rpc2all-s0.corruptions", "eval.symlm-s0.wordswap", "analyze.symvit-s0",
+            "report"} <= set(names)
+    for n in names:
+        assert (smoke_dir / "stages" / f"{n}.done.json").exists(), n
+    res = json.loads((smoke_dir / "results.json").read_text())
+    claims = {c["id"]: c for c in res["claims"]}
+    assert set(claims) == {"clean", "fgsm", "pgd", "mce", "ood_aupr", "lm_ppl", "lm_wordswap"}
+    for c in claims.values():  # every claim measured; one seed -> never "reproduced"
+        assert c["verdict"] in ("inconclusive at this scale", "not reproduced"), c
+        assert c["baseline_values"] and c["rpc_values"]
+    assert claims["mce"]["baseline_values"] == [100.0]   # normalised by SymViT's own errors
+    md = (smoke_dir / "report.md").read_text()
+    for heading in ("## Verdicts", "## Setup", "### Time per stage", "## Image classification and robustness",
+                    "## Language modelling", "## Kernel-PCA analysis", "## Verdict rules"):
+        assert heading in md
+    figs = [f["path"] for f in res["figures"] if f.get("path")]
+    assert "figures/attack_curves.png" in figs and "figures/jproj_symvit-s0.png" in figs
+    for f in figs:
+        assert (smoke_dir / f).read_bytes()[:4] == b"\x89PNG"
+    assert (smoke_dir / "report.html").read_text().count("data:image/png;base64,") == len(figs)
+
+
+def test_rerun_does_nothing(smoke_dir, capsys):
+    capsys.readouterr()
+    assert main(["reproduce", "--preset", "smoke", "--out", str(smoke_dir)]) == 0
+    out = capsys.readouterr().out
+    assert "> " not in "\n".join(l[:2] for l in out.splitlines())   # no stage started
+    assert "26 cached" in out
+    assert main(["reproduce", "--preset", "smoke", "--out", str(smoke_dir), "--dry-run"]) == 0
+    assert "0 of 26 stages to run" in capsys.readouterr().out
+
+
+def test_interrupted_training_resumes_from_checkpoint(smoke_dir, capsys):
+    st = smoke_dir / "stages"
+    done = json.loads((st / "train.rpc6-s0.done.json").read_text())
+    # what a kill during the stage leaves behind: a running marker, no done marker, the checkpoints
+    (st / "train.rpc6-s0.done.json").unlink()
+    (st / "train.rpc6-s0.running.json").write_text(json.dumps({"name": "train.rpc6-s0", "attempts": 1}))
+    assert list((smoke_dir / "runs" / "rpc6-s0" / "checkpoints").iterdir())
+    capsys.readouterr()
+    assert main(["reproduce", "--preset", "smoke", "--out", str(smoke_dir), "--stages", "train.*"]) == 0
+    out = capsys.readouterr().out
+    assert "> train.rpc6-s0: resuming" in out and "resuming from the last checkpoint" in out
+    assert "> train.symvit-s0" not in out and "= train.symvit-s0: done earlier" in out
+    again = json.loads((st / "train.rpc6-s0.done.json").read_text())
+    assert again["resumed"] is True and again["fingerprint"] == done["fingerprint"]
+
+
+def test_missing_data_path_fails_fast(tmp_path, capsys):
+    assert main(["reproduce", "--preset", "imagenet", "--out", str(tmp_path / "x")]) == 2
+    assert "data.imagenet" in capsys.readouterr().err
+    assert main(["reproduce", "--preset", "wikitext103", "--set", "data.wikitext103=/nonexistent",
+                 "--out", str(tmp_path / "y")]) == 2
+    assert "no such file" in capsys.readouterr().err
+    assert main(["reproduce", "--preset", "quick", "--set", "bogus=1", "--dry-run"]) == 2
+    assert main(["reproduce", "--preset", "quick", "--stages", "nothing.*", "--dry-run",
+                 "--out", str(tmp_path / "z")]) == 2
