@@ -82,7 +82,7 @@ def test_sigkill_then_resume_is_bit_identical(tmp_path, tiny_cfg):
     script = (f"import sys, yaml; sys.path.insert(0, {str(HERE)!r}); import slowtask\n"
               f"from rpc_attention.train import run_training\n"
               f"run_training(yaml.safe_load(open({str(tmp_path / 'cfg.yaml')!r})), {str(tmp_path / 'killed')!r})\n")
-    env = dict(os.environ, RPC_TEST_STEP_SLEEP="0.25", RPC_ATTENTION_NO_PROGRESS="1")
+    env = dict(os.environ, RPC_TEST_STEP_SLEEP="0.15", RPC_ATTENTION_NO_PROGRESS="1")
     proc = subprocess.Popen([sys.executable, "-c", script], env=env, stdout=subprocess.DEVNULL,
                             stderr=subprocess.PIPE)
     ckroot = tmp_path / "killed" / "checkpoints"
