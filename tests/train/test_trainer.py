@@ -150,3 +150,13 @@ def test_nan_loss_stops_and_keeps_last_good_checkpoint(tmp_path, tiny_cfg):
     assert not (run / "model.safetensors").exists()
     w = _weights(run / "checkpoints" / "step_00000004" / "model.safetensors")
     assert all(torch.isfinite(v).all() for v in w.values())
+
+
+def test_resume_with_longer_schedule(tmp_path, tiny_cfg):
+    run = run_training(tiny_cfg(epochs=1, save_every=0), tmp_path / "run")
+    run_training(None, run, resume=True, overrides=["train.epochs=2"])
+    assert [r["step"] for r in _records(run)] == list(range(1, 17))
+    import yaml
+    assert yaml.safe_load((run / "config.yaml").read_text())["train"]["epochs"] == 2
+    lrs = [r["lr"] for r in _records(run)]
+    assert lrs[8] > lrs[15]  # the cosine was rebuilt for 2 epochs (not stuck at the 1-epoch minimum)

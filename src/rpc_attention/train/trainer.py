@@ -364,7 +364,7 @@ def _train(cfg, out: Path, resume: bool, force: bool, device: torch.device, rank
 
         ema = ModelEmaV3(model, decay=float(tcfg["ema"].get("decay", 0.9999)))
     logger = MetricsLogger(out, enabled=is_main)
-    if is_main and not resume:
+    if is_main:  # on resume this records any --set overrides (e.g. a longer train.epochs)
         atomic_write_bytes(out / "config.yaml", dump_config(cfg).encode())
 
     # -- resume
@@ -381,7 +381,9 @@ def _train(cfg, out: Path, resume: bool, force: bool, device: torch.device, rank
             model_sd, ema_sd, state = load_checkpoint(ckpt)
             model.load_state_dict(model_sd)
             optimizer.load_state_dict(state["optimizer"])
-            if scheduler is not None and state.get("scheduler") is not None:
+            if scheduler is not None and state.get("scheduler") is not None and state.get("config") == dump_config(cfg):
+                # timm schedules are functions of the step; a resume with changed settings (--set
+                # train.epochs=...) keeps the freshly built schedule instead of the saved one
                 scheduler.load_state_dict(state["scheduler"])
             if scaler is not None and state.get("scaler"):
                 scaler.load_state_dict(state["scaler"])
