@@ -127,3 +127,16 @@ def test_seg_corruptions_suite_labels_unchanged():
     # deterministic
     again = seg_corruptions_suite(model, cfg, None, opts)
     assert again["rows"] == rows
+
+
+def test_save_examples_resizes_input_to_label_resolution(tmp_path):
+    """ADE20K eval items: the input is resized, the label kept at the original size."""
+    from PIL import Image
+
+    from rpc_attention.evaluate.segmentation import save_examples
+
+    x = torch.rand(1, 3, 8, 10)
+    y = torch.randint(0, 4, (1, 16, 20))
+    y[0, 0, 0] = IGNORE_INDEX
+    (path,) = save_examples(x, y, y.clamp(max=3), 4, str(tmp_path), scale=1)
+    assert np.asarray(Image.open(path)).shape == (16, 3 * 20 + 4, 3)

@@ -176,3 +176,44 @@ def test_a_few_training_steps_lower_the_loss():
     finally:
         torch.set_num_threads(threads)
     assert losses[-1] < 0.7 * losses[0], losses
+
+
+def test_encoder_init_from_a_trainer_classification_run(tmp_path):
+    """A real `classification` run's model.safetensors initialises every encoder weight of a
+    `segmentation` run (pos_embed resampled from the 4x4 grid of 28/7 to the 9x9 grid of 64//7;
+    at run time 64 is padded to 70 and the 9x9 grid resampled again to 10x10)."""
+    from safetensors.torch import load_file
+    from timm.layers import resample_abs_pos_embed
+
+    from rpc_attention.train import load_run, resolve_config, run_training
+
+    enc = {"patch_size": 7, "embed_dim": 32, "depth": 1, "num_heads": 2, "drop_path_rate": 0.0}
+    cls_cfg = resolve_config(base={
+        "task": "classification", "model": {"name": "symvit_tiny_patch16_224", "kwargs": dict(enc)},
+        "data": {"name": "fashion_mnist", "train_subset": 32, "test_subset": 16, "val_size": 0},
+        "train": {"epochs": 1, "batch_size": 16, "threads": 1, "save_every": 0, "log_every": 1},
+        "eval": {"batch_size": 16, "final_split": None}})
+    cls_run = run_training(cls_cfg, tmp_path / "cls")
+    src = load_file(str(cls_run / "model.safetensors"))
+    seg_cfg = resolve_config(base={
+        "task": "segmentation", "model": {"name": "symvit_tiny_patch16_224", "kwargs": dict(enc, img_size=64),
+                                          "decoder_layers": 1},
+        "data": {"name": "fmnist_seg", "train_images": 16, "val_images": 4, "test_images": 4},
+        "train": {"epochs": 1, "batch_size": 8, "threads": 1, "save_every": 0, "log_every": 1},
+        "eval": {"batch_size": 4, "final_split": None}}, overrides=[f"model.encoder_init={cls_run}"])
+    from rpc_attention.train.tasks import get_task
+
+    seg = get_task("segmentation").build_model(seg_cfg)
+    own = seg.encoder.state_dict()
+    assert set(own) == set(src) - {"head.weight", "head.bias"}
+    for k, v in own.items():
+        want = src[k]
+        if k == "pos_embed":
+            want = resample_abs_pos_embed(want, new_size=(9, 9), old_size=(4, 4), num_prefix_tokens=1)
+        torch.testing.assert_close(v, want, rtol=0, atol=0)
+    # the segmentation run trains, saves, and reloads through load_run
+    seg_run = run_training(seg_cfg, tmp_path / "seg")
+    model, cfg = load_run(seg_run)
+    assert cfg["task"] == "segmentation"
+    with torch.no_grad():
+        assert model(torch.zeros(1, 1, 64, 64)).shape == (1, 11, 64, 64)

@@ -213,7 +213,10 @@ def save_examples(images01: Tensor, labels: Tensor, preds: Tensor, num_classes: 
     os.makedirs(out_dir, exist_ok=True)
     paths = []
     for i in range(images01.shape[0]):
-        img = (images01[i].clamp(0, 1) * 255).round().byte().permute(1, 2, 0).cpu().numpy()
+        im = images01[i].float()
+        if tuple(im.shape[-2:]) != tuple(labels[i].shape[-2:]):  # ADE20K: labels at the original size
+            im = F.interpolate(im[None], size=tuple(labels[i].shape[-2:]), mode="bilinear", align_corners=False)[0]
+        img = (im.clamp(0, 1) * 255).round().byte().permute(1, 2, 0).cpu().numpy()
         if img.shape[2] == 1:
             img = np.repeat(img, 3, axis=2)
         gt = colorize(labels[i].cpu().numpy(), num_classes)
