@@ -57,6 +57,8 @@ def run(args: argparse.Namespace) -> int:
         raise UserError(str(exc)) from None
     if args.dry_run:
         print(summary["plan"])
+        if summary.get("device") not in (None, "cpu"):
+            print(f"(this study runs on {summary['device']}: the estimates are CPU constants and only rank the stages)")
         return 0
     took = format_seconds(time.time() - t0)
     counts = ", ".join(f"{len(v)} {k}" for k, v in summary.items() if v)

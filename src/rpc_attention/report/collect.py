@@ -32,6 +32,8 @@ TABLES: Dict[str, Dict[str, Any]] = {
         ("corruptions", "mCE", "mCE, SymViT = 100 (lower better)", False, "mce"),
         ("corruptions", "mean_corruption_error", "corruption error (%, lower better)", False, None),
         ("ood", "AUPR", "OOD AUPR (%)", True, "ood_aupr"),
+        ("imagenet-a", "top1", "ImageNet-A top-1 (%)", True, None),
+        ("imagenet-r", "top1", "ImageNet-R top-1 (%)", True, None),
     ]},
     "scaled": {"title": "Scaled Attention vs the asymmetric softmax baseline", "columns": [
         ("clean", "top1", "clean top-1 (%)", True, None),

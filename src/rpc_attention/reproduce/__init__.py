@@ -61,8 +61,17 @@ def run_study(preset: str, out_dir, settings: Optional[Sequence[str]] = None, se
     plus ``plan`` text for a dry run)."""
     study = get_study(preset, settings)
     pipe = make_pipeline(study, out_dir, device=device, log=log)
+    world = int(os.environ.get("WORLD_SIZE", "1") or 1)
+    if world > 1 and not dry_run:
+        from .pipeline import select_stages
+
+        chosen = select_stages(pipe.stages, selection) if selection else pipe.stages
+        other = [s.name for s in chosen if s.kind != "train"]
+        if other:
+            raise StudyError(f"under torchrun (WORLD_SIZE={world}) select training stages only (--stages 'train.*'); "
+                             f"run {other[0]} and the other stages in one process afterwards")
     if dry_run:
-        return {"plan": pipe.format_plan(pipe.plan(selection, force=force))}
+        return {"plan": pipe.format_plan(pipe.plan(selection, force=force)), "device": device or study.device}
     with pipe.lock():
         _write_study_file(pipe, study)
         return pipe.run(selection, force=force, keep_going=keep_going)

@@ -144,6 +144,9 @@ _PATH_HELP = {
     "data.imagenet_a": "ImageNet-A folder",
     "data.imagenet_r": "ImageNet-R folder",
     "data.wikitext103": "WikiText-103 folder with wiki.train.tokens, wiki.valid.tokens, wiki.test.tokens",
+    "data.imagenet_o_classes": "file listing the 200 ImageNet-O classes (indices 0-999 or wnids), one per line",
+    "data.imagenet_a_classes": "file listing the 200 ImageNet-A classes (indices 0-999 or wnids), one per line",
+    "data.imagenet_r_classes": "file listing the 200 ImageNet-R classes (indices 0-999 or wnids), one per line",
 }
 
 
@@ -387,8 +390,10 @@ def _fmnist_study(name: str, s: Dict[str, Any], description: str, suites: Sequen
 
 # ------------------------------------------------------------------------------- cluster studies
 IMAGENET_DEFAULTS: Dict[str, Any] = {
-    "seeds": [0], "data.imagenet": None, "data.imagenet_c": None, "data.imagenet_o": None,
-    "data.imagenet_a": None, "data.imagenet_r": None, "device": "cuda",
+    "seeds": [0], "data.imagenet": None, "data.imagenet_c": None,
+    "data.imagenet_o": None, "data.imagenet_o_classes": None,
+    "data.imagenet_a": None, "data.imagenet_a_classes": None,
+    "data.imagenet_r": None, "data.imagenet_r_classes": None, "device": "cuda",
     "preset_symvit": "imagenet-symvit-tiny", "preset_rpc6": "imagenet-rpc-symvit-tiny-6iter-layer1",
     "preset_rpc2all": "imagenet-rpc-symvit-tiny-2iter-all", "train_overrides": [], "eval_limit": 0,
     "attack_limit": 0, "strong_attack_limit": 1000,
@@ -400,7 +405,8 @@ def imagenet(settings: Optional[Sequence[str]] = None) -> Study:
     _require_paths(s, ["data.imagenet"], "imagenet")
     for k in ("data.imagenet_c", "data.imagenet_o", "data.imagenet_a", "data.imagenet_r"):
         if s.get(k):
-            _require_paths(s, [k], "imagenet")
+            need = [k] + ([f"{k}_classes"] if k != "data.imagenet_c" else [])
+            _require_paths(s, need, "imagenet")
     seeds = [int(x) for x in s["seeds"]]
     root = str(Path(s["data.imagenet"]).expanduser())
     common = [f"data.root={root}"] + list(s["train_overrides"])
@@ -414,18 +420,28 @@ def imagenet(settings: Optional[Sequence[str]] = None) -> Study:
     ]
     keys = [m.key for m in models]
     lim = s.get("eval_limit") or None
-    evals = [EvalSpec("clean", keys, [], lim, copies=50),
-             EvalSpec("fgsm", keys, ["fgsm.eps=1:6/255"], s.get("attack_limit") or None, n_eps=6, copies=50),
-             EvalSpec("pgd", keys, ["pgd.eps=1:6/255"], s.get("attack_limit") or None, n_eps=6, copies=50),
+    alim = s.get("attack_limit") or None
+    evals = [EvalSpec("clean", keys, [], lim or 50000),
+             EvalSpec("fgsm", keys, ["fgsm.eps=1:6/255"], alim or 50000, n_eps=6),
+             EvalSpec("pgd", keys, ["pgd.eps=1:6/255"], alim or 50000, n_eps=6),
              EvalSpec("autoattack", keys, [], s.get("strong_attack_limit") or None),
              EvalSpec("square", keys, [], s.get("strong_attack_limit") or None)]
     suites = ["clean", "fgsm", "pgd", "autoattack", "square"]
     if s.get("data.imagenet_c"):
-        evals.append(EvalSpec("corruptions", keys, [f"corruptions.root={s['data.imagenet_c']}"], None, copies=75 * 50))
+        # mCE normalised by the SymViT's own errors (as on Fashion-MNIST), next to the raw mean error
+        evals.append(EvalSpec("corruptions", keys, [f"corruptions.root={s['data.imagenet_c']}"], lim or 50000,
+                              copies=75, baseline_model="symvit"))
         suites.append("corruptions")
     if s.get("data.imagenet_o"):
-        evals.append(EvalSpec("ood", keys, [f"ood.root={s['data.imagenet_o']}"], None, copies=2))
+        evals.append(EvalSpec("ood", keys, [f"ood.imagenet_o={s['data.imagenet_o']}",
+                                            f"ood.imagenet_val={Path(root) / 'val'}",
+                                            f"ood.classes={s['data.imagenet_o_classes']}"], lim, copies=2))
         suites.append("ood")
+    for tag in ("a", "r"):
+        if s.get(f"data.imagenet_{tag}"):
+            evals.append(EvalSpec(f"imagenet-{tag}", keys, [f"imagenet-{tag}.root={s[f'data.imagenet_{tag}']}",
+                                                            f"imagenet-{tag}.classes={s[f'data.imagenet_{tag}_classes']}"],
+                                  lim, copies=1))
     claims = _vision_claims(suites, extra=[
         ("autoattack", "RPC (6 iters, layer 1) is more accurate under AutoAttack", "autoattack", "top1@1/255", "rpc6", True, 1.0),
         ("square", "RPC (6 iters, layer 1) is more accurate under the Square attack", "square", "top1@1/255", "rpc6", True, 1.0),
