@@ -255,6 +255,10 @@ def _capture_timm(name: str, mod: nn.Module, args: tuple, kwargs: dict, output: 
 
 
 def _capture_hf(name: str, mod: nn.Module, args: tuple, kwargs: dict, output: Any) -> LayerCapture:
+    impl = getattr(getattr(mod, "config", None), "_attn_implementation", None)
+    if impl == "rpc":
+        raise ValueError("attn_implementation='rpc' (rpc_attention.integrations.transformers) does not expose "
+                         "its PAP state; this layer is not analysed (its softmax is not softmax(s q k^T))")
     x = _get(args, kwargs, 0, "hidden_states")
     attn_mask = _get(args, kwargs, 1, "attention_mask")
     h, d = _hf_heads(mod)

@@ -23,7 +23,8 @@ __all__ = ["run_analysis", "load_history", "write_json_atomic", "write_text_atom
 RULES = {
     "alignment": ("A metric supports 'the learned values are the KPCA value matrix V_hat' when it reaches 0.8 "
                   "(near-identical up to the metric's invariances); it is 'above chance' when it exceeds the "
-                  "random-matrix baseline by more than 3 baseline std, otherwise it is 'at chance'."),
+                  "random-matrix baseline by more than 3 baseline std, 'below chance' when it is more than 3 baseline std "
+                  "under it, otherwise it is 'at chance'."),
     "gamma": ("gamma = (K_c a_hat)/a_hat is constant for an exact eigenvector. The learned a_hat is 'consistent "
               "with eigenvectors' when its mean |gamma_i - gamma_j| is at most that of the true eigenvectors "
               "perturbed by 1% noise (the perturbed control); 'no better than random' when it is at least half "
@@ -225,6 +226,8 @@ def alignment_verdict(value: Optional[float], chance_mean: Optional[float], chan
         return "supports"
     if chance_mean is not None and value > chance_mean + 3 * (chance_std or 0.0):
         return "above chance"
+    if chance_mean is not None and value < chance_mean - 3 * (chance_std or 0.0):
+        return "below chance"
     return "at chance"
 
 
@@ -270,13 +273,16 @@ def summary_markdown(result: dict) -> str:
         verdicts = {k: alignment_verdict(_m(mo.get(k)), *cm[k]) for k in ("optimal_cosine", "linear_cka", "rbf_cka")}
         desc = ", ".join(f"{k.replace('_', ' ')} {_fmt(_m(mo.get(k)))} ({v}; chance {_fmt(cm[k][0])})"
                          for k, v in verdicts.items())
-        if any(v == "supports" for v in verdicts.values()):
+        if all(v == "not measured" for v in verdicts.values()):
+            concl = "not measured (see Failures), so nothing is concluded"
+        elif any(v == "supports" for v in verdicts.values()):
             concl = "at least one metric reaches the 0.8 support level, so the numbers support the claim for this metric"
         elif any(v == "above chance" for v in verdicts.values()):
             concl = ("the metrics exceed chance but stay far below 0.8: the numbers show some shared structure "
                      "and do not support the claim that V equals V_hat")
         else:
-            concl = "no metric exceeds the chance level: the numbers do not support the claim that V equals V_hat"
+            concl = ("no metric exceeds the chance level (random matrices of the same shapes): the numbers do not "
+                     "support the claim that V equals V_hat")
         parts.append(f"Under `{proto}`: {desc}; {concl}.")
     lines.append(" ".join(parts) + " Rule: " + RULES["alignment"])
     lines.append("")
@@ -344,12 +350,19 @@ def summary_markdown(result: dict) -> str:
         lines.append(" ".join(parts) + " Rule: " + RULES["pap"])
         lines.append("")
     if result.get("failures"):
-        lines.append(f"## Failures ({len(result['failures'])})")
+        lines.append(f"## Failures ({len(result['failures'])}, all listed in kpca.json)")
         lines.append("")
-        for f in result["failures"][:20]:
-            lines.append(f"- {f.get('protocol', '')} {f.get('layer', '')} ex {f.get('example', '')} {f.get('stage')}: {f.get('error')}")
-        if len(result["failures"]) > 20:
-            lines.append(f"- ... {len(result['failures']) - 20} more in kpca.json")
+        groups: Dict[tuple, List[str]] = {}
+        for f in result["failures"]:
+            key = (f.get("protocol", ""), f.get("stage", ""), str(f.get("error", "")))
+            groups.setdefault(key, [])
+            layer = f.get("layer")
+            if layer is not None and layer not in groups[key]:
+                groups[key].append(layer)
+        for (proto, stage, err), layers in list(groups.items())[:30]:
+            n = sum(1 for f in result["failures"] if (f.get("protocol", ""), f.get("stage", ""), str(f.get("error", ""))) == (proto, stage, err))
+            where = f" in {', '.join(layers[:6])}{' ...' if len(layers) > 6 else ''}" if layers else ""
+            lines.append(f"- {proto + ' ' if proto else ''}{stage}: {err} ({n}x{where})")
         lines.append("")
     # "||x||" would break markdown tables: use the norm sign
     return ("\n".join(lines) + "\n").replace("||", "\u2016")
