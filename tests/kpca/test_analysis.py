@@ -196,3 +196,24 @@ def test_analyze_cli_timm_hf_and_errors(tmp_path, capsys):
     assert main(["analyze", "--hf", str(tmp_path), "--out", str(tmp_path / "x")]) == 2
     err = capsys.readouterr().err
     assert "error:" in err and "Traceback" not in err
+
+
+def test_language_model_causal_capture():
+    from rpc_attention.models.lm import Symlm, SymlmConfig
+
+    torch.manual_seed(0)
+    cfg = SymlmConfig(vocab_size=50, n_layer=2, d_model=32, n_head=2, d_inner=64, context=40, dropout=0.0,
+                      rpc_layers=[0], n_iter=2, cutoffs=[], adaptive=False)
+    lm = Symlm(cfg).eval()
+    with AttentionCapture(lm) as cap, torch.no_grad():
+        lm(torch.randint(0, 50, (2, 40)))
+    assert not cap.errors and [c.kind for c in cap.captures] == ["rpc", "symmetric"]
+    assert all(c.causal for c in cap.captures)
+    for c in cap.captures:
+        torch.testing.assert_close(c.module_output(), c.output, atol=1e-5, rtol=1e-4)
+    res = analyze_captures(cap.captures, "exact")
+    assert res["failures"] == [] and res["layers"][0]["causal"]
+    c = cap.captures[1]
+    ref = torch.cat([M.projection_loss(c.k[b], c.k[b], c.v[b], c.scale, causal=True)["jproj"] for b in range(2)])
+    assert res["layers"][1]["jproj"]["n"] == 4
+    assert res["layers"][1]["jproj"]["mean"] == pytest.approx(ref.mean().item(), rel=1e-10)
