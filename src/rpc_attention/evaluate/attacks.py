@@ -196,12 +196,13 @@ def _ta():
     return torchattacks
 
 
-def _autoattack(ta, model, eps: float, n_classes: int, seed: int, steps: int, n_queries: int, norm: str = "Linf"):
+def _autoattack(ta, model, eps: float, n_classes: int, seed: int, steps: int, n_queries: int, targets: int = 9,
+                norm: str = "Linf"):
     """AutoAttack 'standard' (Croce & Hein 2020): APGD-CE, APGD-T, FAB-T, Square(5000), each run on
     the points the previous ones did not break.  Built from torchattacks' components so that the
     step counts follow the original (100), which torchattacks' ``AutoAttack`` wrapper leaves at 10;
     targeted attacks use the top ``min(9, n_classes - 1)`` classes as in the original."""
-    nc = min(10, int(n_classes))  # torchattacks targets n_classes - 1 classes
+    nc = min(int(targets) + 1, int(n_classes))  # torchattacks targets the top n_classes - 1 classes
     attacks = [
         ta.APGD(model, norm=norm, eps=eps, steps=steps, n_restarts=1, seed=seed, loss="ce"),
         ta.APGDT(model, norm=norm, eps=eps, steps=steps, n_restarts=1, seed=seed, n_classes=nc),
@@ -259,7 +260,8 @@ def make_attack(name: str, space: InputSpace, eps: Optional[float], opts: Mappin
         atk = ta.Square(box, norm="Linf", eps=e, n_queries=int(opts["n_queries"]), n_restarts=1,
                         p_init=float(opts.get("p_init", 0.8)), seed=seed)
     elif name == "autoattack":
-        atk = _autoattack(ta, box, e, n_classes, seed, int(opts["steps"]), int(opts["n_queries"]))
+        atk = _autoattack(ta, box, e, n_classes, seed, int(opts["steps"]), int(opts["n_queries"]),
+                          int(opts.get("targets", 9)))
     else:
         raise ValueError(f"unknown attack {name!r}")
 

@@ -142,5 +142,5 @@ register_suite(
 register_suite(
     "autoattack",
     _attack_suite("autoattack", "AutoAttack standard: APGD-CE, APGD-T, FAB-T, Square (torchattacks components)", "Linf"),
-    defaults={"eps": "1/255", "steps": 100, "n_queries": 5000, "limit": 1000, **_SPACE},
+    defaults={"eps": "1/255", "steps": 100, "targets": 9, "n_queries": 5000, "limit": 1000, **_SPACE},
     description="AutoAttack (standard version), L-inf")

@@ -176,7 +176,7 @@ def parse_value(key: str, raw: Any, default: Any) -> Any:
         if isinstance(default, float):
             return _parse_number(text)
     except ValueError as exc:
-        raise ValueError(f"--set {key}={raw}: {exc}") from None
+        raise ValueError(f"{key}={raw}: {exc}") from None
     if text.lower() in ("none", "null"):
         return None
     return text
@@ -203,7 +203,10 @@ def resolve_options(suite: Suite, sets: Mapping[str, str], limit: Optional[int] 
         if suite.defaults is not None and option not in opts:
             raise ValueError(f"--set {key}: suite {suite.name!r} has no option {option!r} "
                              f"(options: {', '.join(sorted(opts))})")
-        opts[option] = parse_value(option, raw, opts.get(option))
+        try:
+            opts[option] = parse_value(option, raw, opts.get(option))
+        except ValueError as exc:
+            raise ValueError(f"--set {key}={raw}: {str(exc).split(': ', 1)[-1]}") from None
     if "eps" in opts and opts["eps"] is not None:
         opts["eps"] = parse_eps_list(opts["eps"])
     if "space" in opts and opts["space"] not in ("pixel", "official"):
