@@ -455,6 +455,19 @@ def _pap_loop(kc, v, tau, mask, n_iter, is_causal, dropout_p, scale, tol, record
     steps = []
     lowrank = u = sparse = None
     keep_sign = record is not None
+    # Scratch buffers reused across passes (fresh allocations cost as much as a pass on CPU):
+    # "a" unless it becomes S (kept for tol) or sign(S) (kept for backward); "c" after the first
+    # pass (where it is K2 itself); "k2" unless the attention keeps it for backward.
+    spare = {}
+
+    k2_reusable = True
+
+    def buf(name, reuse):
+        if not reuse:
+            return None
+        if name not in spare:
+            spare[name] = torch.empty_like(kc)
+        return spare[name]
 
     def one_pass(lowrank, u, final, need_sparse):
         if lowrank is None:  # A_1 = k
@@ -463,10 +476,10 @@ def _pap_loop(kc, v, tau, mask, n_iter, is_causal, dropout_p, scale, tol, record
             k2 = c
             s = torch.sub(kc, c) if (need_sparse or keep_sign) else None
         else:
-            a = torch.sub(kc, lowrank).add_(u)
-            c = torch.maximum(a, neg_tau)
+            a = torch.sub(kc, lowrank, out=buf("a", not (need_sparse or keep_sign))).add_(u)
+            c = torch.maximum(a, neg_tau, out=buf("c", True))
             torch.minimum(c, tau, out=c)
-            k2 = torch.add(lowrank, u, alpha=-2.0).add_(c)
+            k2 = torch.add(lowrank, u, alpha=-2.0, out=buf("k2", record is None and k2_reusable)).add_(c)
             s = a.sub_(c) if (need_sparse or keep_sign) else None
         sign = None
         if keep_sign:
@@ -529,6 +542,7 @@ class _PAPFunction(torch.autograd.Function):
         need_v = v_leaf.requires_grad
         gk = gv = gtau = None
         g_l, g_u = g_out, None  # gradients w.r.t. L_t and U_t (U: none after the final pass)
+        tmp = None
         for t in range(len(steps) - 1, -1, -1):
             k2a, att, sign = steps[t]
             steps[t] = None
@@ -551,7 +565,10 @@ class _PAPFunction(torch.autograd.Function):
             else:
                 gc = g_u.add_(gk2)
             gtau = torch.mul(gc, sign) if gtau is None else gtau.addcmul_(gc, sign)
-            g_outside = torch.mul(gc, sign).mul_(sign)  # gC outside the clamp -> dL_{t-1}
+            # gC outside the clamp -> dL_{t-1}; one scratch buffer serves every pass (the previous
+            # pass's dL has been consumed by the attention backward above)
+            tmp = torch.mul(gc, sign, out=tmp)
+            g_outside = tmp.mul_(sign)
             g_a = gc.sub_(g_outside)  # gC inside the clamp -> dA_t
             if t > 0:
                 g_l = g_outside
