@@ -22,8 +22,9 @@ def fake_train(ctx):
     run = ctx.params["run"]
     rd = ctx.out_dir / "runs" / run
     atomic_write_text(rd / "config.yaml", "data: {name: fashion_mnist, train_subset: 512}\ntrain: {max_steps: 20, seed: 0}\n")
-    lines = [json.dumps({"step": i * 10, "train/loss": 2.0 / (i + 1)}) for i in range(5)]
-    lines += [json.dumps({"epoch": e, "val/top1": 70.0 + e}) for e in (1, 2)]
+    lines = [json.dumps({"step": i * 10, "split": "train", "loss": 2.0 / (i + 1), "acc": 50.0}) for i in range(5)]
+    lines += [json.dumps({"step": 20 * e, "epoch": e, "split": "val", "acc1": 70.0 + e, "loss": 1.0}) for e in (1, 2)]
+    lines += [json.dumps({"step": 40, "split": "test", "final": True, "acc1": 72.0, "loss": 0.9})]
     atomic_write_text(rd / "metrics.jsonl", "\n".join(lines) + "\n")
     atomic_write_text(rd / "model.safetensors", "fake")
     return {"outputs": {"run_dir": str(rd)}}

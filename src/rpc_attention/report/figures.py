@@ -170,7 +170,12 @@ def _xkey(recs: List[dict]) -> Optional[str]:
     return None
 
 
+_VAL_KEYS = ("acc1", "top1", "miou", "mIoU", "ppl", "acc")
+
+
 def training_curves(res: Dict[str, Any], out_dir: Path) -> List[dict]:
+    """Training loss (records with split == "train") and the validation metric (split == "val") per run,
+    from each run's metrics.jsonl (the trainer's schema: step, epoch, split, loss, acc1 / ppl / miou)."""
     figs = []
     by_family: Dict[str, List[str]] = {}
     for key, m in res["models"].items():
@@ -183,42 +188,44 @@ def training_curves(res: Dict[str, Any], out_dir: Path) -> List[dict]:
     for fam, runs in by_family.items():
         fig, axes = plt.subplots(1, 2, figsize=(10, 3.6))
         drew = [False, False]
+        val_name = None
         for run in runs:
             curve = res["training"][run]["curve"]
             key = run.rsplit("-s", 1)[0]
             label = res["models"].get(key, {}).get("label", key) + (f" (seed {run.rsplit('-s', 1)[1]})" if len(
                 res["models"].get(key, {}).get("seeds", [])) > 1 else "")
-            losses = [r for r in curve if any(k in ("loss", "train/loss", "train_loss") for k in r)]
-            xk = _xkey(losses)
-            if losses and xk:
-                lk = next(k for k in ("train/loss", "train_loss", "loss") if any(k in r for r in losses))
-                pts = [(r[xk], r[lk]) for r in losses if xk in r and isinstance(r.get(lk), (int, float))]
-                if pts:
-                    axes[0].plot([p[0] for p in pts], [p[1] for p in pts], label=label)
-                    axes[0].set_xlabel(xk)
-                    drew[0] = True
-            evals = [r for r in curve if any(re.search(r"(val|valid|test).*(top1|acc|ppl|miou)", k) for k in r)]
-            if evals:
-                mk = next(k for r in evals for k in r if re.search(r"(val|valid|test).*(top1|acc|ppl|miou)", k))
-                xk2 = "epoch" if any("epoch" in r for r in evals) else _xkey(evals)
-                pts = [(r.get(xk2, i + 1), r[mk]) for i, r in enumerate(evals) if isinstance(r.get(mk), (int, float))]
-                if pts:
-                    axes[1].plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=f"{label}: {mk}")
-                    axes[1].set_xlabel(xk2 or "evaluation")
-                    drew[1] = True
+            train = [r for r in curve if r.get("split", "train") == "train" and isinstance(r.get("loss"), (int, float))
+                     and isinstance(r.get("step"), (int, float))]
+            if train:
+                axes[0].plot([r["step"] for r in train], [r["loss"] for r in train], marker="o", ms=2.5, label=label)
+                drew[0] = True
+            val = [r for r in curve if r.get("split") in ("val", "valid") and isinstance(r.get("step"), (int, float))]
+            mk = next((k for k in _VAL_KEYS if any(isinstance(r.get(k), (int, float)) for r in val)), None)
+            if val and mk:
+                pts = [(r["step"], r[mk]) for r in val if isinstance(r.get(mk), (int, float))]
+                axes[1].plot([p[0] for p in pts], [p[1] for p in pts], marker="o", ms=4, label=label)
+                val_name = mk
+                drew[1] = True
         if not any(drew):
             plt.close(fig)
             continue
         axes[0].set_title("training loss")
-        axes[1].set_title("validation metric")
+        axes[0].set_xlabel("step")
+        axes[1].set_title(f"validation {val_name or 'metric'}")
+        axes[1].set_xlabel("step")
+        if val_name == "ppl":
+            axes[1].set_yscale("log")
         for ax, d in zip(axes, drew):
             ax.grid(alpha=0.3)
             if d:
                 ax.legend(fontsize=7)
+            else:
+                ax.text(0.5, 0.5, "not logged", ha="center", va="center", transform=ax.transAxes, color="grey")
         fig.subplots_adjust(wspace=0.28)
         p = _save(fig, out_dir, f"training_{fam}.png")
-        figs.append({"path": p, "caption": f"Training curves ({fam} models): loss per logged step and the "
-                                           "validation metric at each evaluation.", "section": fam})
+        figs.append({"path": p, "caption": f"Training curves ({fam} models): training loss at each logged step and the "
+                                           "validation metric at each evaluation (the trainer's metrics.jsonl).",
+                     "section": fam})
     return figs
 
 

@@ -199,11 +199,14 @@ def render_markdown(res: Dict[str, Any]) -> str:
         note = r.get("reason") or ""
         if r.get("resumed"):
             note = ("resumed after an interruption; " + note).strip("; ")
+        ld = [x for x in (r.get("load") or []) if x is not None]
         rows.append([r["name"], r["kind"], r["status"], format_seconds(r.get("seconds")), format_seconds(r.get("estimate_s")),
-                     note[:160]])
+                     " → ".join(f"{x:.1f}" for x in ld) or "—", note[:160]])
     L += ["### Time per stage", ""]
-    L += _table(["stage", "kind", "status", "time", "estimate", "note"], rows)
-    L += [f"Total stage time: {format_seconds(total)} (the report stage's own time is not included).", ""]
+    L += _table(["stage", "kind", "status", "time", "estimate", "load avg (start → end)", "note"], rows)
+    L += [f"Total stage time: {format_seconds(total)} (the report stage's own time is not included). Load average: "
+          f"1-minute system load when each stage started and ended; on a machine with {s.get('cpu_count')} logical "
+          f"CPUs, a load above {s.get('cpu_count')} means other processes competed for them and times are inflated.", ""]
     # ---- task tables
     for tname, t in res.get("tables", {}).items():
         L += [f"## {t['title']}", ""]

@@ -190,6 +190,13 @@ def _host_info() -> dict:
     return {"host": socket.gethostname(), "pid": os.getpid(), "python": sys.version.split()[0]}
 
 
+def _load() -> Optional[float]:
+    try:
+        return round(os.getloadavg()[0], 2)
+    except OSError:  # pragma: no cover
+        return None
+
+
 class Pipeline:
     """Runs ``stages`` (in the given order) with markers under ``out_dir / "stages"``."""
 
@@ -368,6 +375,7 @@ class Pipeline:
 
     def _run_one(self, s: Stage, force: bool):
         prev = self.status(s.name)
+        load_start = _load()
         old = self.marker(s.name) or {}
         fp = self.fingerprint(s)
         resuming = prev == "running"
@@ -404,7 +412,8 @@ class Pipeline:
             atomic_write_json(self.marker_path(s.name, "done"), {
                 "name": s.name, "kind": s.kind, "status": "done", "fingerprint": fp, "params": s.params,
                 "started": started, "finished": finished, "seconds": finished - started,
-                "estimate_s": s.estimate_s, "resumed": resuming, "outputs": out.get("outputs", {}),
+                "estimate_s": s.estimate_s, "resumed": resuming, "load_start": load_start, "load_end": _load(),
+                "outputs": out.get("outputs", {}),
                 "result": out.get("result", {}), **_host_info()})
             self._clear_markers(s.name, keep=("done",))
         self.log(f"+ {s.name}: done in {format_seconds(finished - started)}")
@@ -420,7 +429,7 @@ class Pipeline:
             m = m or {}
             rows.append({"name": s.name, "kind": s.kind, "status": st or "not run",
                          "seconds": m.get("seconds"), "estimate_s": s.estimate_s,
-                         "resumed": m.get("resumed", False),
+                         "resumed": m.get("resumed", False), "load": [m.get("load_start"), m.get("load_end")],
                          "reason": m.get("reason") or m.get("error"), "description": s.description})
         return rows
 
