@@ -104,3 +104,18 @@ def test_convert_errors():
     pap = timm.create_model("rpc_symvit_tiny_patch16_224", pretrained=False, rpc_layers=[0], **TINY)
     with pytest.raises(ValueError, match="already runs PAP"):
         rpc_timm.convert(pap, rpc_layers=[0])
+
+
+def test_symmetric_extension_mode_reduces_to_symmetric_attention():
+    model = build("symvit_tiny_patch16_224")
+    x = torch.randn(2, 3, 32, 32)
+    ref = model(x)
+    rpc_timm.convert(model, rpc_layers="all", n_iter=3, lambd=INF, symmetric="extension")
+    assert type(model.blocks[0].attn).__name__ == "RPCConvertedSymmetricAttention"
+    torch.testing.assert_close(model(x), ref, rtol=0, atol=1e-6)
+    rpc_timm.convert(model, rpc_layers="all", n_iter=3, lambd=INF)  # the paper's layer: K2 != K for n_iter >= 2
+    assert type(model.blocks[0].attn) is RPCAttention and (model(x) - ref).abs().max() > 1e-6
+    rpc_timm.revert(model)
+    assert torch.equal(model(x), ref)
+    with pytest.raises(ValueError, match="symmetric"):
+        rpc_timm.convert(model, symmetric="bogus")

@@ -29,7 +29,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_external(parser)
 
 
-def _tag(opts) -> str:
+def _tag(opts, symmetric: str = "rpc") -> str:
     layers = opts["rpc_layers"]
     lay = "all" if layers == "all" else ("none" if not layers else "-".join(str(i) for i in layers))
     tag = f"eval-rpc-{lay}-{opts['n_iter']}it-l{opts['lambd']:g}"
@@ -39,6 +39,8 @@ def _tag(opts) -> str:
         tag += "-keysonly"
     if opts["key_mode"] != "sparse":
         tag += f"-{opts['key_mode']}"
+    if symmetric != "rpc":
+        tag += f"-sym-{symmetric}"
     return tag
 
 
@@ -63,7 +65,7 @@ def run(args: argparse.Namespace) -> int:
         if external:
             raise UserError("--timm/--hf need --out DIR")
         if args.run and rpc is not None:
-            args.out = os.path.join(args.run, _tag(rpc))
+            args.out = os.path.join(args.run, _tag(rpc, args.rpc_symmetric))
 
     original = base.load_model
 
@@ -80,7 +82,7 @@ def run(args: argparse.Namespace) -> int:
             model, cfg, run_dir, source = original(a, device=device)
         if rpc is not None:
             try:
-                source = dict(source, test_time_rpc=ext.apply_test_time_rpc(model, rpc))
+                source = dict(source, test_time_rpc=ext.apply_test_time_rpc(model, rpc, a.rpc_symmetric))
             except ValueError as exc:
                 raise UserError(str(exc)) from None
         return model, cfg, run_dir, source

@@ -50,6 +50,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                    help="asymmetric layers: clean only the keys, never the queries")
     g.add_argument("--rpc-key-mode", default=DEFAULT_OPTIONS["key_mode"], choices=("sparse", "pap"),
                    help="asymmetric layers: keys K - S (default) or PAP's final K2")
+    g.add_argument("--rpc-symmetric", default="rpc", choices=("rpc", "extension"),
+                   help="symmetric layers become the paper's RPCAttention (rpc, default) or run the "
+                        "asymmetric extension with Q = K (extension: attention on K - S)")
 
 
 def rpc_options_from_args(args: argparse.Namespace) -> Optional[Dict[str, Any]]:
@@ -78,7 +81,7 @@ def _is_hf(model: nn.Module) -> bool:
     return cfg is not None and hasattr(cfg, "_attn_implementation") and hasattr(model, "set_attn_implementation")
 
 
-def apply_test_time_rpc(model: nn.Module, options: Mapping[str, Any]) -> Dict[str, Any]:
+def apply_test_time_rpc(model: nn.Module, options: Mapping[str, Any], symmetric: str = "rpc") -> Dict[str, Any]:
     """Switch ``model`` to RPC attention in place per ``options`` (keys of ``DEFAULT_OPTIONS``).
 
     Hugging Face models (or :class:`HFClassifier`) get ``attn_implementation="rpc"`` via
@@ -99,8 +102,9 @@ def apply_test_time_rpc(model: nn.Module, options: Mapping[str, Any]) -> Dict[st
     if hasattr(target, "blocks"):
         from . import timm as rpc_timm
 
-        rpc_timm.convert(target, **opts)
+        rpc_timm.convert(target, symmetric=symmetric, **opts)
         record["via"] = "rpc_attention.integrations.timm.convert"
+        record["symmetric"] = symmetric
         record["converted_blocks"] = rpc_timm.converted_layers(target)
         if layers != "all" and not record["converted_blocks"]:
             raise ValueError("no block was converted")

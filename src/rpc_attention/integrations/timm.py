@@ -31,9 +31,10 @@ from torch.overrides import TorchFunctionMode
 from ..nn import RPCAttention, SymmetricAttention
 from ._core import asymmetric_rpc_attention, check_options
 
-__all__ = ["convert", "revert", "is_converted", "converted_layers"]
+__all__ = ["convert", "revert", "is_converted", "converted_layers", "SYMMETRIC_MODES"]
 
 _STATE = "_rpc_convert_state"
+SYMMETRIC_MODES = ("rpc", "extension")
 _SUBCLASSES: Dict[type, type] = {}
 
 
@@ -123,10 +124,18 @@ def convert(
     tol: Optional[float] = None,
     clean_queries: bool = True,
     key_mode: str = "sparse",
+    symmetric: str = "rpc",
 ) -> nn.Module:
     """Swap the attention of ``model.blocks[i]`` (i in ``rpc_layers``: ``"all"``, list, ``"0,2"``)
     for RPC attention in place, keeping weights. Already converted blocks are re-converted with the
-    new options. Returns ``model``. Raises ``ValueError`` for bad options or block indices."""
+    new options. Returns ``model``. Raises ``ValueError`` for bad options or block indices.
+
+    ``symmetric`` chooses what symmetric layers (:class:`~rpc_attention.nn.SymmetricAttention`)
+    become: ``"rpc"`` (default) the paper's :class:`~rpc_attention.nn.RPCAttention` (final attention
+    on PAP's K2 = K - S - Y/mu), ``"extension"`` the asymmetric extension with Q = K (final attention
+    on K - S, which is the layer's own attention when S = 0)."""
+    if symmetric not in SYMMETRIC_MODES:
+        raise ValueError(f"symmetric must be one of {SYMMETRIC_MODES}, got {symmetric!r}")
     opts = check_options(dict(rpc_layers=rpc_layers, n_iter=n_iter, lambd=lambd, threshold=threshold,
                               mu_mode=mu_mode, model_dim=model_dim, tol=tol, clean_queries=clean_queries,
                               key_mode=key_mode))
@@ -145,7 +154,7 @@ def convert(
         if type(attn) is RPCAttention:
             raise ValueError(f"block {i} already runs PAP (RPCAttention); nothing to convert")
         state = {"orig_class": type(attn), "pap": dict(opts), "saved": {}}
-        if type(attn) is SymmetricAttention:
+        if type(attn) is SymmetricAttention and symmetric == "rpc":
             # Paper's symmetric PAP layer: same parameters, RPCAttention forward.
             # Attributes an RPCAttention has beyond a SymmetricAttention (its PAP options and whatever
             # else RPCAttention.__init__ sets), taken from a parameter-free prototype on "meta".
