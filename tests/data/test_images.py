@@ -113,3 +113,19 @@ def test_imagefolder_tree(tmp_path):
     assert float(xr.min()) >= 0 and float(xr.max()) <= 1
     xt, _ = ds["train"][(0, 0, 0)]
     assert xt.shape == (3, 32, 32)
+
+
+def test_randaugment_posterize_zero_bits_is_safe(tmp_path):
+    from PIL import Image
+    from timm.data import auto_augment as aa
+
+    img = Image.fromarray(np.full((4, 4, 3), 200, np.uint8))
+    assert np.asarray(I._posterize_any_bits(img, 0)).max() == 0
+    assert np.asarray(I._posterize_any_bits(img, 1)).max() == 128
+    for c in ("a", "b"):
+        (tmp_path / "train" / c).mkdir(parents=True)
+        Image.fromarray(np.zeros((8, 8, 3), np.uint8)).save(tmp_path / "train" / c / "0.png")
+    ds = I._imagefolder({"root": str(tmp_path), "img_size": 8, "augment": {}}, "train", True, True)
+    ops = [op for t in ds.transform.transforms for op in (getattr(t, "ops", None) or [])]
+    assert ops and not any(op.aug_fn is aa.posterize for op in ops)
+    assert any(op.aug_fn is I._posterize_any_bits for op in ops)

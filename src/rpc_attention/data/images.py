@@ -308,10 +308,35 @@ def _imagefolder(dcfg: dict, split: str, normalize: bool, train_aug: bool):
     else:
         tf = create_transform(img_size, is_training=False, interpolation=dcfg.get("eval_interpolation", "bicubic"),
                               crop_pct=float(dcfg.get("crop_pct", 0.875)), mean=mean, std=std)
+    _patch_posterize(tf)
     try:
         return ImageFolder(str(path), transform=tf)
     except (FileNotFoundError, RuntimeError) as exc:
         raise FileNotFoundError(f"ImageFolder {path}: {exc}") from None
+
+
+def _posterize_any_bits(img, bits_to_keep, **_):
+    """timm's posterize, valid for 0 bits too (Pillow >= 11 rejects 0; older Pillow returned black)."""
+    from PIL import Image, ImageOps
+
+    if bits_to_keep >= 8:
+        return img
+    if bits_to_keep <= 0:
+        return Image.new(img.mode, img.size)
+    return ImageOps.posterize(img, bits_to_keep)
+
+
+def _patch_posterize(transform) -> None:
+    """RandAugment ``rand-m9-mstd0.5-inc1`` can draw magnitude 10 = posterize to 0 bits, which current
+    Pillow refuses (ValueError in a loader worker); give those ops a 0-bit-safe posterize."""
+    try:
+        from timm.data import auto_augment as aa
+    except ImportError:
+        return
+    for t in getattr(transform, "transforms", []):
+        for op in getattr(t, "ops", []) or []:
+            if getattr(op, "aug_fn", None) is aa.posterize:
+                op.aug_fn = _posterize_any_bits
 
 
 def _build(cfg: dict, split: str, normalize: bool, train_aug: bool):
