@@ -22,7 +22,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--stop-on-error", action="store_true",
                         help="stop at the first failed stage (default: run the stages that do not depend on it)")
     parser.add_argument("--device", default=None, help="device for training and evaluation (default: the study's; cpu)")
-    parser.add_argument("--threads", type=int, default=None, help="torch intra-op threads (default: all cores)")
+    parser.add_argument("--threads", type=int, default=None, help="torch intra-op threads for every stage, training included (default: the presets' own, "
+                             "then torch's default); not part of any stage's parameters")
     parser.add_argument("--list", action="store_true", help="list the study presets and their settings")
 
 
@@ -52,7 +53,8 @@ def run(args: argparse.Namespace) -> int:
     t0 = time.time()
     try:
         summary = run_study(args.preset, out, settings=args.sets, selection=args.stages, force=args.force,
-                            dry_run=args.dry_run, keep_going=not args.stop_on_error, device=args.device)
+                            dry_run=args.dry_run, keep_going=not args.stop_on_error, device=args.device,
+                            threads=args.threads)
     except (StudyError, StageSelectionError) as exc:
         raise UserError(str(exc)) from None
     if args.dry_run:

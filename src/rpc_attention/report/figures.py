@@ -186,8 +186,8 @@ def training_curves(res: Dict[str, Any], out_dir: Path) -> List[dict]:
         return []
     plt = _plt()
     for fam, runs in by_family.items():
-        fig, axes = plt.subplots(1, 2, figsize=(10, 3.6))
-        drew = [False, False]
+        fig, axes = plt.subplots(1, 3, figsize=(14, 3.6))
+        drew = [False, False, False]
         val_name = None
         for run in runs:
             curve = res["training"][run]["curve"]
@@ -206,6 +206,10 @@ def training_curves(res: Dict[str, Any], out_dir: Path) -> List[dict]:
                 axes[1].plot([p[0] for p in pts], [p[1] for p in pts], marker="o", ms=4, label=label)
                 val_name = mk
                 drew[1] = True
+            vl = [(r["step"], r["loss"]) for r in val if isinstance(r.get("loss"), (int, float))]
+            if vl:
+                axes[2].plot([p[0] for p in vl], [p[1] for p in vl], marker="o", ms=4, label=label)
+                drew[2] = True
         if not any(drew):
             plt.close(fig)
             continue
@@ -213,6 +217,8 @@ def training_curves(res: Dict[str, Any], out_dir: Path) -> List[dict]:
         axes[0].set_xlabel("step")
         axes[1].set_title(f"validation {val_name or 'metric'}")
         axes[1].set_xlabel("step")
+        axes[2].set_title("validation loss")
+        axes[2].set_xlabel("step")
         if val_name == "ppl":
             axes[1].set_yscale("log")
         for ax, d in zip(axes, drew):
@@ -223,8 +229,8 @@ def training_curves(res: Dict[str, Any], out_dir: Path) -> List[dict]:
                 ax.text(0.5, 0.5, "not logged", ha="center", va="center", transform=ax.transAxes, color="grey")
         fig.subplots_adjust(wspace=0.28)
         p = _save(fig, out_dir, f"training_{fam}.png")
-        figs.append({"path": p, "caption": f"Training curves ({fam} models): training loss at each logged step and the "
-                                           "validation metric at each evaluation (the trainer's metrics.jsonl).",
+        figs.append({"path": p, "caption": f"Training curves ({fam} models): training loss at each logged step, and the "
+                                           "validation metric and loss at each evaluation (the trainer's metrics.jsonl).",
                      "section": fam})
     return figs
 
@@ -336,7 +342,7 @@ def seg_examples(res: Dict[str, Any], out_dir: Path) -> List[dict]:
                         rel = os.path.relpath(p, out_dir)
                     except ValueError:
                         continue
-                    out.append({"path": rel, "section": "seg", "caption": f"{res['models'].get(key, {}).get('label', key)}"
+                    out.append({"path": rel, "section": "seg_examples", "caption": f"{res['models'].get(key, {}).get('label', key)}"
                                 f" (seed {seed}): example segmentation ({p.name})."})
             break
     return out

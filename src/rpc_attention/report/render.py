@@ -193,18 +193,20 @@ def render_markdown(res: Dict[str, Any]) -> str:
         L += _table(["suite", "data", "examples"], ev_lines)
     L += ["Study settings: " + ", ".join(f"`{k}={val}`" for k, val in res.get("settings", {}).items()), ""]
     # ---- time per stage
-    rows, total = [], 0.0
+    rows, total, cpu_total = [], 0.0, 0.0
     for r in res["stages"]:
         total += r.get("seconds") or 0.0
         note = r.get("reason") or ""
         if r.get("resumed"):
             note = ("resumed after an interruption; " + note).strip("; ")
         ld = [x for x in (r.get("load") or []) if x is not None]
-        rows.append([r["name"], r["kind"], r["status"], format_seconds(r.get("seconds")), format_seconds(r.get("estimate_s")),
-                     " → ".join(f"{x:.1f}" for x in ld) or "—", note[:160]])
+        cpu_total += r.get("cpu_s") or 0.0
+        rows.append([r["name"], r["kind"], r["status"], format_seconds(r.get("seconds")), format_seconds(r.get("cpu_s")),
+                     format_seconds(r.get("estimate_s")), " → ".join(f"{x:.1f}" for x in ld) or "—", note[:160]])
     L += ["### Time per stage", ""]
-    L += _table(["stage", "kind", "status", "time", "estimate", "load avg (start → end)", "note"], rows)
-    L += [f"Total stage time: {format_seconds(total)} (the report stage's own time is not included). Load average: "
+    L += _table(["stage", "kind", "status", "wall time", "CPU time", "estimate", "load avg (start → end)", "note"], rows)
+    L += [f"Total stage time: {format_seconds(total)} wall, {format_seconds(cpu_total)} CPU (process time, all threads; "
+          "the report stage's own time is not included). Load average: "
           f"1-minute system load when each stage started and ended; on a machine with {s.get('cpu_count')} logical "
           f"CPUs, a load above {s.get('cpu_count')} means other processes competed for them and times are inflated.", ""]
     # ---- task tables
@@ -261,8 +263,8 @@ def render_markdown(res: Dict[str, Any]) -> str:
               "definitions of SPEC section 1. Chance: independent random matrices of the same shapes. The analysis "
               "tool's own summary, with its stated rules, is in each `analysis/<run>/summary.md`.", ""]
         L += _figs(res, "kpca")
-    if any(f.get("section") == "seg" for f in res.get("figures", [])):
-        L += ["## Example segmentations", ""] + _figs(res, "seg")
+    if any(f.get("section") == "seg_examples" for f in res.get("figures", [])):
+        L += ["## Example segmentations", ""] + _figs(res, "seg_examples")
     # ---- skipped / failed
     bad = [r for r in res["stages"] if r["status"] not in ("done",)]
     errs = [f for f in res.get("figures", []) if f.get("section") == "errors"]

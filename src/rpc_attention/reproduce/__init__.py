@@ -54,13 +54,14 @@ def _write_study_file(pipe: Pipeline, study: Study) -> None:
 
 def run_study(preset: str, out_dir, settings: Optional[Sequence[str]] = None, selection: Optional[Iterable[str]] = None,
               force: bool = False, dry_run: bool = False, keep_going: bool = True, device: Optional[str] = None,
-              log: Optional[Callable[[str], None]] = None) -> dict:
+              log: Optional[Callable[[str], None]] = None, threads: Optional[int] = None) -> dict:
     """Build study ``preset`` with ``settings`` (``["seeds=0,1"]``) and run it in ``out_dir``.
 
     Returns the pipeline summary (``ok``, ``cached``, ``skipped``, ``failed``, ``blocked`` stage lists,
     plus ``plan`` text for a dry run)."""
     study = get_study(preset, settings)
     pipe = make_pipeline(study, out_dir, device=device, log=log)
+    pipe.threads = threads  # type: ignore[attr-defined]  (train stages pass it to the trainer)
     world = int(os.environ.get("WORLD_SIZE", "1") or 1)
     if world > 1 and not dry_run:
         from .pipeline import select_stages

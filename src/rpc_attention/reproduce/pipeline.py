@@ -376,6 +376,7 @@ class Pipeline:
     def _run_one(self, s: Stage, force: bool):
         prev = self.status(s.name)
         load_start = _load()
+        cpu0 = time.process_time()
         old = self.marker(s.name) or {}
         fp = self.fingerprint(s)
         resuming = prev == "running"
@@ -412,6 +413,7 @@ class Pipeline:
             atomic_write_json(self.marker_path(s.name, "done"), {
                 "name": s.name, "kind": s.kind, "status": "done", "fingerprint": fp, "params": s.params,
                 "started": started, "finished": finished, "seconds": finished - started,
+                "cpu_s": time.process_time() - cpu0,
                 "estimate_s": s.estimate_s, "resumed": resuming, "load_start": load_start, "load_end": _load(),
                 "outputs": out.get("outputs", {}),
                 "result": out.get("result", {}), **_host_info()})
@@ -428,7 +430,7 @@ class Pipeline:
             m = self.marker(s.name, st) if st else None
             m = m or {}
             rows.append({"name": s.name, "kind": s.kind, "status": st or "not run",
-                         "seconds": m.get("seconds"), "estimate_s": s.estimate_s,
+                         "seconds": m.get("seconds"), "cpu_s": m.get("cpu_s"), "estimate_s": s.estimate_s,
                          "resumed": m.get("resumed", False), "load": [m.get("load_start"), m.get("load_end")],
                          "reason": m.get("reason") or m.get("error"), "description": s.description})
         return rows

@@ -119,14 +119,18 @@ def train_stage(ctx: StageContext) -> dict:
         if missing:
             ctx.log(f"callbacks {missing} are not installed; training without them")
         cfg["train"]["callbacks"] = list(cfg["train"].get("callbacks") or []) + [c for c in callbacks if c in have]
+    # --threads applies at run time; it is not a parameter of the stage (changing it retrains nothing)
+    threads = getattr(ctx.pipeline, "threads", None)
+    runtime = [f"train.threads={int(threads)}"] if threads else []
     has_run = (run_dir / "config.yaml").is_file()
     if ctx.fresh or not has_run:
         # fresh: parameters changed or --force -> start over; no run yet -> plain start
-        train.run_training(cfg, str(run_dir), resume=False, force=bool(ctx.fresh or run_dir.exists()))
+        train.run_training(cfg, str(run_dir), resume=False, force=bool(ctx.fresh or run_dir.exists()),
+                           overrides=runtime)
     else:
         # an earlier attempt was interrupted (or finished without its marker): continue from the
         # trainer's newest checkpoint, with the config saved in the run
-        train.run_training(None, str(run_dir), resume=True)
+        train.run_training(None, str(run_dir), resume=True, overrides=runtime)
     weights = run_dir / "model.safetensors"
     if not weights.is_file():
         raise RuntimeError(f"training finished but {weights} is missing")

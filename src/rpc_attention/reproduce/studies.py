@@ -315,7 +315,7 @@ FULL_DEFAULTS: Dict[str, Any] = dict(QUICK_DEFAULTS, **{
     "lm_steps": 1200, "lm_batch_size": 16, "lm_eval_sets": [],
     "preset_scaled": "fmnist-scaled-s", "preset_scaled_alpha": "fmnist-scaled-alpha",
     "preset_asym": "fmnist-vit", "preset_seg": "seg-fmnist-symvit", "preset_seg_rpc": "seg-fmnist-rpc-symvit",
-    "seg_epochs": 8, "seg_limit": 500, "seg_corruption_limit": 100,
+    "seg_epochs": 8, "seg_overrides": [], "seg_limit": 500, "seg_corruption_limit": 100,
 })
 
 
@@ -345,11 +345,12 @@ def fmnist_full(settings: Optional[Sequence[str]] = None) -> Study:
                   "clean", "top1", "vit", "scaled_alpha"),
     ]
     seg_epochs = int(s["seg_epochs"])
+    seg_ov = [f"train.epochs={seg_epochs}"] + list(s.get("seg_overrides") or [])
     seg = [
-        ModelSpec("seg_symvit", "Segmenter SymViT", s["preset_seg"], [f"train.epochs={seg_epochs}"], "seg",
-                  "baseline", seeds, seg_epochs * 3000),
-        ModelSpec("seg_rpc", "Segmenter RPC-SymViT (encoder and decoder PAP)", s["preset_seg_rpc"],
-                  [f"train.epochs={seg_epochs}"], "seg", "rpc", seeds, seg_epochs * 3000, 1.3),
+        ModelSpec("seg_symvit", "Segmenter SymViT", s["preset_seg"], seg_ov, "seg", "baseline", seeds,
+                  seg_epochs * 3000),
+        ModelSpec("seg_rpc", "Segmenter RPC-SymViT (encoder and decoder PAP)", s["preset_seg_rpc"], seg_ov, "seg",
+                  "rpc", seeds, seg_epochs * 3000, 1.3),
     ]
     st.models.extend(seg)
     sk = [m.key for m in seg]
