@@ -24,7 +24,7 @@ LINF_CASES = [
     ("noise", {}),
     ("spsa", {"steps": 1, "n_samples": 8, "max_batch_size": 8}),
     ("square", {"n_queries": 10}),
-    ("autoattack", {"steps": 2, "n_queries": 5}),
+    ("autoattack", {"steps": 2, "targets": 1, "n_queries": 5}),
 ]
 
 
@@ -32,7 +32,7 @@ LINF_CASES = [
 @pytest.mark.parametrize("name,kw", LINF_CASES, ids=[c[0] for c in LINF_CASES])
 def test_linf_attacks_respect_budget_and_range(tiny_model, test_batch, name, kw, space):
     model, _ = tiny_model
-    k = 4 if name == "autoattack" else 16
+    k = 4 if name in ("autoattack", "spsa", "square") else 16
     x, y = test_batch[0][:k], test_batch[1][:k]
     sp = InputSpace(model, MEAN, STD, space)
     eps = 8 / 255

@@ -21,7 +21,7 @@ CHEAP = {
     "cw": {"cw.steps": "5"},
     "spsa": {"spsa.steps": "1", "spsa.n_samples": "8", "spsa.max_batch_size": "8"},
     "square": {"square.n_queries": "10", "square.eps": "8/255"},
-    "autoattack": {"autoattack.steps": "2", "autoattack.n_queries": "5", "autoattack.eps": "8/255"},
+    "autoattack": {"autoattack.steps": "2", "autoattack.targets": "1", "autoattack.n_queries": "5", "autoattack.eps": "8/255"},
     "ood": {},
 }
 
@@ -72,16 +72,19 @@ def test_clean_and_attack_suites_record_everything(tiny_model):
     clean = _run("clean", model, cfg)
     assert clean["n_examples"] == 16 and 0 <= clean["metrics"]["top1"] <= clean["metrics"]["top5"] <= 100
     for name in ["fgsm", "pgd", "noise", "sld", "cw", "spsa", "square", "autoattack"]:
-        rec = _run(name, model, cfg)
-        assert rec["n_examples"] == 16 and rec["seed"] == 0 and rec["wall_time_s"] >= 0
+        n = 8 if name in ("cw", "spsa", "square", "autoattack") else 16
+        rec = _run(name, model, cfg, limit=n)
+        assert rec["n_examples"] == n and rec["seed"] == 0 and rec["wall_time_s"] >= 0
         assert rec["settings"]["space"] == "pixel" and "norm" in rec["settings"]
         assert rec["model"]["name"] == cfg["model"]["name"] and rec["model"]["params"] > 0
         assert rec["data"]["dataset"] == "fashion_mnist" and rec["protocol"]
-        assert rec["metrics"]["clean_top1"] == pytest.approx(clean["metrics"]["top1"])
+        if n == 16:
+            assert rec["metrics"]["clean_top1"] == pytest.approx(clean["metrics"]["top1"])
         for row in rec["rows"]:
-            assert row["top1"] <= rec["metrics"]["clean_top1"] + 1e-9 or name == "noise"
-            if name not in ("sld", "cw") and "eps" in row:
-                pass
+            # attacks only ever break correct points (minimal-perturbation / AutoAttack family), or at
+            # worst flip one wrong point right (gradient attacks on a poorly trained model)
+            slack = 1e-9 if name in ("cw", "square", "autoattack") else 100.0 / n + 1e-9
+            assert row["top1"] <= rec["metrics"]["clean_top1"] + slack
         md = S.render_markdown(rec)
         assert f"### {name}" in md and "| top1 |" in md.replace("| eps | top1 |", "| top1 |")
     pgd = _run("pgd", model, cfg)

@@ -15,7 +15,7 @@ import torch
 from torch import nn
 
 from .attacks import SPACES, InputSpace, make_attack
-from .common import chunks, data_name, load_eval_data, norm_stats, num_classes_of, predict_logits, topk_correct
+from .common import data_name, eval_batches, norm_stats, num_classes_of, topk_correct
 from .suites import register_suite
 
 SWEEP = "1:6/255"
@@ -28,12 +28,18 @@ def _data_record(cfg: Mapping[str, Any], n: int, split: str = "test") -> Dict[st
 def clean_suite(model: nn.Module, cfg: Mapping[str, Any], run_dir, opts: Dict[str, Any]) -> Dict[str, Any]:
     device = opts["device"]
     model.to(device).eval()
-    x, y = load_eval_data(cfg, "test", opts.get("limit"))
-    mean, std = norm_stats(cfg, x.shape[1])
-    space = InputSpace(model, mean, std, "pixel")
-    logits = predict_logits(space.image_model, x, int(opts["batch_size"]), device, desc="clean")
-    hits = topk_correct(logits, y, (1, 5))
-    n = len(y)
+    n, batches = eval_batches(cfg, "test", opts.get("limit"), int(opts["batch_size"]), desc="clean")
+    hits = {1: 0, 5: 0}
+    scorer = None
+    for xb, yb in batches():
+        if scorer is None:
+            scorer = InputSpace(model, *norm_stats(cfg, xb.shape[1]), "pixel").image_model
+        with torch.no_grad():
+            h = topk_correct(scorer(xb.to(device)).float().cpu(), yb, (1, 5))
+        hits[1] += h[1]
+        hits[5] += h[5]
+    if n == 0:
+        raise ValueError("the evaluation split is empty")
     m = {"top1": 100.0 * hits[1] / n, "top5": 100.0 * hits[5] / n, "error": 100.0 - 100.0 * hits[1] / n}
     return {"metrics": m, "data": _data_record(cfg, n), "n_examples": n,
             "protocol": "top-1/top-5 accuracy (%) on the un-attacked evaluation split"}
@@ -54,15 +60,24 @@ def _attack_suite(name: str, protocol: str, norm: str):
         model.to(device).eval()
         if opts["space"] not in SPACES:
             raise ValueError(f"space must be one of {', '.join(SPACES)}, got {opts['space']!r}")
-        x, y = load_eval_data(cfg, "test", opts.get("limit"))
-        mean, std = norm_stats(cfg, x.shape[1])
-        space = InputSpace(model, mean, std, opts["space"])
         bs = int(opts["batch_size"])
+        n, batches = eval_batches(cfg, "test", opts.get("limit"), bs, desc=f"{name} clean")
+        if n == 0:
+            raise ValueError("the evaluation split is empty")
+        space = None
+        clean_hits = {1: 0, 5: 0}
+        n_out = None
+        for xb, yb in batches():
+            if space is None:
+                space = InputSpace(model, *norm_stats(cfg, xb.shape[1]), opts["space"])
+            with torch.no_grad():
+                lo = space.image_model(xb.to(device)).float().cpu()
+            n_out = lo.shape[-1]
+            h = topk_correct(lo, yb, (1, 5))
+            clean_hits[1] += h[1]
+            clean_hits[5] += h[5]
         scorer = space.space_model()
-        n = len(y)
-        clean = predict_logits(space.image_model, x, bs, device, desc=f"{name} clean")
-        clean_hits = topk_correct(clean, y, (1, 5))
-        n_classes = num_classes_of(model, cfg) or int(clean.shape[-1])
+        n_classes = num_classes_of(model, cfg) or int(n_out)
         eps_list: List[Optional[float]] = list(opts["eps"]) if "eps" in opts else [None]
         rows, metrics = [], {"clean_top1": 100.0 * clean_hits[1] / n}
         for eps in eps_list:
@@ -72,8 +87,9 @@ def _attack_suite(name: str, protocol: str, norm: str):
             norms: List[torch.Tensor] = []
             out_of_range = 0.0
             label = _eps_label(eps, norm) if space.name == "pixel" else f"{eps:g}"
-            for sl in chunks(n, bs, desc=f"{name} eps={label}"):
-                xb, yb = x[sl].to(device), y[sl].to(device)
+            _, batches = eval_batches(cfg, "test", opts.get("limit"), bs, desc=f"{name} eps={label}")
+            for xb, yb in batches():
+                xb, yb = xb.to(device), yb.to(device)
                 ref = space.to_space(xb)
                 adv = attack(xb, yb)
                 with torch.no_grad():
@@ -99,10 +115,17 @@ def _attack_suite(name: str, protocol: str, norm: str):
                 metrics["pixel_range_violation"] = out_of_range
         if len(eps_list) > 1:
             metrics["mean_top1"] = sum(r["top1"] for r in rows) / len(rows)
+        proto = protocol
+        if name == "autoattack":
+            std = {"steps": 100, "targets": 9, "n_queries": 5000}
+            cut = {k: opts.get(k) for k in std if opts.get(k) != std[k]}
+            if cut:
+                proto = ("reduced-budget AutoAttack (APGD-CE, APGD-T, FAB-T, Square; "
+                         + ", ".join(f"{k}={v} instead of {std[k]}" for k, v in cut.items()) + ")")
         settings = {"norm": norm, "eps_units": "pixel [0,1]" if space.name == "pixel" else "normalised",
                     "clipping": "[0,1]" if space.name == "pixel" else "none"}
         return {"metrics": metrics, "rows": rows, "data": _data_record(cfg, n), "n_examples": n,
-                "protocol": f"{protocol} ({space.name} space)", "settings": settings}
+                "protocol": f"{proto} ({space.name} space)", "settings": settings}
 
     fn.__name__ = f"{name}_suite"
     return fn

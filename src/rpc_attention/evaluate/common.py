@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 import sys
-from typing import Any, Iterator, Mapping, Optional, Sequence, Tuple
+from typing import Any, Callable, Iterator, Mapping, Optional, Sequence, Tuple
 
 import torch
 from torch import Tensor, nn
@@ -74,7 +74,9 @@ class Normalized(nn.Module):
         self.register_buffer("std", std.reshape(1, -1, 1, 1).clone(), persistent=False)
 
     def forward(self, x: Tensor) -> Tensor:
-        return self.model((x - self.mean.to(x.dtype)) / self.std.to(x.dtype))
+        mean = self.mean.to(device=x.device, dtype=x.dtype)
+        std = self.std.to(device=x.device, dtype=x.dtype)
+        return self.model((x - mean) / std)
 
 
 def dataset_to_tensors(ds: Any, limit: Optional[int] = None) -> Tuple[Tensor, Tensor]:
@@ -114,6 +116,45 @@ def load_eval_data(cfg: Mapping[str, Any], split: str = "test", limit: Optional[
     if x.ndim == 3:
         x = x.unsqueeze(1)
     return x, y
+
+
+def _is_in_memory(ds: Any) -> bool:
+    return ((isinstance(ds, (tuple, list)) and len(ds) == 2) or hasattr(ds, "tensors")
+            or (isinstance(getattr(ds, "images", None), Tensor) and getattr(ds, "transform", 1) is None
+                and getattr(ds, "mean", 1) is None))
+
+
+def eval_batches(cfg: Mapping[str, Any], split: str, limit: Optional[int], batch_size: int,
+                 desc: str = "") -> Tuple[int, Callable[[], Iterator[Tuple[Tensor, Tensor]]]]:
+    """``(n, make_iter)``: ``make_iter()`` yields ``(x [B,C,H,W] in [0,1], y)`` batches of the first ``limit``
+    examples (an even spread for folder data sets), streamed from disk for data sets that are not in
+    memory (ImageNet), so a full validation set never has to fit in RAM."""
+    from ..data import images as _images
+
+    ds = _images.build_eval_dataset(cfg, split=split, normalize=False)
+    if _is_in_memory(ds):
+        x, y = dataset_to_tensors(ds, limit)
+        x = x.float()
+        if x.ndim == 3:
+            x = x.unsqueeze(1)
+
+        def it():
+            for sl in chunks(len(y), batch_size, desc=desc):
+                yield x[sl], y[sl]
+
+        return len(y), it
+    from torch.utils.data import DataLoader, Subset
+
+    n = len(ds) if limit is None else min(len(ds), int(limit))
+    idx = list(range(len(ds))) if n == len(ds) else [int(k * len(ds) / n) for k in range(n)]
+    workers = int((cfg.get("data") or {}).get("num_workers") or 0)
+
+    def it():
+        loader = DataLoader(Subset(ds, idx), batch_size=batch_size, shuffle=False, num_workers=workers)
+        for xb, yb in progress(loader, total=len(loader), desc=desc):
+            yield xb.float(), torch.as_tensor(yb).long()
+
+    return n, it
 
 
 @torch.no_grad()
