@@ -204,6 +204,8 @@ class SeededTransformDataset(Dataset):
             index, epoch, position = key
         else:
             index, epoch, position = int(key), 0, int(key)
+        if getattr(self.dataset, "transform", True) is None:  # nothing random to seed
+            return self.dataset[index]
         s = _sample_seed(self.seed, epoch, position)
         t_state, np_state, py_state = torch.get_rng_state(), np.random.get_state(), random.getstate()
         try:
