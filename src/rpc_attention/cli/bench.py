@@ -16,7 +16,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--device", default="cpu", help="cpu (default) or cuda[:i] (bf16 autocast, SDPA flash)")
     parser.add_argument("--out", default="benchmarks/results", help="directory for bench-<config>-<device>.json/.md")
     parser.add_argument("--threads", type=int, default=None, help="torch intra-op threads (default: torch's)")
-    parser.add_argument("--repeats", type=int, default=None, help="interleaved rounds (default: per configuration)")
+    parser.add_argument("--repeats", type=int, default=None, help="interleaved rounds (default: per configuration; 0: memory only)")
     parser.add_argument("--only", choices=("ops", "models"), default=None, help="run one half of the suite")
     parser.add_argument("--no-compile", action="store_true", help="skip the torch.compile case (full suite)")
     parser.add_argument("--no-memory", action="store_true", help="skip the memory measurements")
@@ -29,8 +29,8 @@ def run(args: argparse.Namespace) -> int:
 
     if args.threads is not None and args.threads < 1:
         raise UserError("--threads must be >= 1")
-    if args.repeats is not None and args.repeats < 1:
-        raise UserError("--repeats must be >= 1")
+    if args.repeats is not None and args.repeats < 0:
+        raise UserError("--repeats must be >= 0 (0: memory measurements only)")
     device = str(args.device)
     if not (device == "cpu" or device.startswith("cuda")):
         raise UserError(f"--device must be cpu or cuda[:i], got {device!r}")
