@@ -281,7 +281,13 @@ def collect_results(out_dir, study, pipeline) -> Dict[str, Any]:
                     }
                 entry["chance"] = kp.get("chance", {})
                 entry["history"] = kp.get("history", [])
-                entry["failures"] = len(kp.get("failures") or [])
+                fails = kp.get("failures") or []
+                entry["failures"] = len(fails)
+                msgs: Dict[str, int] = {}
+                for f in fails:
+                    msgs[str(f.get("error"))] = msgs.get(str(f.get("error")), 0) + 1
+                entry["failure_messages"] = [{"error": m, "count": c} for m, c in
+                                             sorted(msgs.items(), key=lambda x: -x[1])[:5]]
                 entry["meta"] = {k: v for k, v in (kp.get("meta") or {}).items() if isinstance(v, (str, int, float))}
                 entry["figures"] = [str(Path("analysis") / run / Path(f).name) for f in kp.get("figures", []) or []]
             res["analysis"][run] = entry

@@ -259,6 +259,11 @@ def render_markdown(res: Dict[str, Any]) -> str:
                              " / ".join(fmt(_g.get("mean"), 3) for _g in (pr.get("gamma", {}).get(k, {}) for k in ("learned", "perturbed", "random")))])
         L += _table(["model", "run (protocol)", "J_proj", "‖varphi(q)‖²", "‖h‖²", "optimal cosine", "linear CKA",
                      "RBF CKA", "direct cosine", "mean |Δgamma| learned / perturbed / random"], rows)
+        for run, a in res["analysis"].items():
+            for fm in a.get("failure_messages") or []:
+                L += [f"- `{run}`: {fm['count']} analysis record(s) failed: {fm['error']}"]
+        if any(a.get("failure_messages") for a in res["analysis"].values()):
+            L += [""]
         L += ["Protocols: `paper` standardises q and k per token (the paper's undocumented detail), `exact` uses the "
               "definitions of SPEC section 1. Chance: independent random matrices of the same shapes. The analysis "
               "tool's own summary, with its stated rules, is in each `analysis/<run>/summary.md`.", ""]
