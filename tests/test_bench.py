@@ -194,6 +194,7 @@ def _tiny_config():
 @pytest.mark.xdist_group("bench")
 def test_suite_machinery_writes_tables_and_json(tmp_path):
     threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # toy shapes: threads only add synchronisation
     try:
         results = bench.run_suite(_tiny_config(), device="cpu", progress=False)
     finally:
