@@ -108,9 +108,7 @@ def dataset_to_tensors(ds: Any, limit: Optional[int] = None) -> Tuple[Tensor, Te
 def load_eval_data(cfg: Mapping[str, Any], split: str = "test", limit: Optional[int] = None) -> Tuple[Tensor, Tensor]:
     """Un-normalised ``[0, 1]`` evaluation images ``[N, C, H, W]`` and labels of the run's data set
     (the first ``limit`` examples, in data-set order)."""
-    from ..data import images as _images
-
-    ds = _images.build_eval_dataset(cfg, split=split, normalize=False)
+    ds = _eval_dataset(cfg, split)
     x, y = dataset_to_tensors(ds, limit)
     x = x.float()
     if x.ndim == 3:
@@ -124,14 +122,36 @@ def _is_in_memory(ds: Any) -> bool:
                 and getattr(ds, "mean", 1) is None))
 
 
+_DS_CACHE: "dict" = {}
+
+
+def _eval_dataset(cfg: Mapping[str, Any], split: str):
+    """``build_eval_dataset(cfg, split, normalize=False)``, remembered for the last two configs (the
+    attack suites read the split once per eps)."""
+    import json
+
+    from ..data import images as _images
+
+    try:
+        key = (json.dumps(cfg.get("data"), sort_keys=True, default=str), split)
+    except TypeError:
+        key = None
+    if key is not None and key in _DS_CACHE:
+        return _DS_CACHE[key]
+    ds = _images.build_eval_dataset(cfg, split=split, normalize=False)
+    if key is not None:
+        while len(_DS_CACHE) >= 2:
+            _DS_CACHE.pop(next(iter(_DS_CACHE)))
+        _DS_CACHE[key] = ds
+    return ds
+
+
 def eval_batches(cfg: Mapping[str, Any], split: str, limit: Optional[int], batch_size: int,
                  desc: str = "") -> Tuple[int, Callable[[], Iterator[Tuple[Tensor, Tensor]]]]:
     """``(n, make_iter)``: ``make_iter()`` yields ``(x [B,C,H,W] in [0,1], y)`` batches of the first ``limit``
     examples (an even spread for folder data sets), streamed from disk for data sets that are not in
     memory (ImageNet), so a full validation set never has to fit in RAM."""
-    from ..data import images as _images
-
-    ds = _images.build_eval_dataset(cfg, split=split, normalize=False)
+    ds = _eval_dataset(cfg, split)
     if _is_in_memory(ds):
         x, y = dataset_to_tensors(ds, limit)
         x = x.float()
