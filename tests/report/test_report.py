@@ -85,9 +85,15 @@ def fake_analyze(ctx):
     return {"outputs": {"dir": str(out)}}
 
 
-@pytest.fixture(scope="module")
-def study_dir(tmp_path_factory):
-    out = tmp_path_factory.mktemp("study")
+def test_report_on_fake_two_seed_study(tmp_path):
+    # one test function on purpose: the fake study and its report are built once
+    out = make_study(tmp_path / "study")
+    check_report_files_and_tables(out)
+    check_figures_are_pngs_and_html_inlines_them(out)
+    check_rerun_skips_everything_and_keeps_report(out)
+
+
+def make_study(out):
     study = get_study("quick", ["seeds=0,1"])
     stages = build_stages(study)
     fakes = {"train": fake_train, "eval": fake_eval, "analyze": fake_analyze}
@@ -100,7 +106,7 @@ def study_dir(tmp_path_factory):
     return out
 
 
-def test_report_files_and_tables(study_dir):
+def check_report_files_and_tables(study_dir):
     md = (study_dir / "report.md").read_text()
     assert "## Verdicts" in md and "## Setup" in md and "### Time per stage" in md
     assert "## Image classification and robustness" in md and "## Language modelling" in md
@@ -128,7 +134,7 @@ def test_report_files_and_tables(study_dir):
     assert "(chance 0.180)" in md
 
 
-def test_figures_are_pngs_and_html_inlines_them(study_dir):
+def check_figures_are_pngs_and_html_inlines_them(study_dir):
     res = json.loads((study_dir / "results.json").read_text())
     figs = [f for f in res["figures"] if f.get("path")]
     names = {f["path"] for f in figs}
@@ -147,7 +153,7 @@ def test_figures_are_pngs_and_html_inlines_them(study_dir):
     assert "figures/attack_curves.png" not in re.findall(r'src="([^"]+)"', html)
 
 
-def test_rerun_skips_everything_and_keeps_report(study_dir):
+def check_rerun_skips_everything_and_keeps_report(study_dir):
     study = get_study("quick", ["seeds=0,1"])
     stages = build_stages(study)
     called = []

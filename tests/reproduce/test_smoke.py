@@ -11,15 +11,17 @@ from rpc_attention.cli import main
 pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("reproduce-smoke")]
 
 
-@pytest.fixture(scope="module")
-def smoke_dir(tmp_path_factory):
-    out = tmp_path_factory.mktemp("smoke")
+def test_smoke_study_end_to_end(tmp_path, capsys):
+    # one test function on purpose: the study runs once, whatever worker pytest-xdist picks
+    out = tmp_path / "smoke"
     rc = main(["reproduce", "--preset", "smoke", "--out", str(out)])
     assert rc == 0, sorted(p.name for p in (out / "stages").glob("*.failed.json"))
-    return out
+    check_report(out)
+    check_rerun_does_nothing(out, capsys)
+    check_interrupted_training_resumes_from_checkpoint(out, capsys)
 
 
-def test_smoke_study_completes_with_report(smoke_dir):
+def check_report(smoke_dir):
     stages = json.loads((smoke_dir / "study.json").read_text())["stages"]
     names = [s["name"] for s in stages]
     assert {"train.symvit-s0", "train.rpc6-s0", "train.rpc2all-s0", "train.symlm-s0", "train.rpc_symlm-s0",
@@ -45,7 +47,7 @@ def test_smoke_study_completes_with_report(smoke_dir):
     assert (smoke_dir / "report.html").read_text().count("data:image/png;base64,") == len(figs)
 
 
-def test_rerun_does_nothing(smoke_dir, capsys):
+def check_rerun_does_nothing(smoke_dir, capsys):
     capsys.readouterr()
     assert main(["reproduce", "--preset", "smoke", "--out", str(smoke_dir)]) == 0
     out = capsys.readouterr().out
@@ -55,7 +57,7 @@ def test_rerun_does_nothing(smoke_dir, capsys):
     assert "0 of 26 stages to run" in capsys.readouterr().out
 
 
-def test_interrupted_training_resumes_from_checkpoint(smoke_dir, capsys):
+def check_interrupted_training_resumes_from_checkpoint(smoke_dir, capsys):
     st = smoke_dir / "stages"
     done = json.loads((st / "train.rpc6-s0.done.json").read_text())
     # what a kill during the stage leaves behind: a running marker, no done marker, the checkpoints

@@ -186,7 +186,7 @@ def training_curves(res: Dict[str, Any], out_dir: Path) -> List[dict]:
         return []
     plt = _plt()
     for fam, runs in by_family.items():
-        fig, axes = plt.subplots(1, 3, figsize=(14, 3.6))
+        fig, axes = plt.subplots(1, 3, figsize=(15, 3.6))
         drew = [False, False, False]
         val_name = None
         for run in runs:
@@ -316,7 +316,8 @@ def kpca_figures(res: Dict[str, Any], out_dir: Path) -> List[dict]:
                 k = f"jproj/{proto}/model/{term}"
                 pts = [(r.get("epoch", i + 1), r[k]) for i, r in enumerate(hist) if isinstance(r.get(k), (int, float))]
                 if pts:
-                    ax.plot([p[0] for p in pts], [abs(p[1]) for p in pts], marker="o", label=term)
+                    lab = {"jproj": "|J_proj|", "phi2": "||varphi(q)||^2", "h2": "||h||^2"}[term]
+                    ax.plot([p[0] for p in pts], [abs(p[1]) for p in pts], marker="o", label=lab)
             ax.set_yscale("log")
             ax.set_xlabel("epoch")
             ax.set_title(f"J_proj during training ({proto})")
