@@ -176,6 +176,20 @@ def test_causal_outputs_do_not_depend_on_future_tokens(mu_mode, fused):
     torch.testing.assert_close(a[:, :, : t + 1], c, rtol=1e-6, atol=1e-6)
 
 
+@pytest.mark.parametrize("fused", [True, False])
+def test_causal_with_fewer_queries_than_keys_is_end_aligned(fused):
+    """Query i of nq sees keys 0..nk-nq+i (a decoding step over a cache), in both paths."""
+    q, k, v = rand(2, 2, 3, 4, seed=43), rand(2, 2, 7, 4, seed=44), rand(2, 2, 7, 5, seed=45)
+    out = RF.attention(q, k, v, is_causal=True, fused=fused)
+    expected = torch.empty_like(out)
+    for b in range(2):
+        for h in range(2):
+            for i in range(3):
+                keys = slice(0, 7 - 3 + i + 1)
+                expected[b, h, i] = ref_softmax_attention(q[b, h, i:i + 1], k[b, h, keys], v[b, h, keys], 0.5)[0]
+    torch.testing.assert_close(out, expected, rtol=1e-10, atol=1e-12)
+
+
 def test_causal_matches_reference():
     k, v = rand(2, 2, 9, 4, seed=17), rand(2, 2, 9, 4, seed=18)
     out = RF.pap_attention(k, v, n_iter=4, is_causal=True)
@@ -269,7 +283,7 @@ def test_all_zero_keys_are_finite():
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 def test_low_precision_inputs(dtype):
-    k32, v32 = torch.randn(2, 3, 16, 8), torch.randn(2, 3, 16, 8)
+    k32, v32 = rand(2, 3, 16, 8, seed=41).float(), rand(2, 3, 16, 8, seed=42).float()
     out, state = RF.pap_attention(k32.to(dtype), v32.to(dtype), n_iter=4, return_state=True)
     assert out.dtype == dtype
     assert state.mu.dtype == torch.float32 and state.tau.dtype == torch.float32
@@ -290,6 +304,18 @@ def test_return_state_and_tol():
     expected = RF.pap_attention(k, v, n_iter=st_tol.n_iter_run)
     torch.testing.assert_close(out_tol, expected, rtol=0, atol=1e-12)
     assert RF.pap_attention(k, v, n_iter=6, tol=0.0, return_state=True)[1].n_iter_run == 6
+
+
+@pytest.mark.parametrize("is_causal", [False, True])
+def test_decompose_equals_the_state_of_pap_attention(is_causal):
+    k, v = rand(2, 2, 9, 4, seed=46), rand(2, 2, 9, 4, seed=47)
+    _, expected = RF.pap_attention(k, v, n_iter=4, is_causal=is_causal, return_state=True)
+    state = RF.pap_decompose(k, v, n_iter=4, is_causal=is_causal)
+    for name in ("sparse", "lowrank", "dual", "mu", "tau", "cleaned_keys"):
+        torch.testing.assert_close(getattr(state, name), getattr(expected, name), rtol=0, atol=0)
+    assert state.n_iter_run == expected.n_iter_run == 4
+    with pytest.raises(ValueError, match="n_iter"):
+        RF.pap_decompose(k, v, n_iter=0)
 
 
 def test_dropout_only_in_final_attention():

@@ -460,8 +460,8 @@ def bench_ops(cfg: Config, device: torch.device, progress: bool = True) -> List[
                 for row in rows:
                     if row.get("option") == "tol":
                         with torch.no_grad():
-                            _, st = RF.pap_attention(k.detach(), v.detach(), n_iter=row["n"], tol=1e-2,
-                                                     is_causal=shape.causal, return_state=True)
+                            st = RF.pap_decompose(k.detach(), v.detach(), n_iter=row["n"], tol=1e-2,
+                                                  is_causal=shape.causal)
                         row["n_iter_run"] = st.n_iter_run
             groups.append({"shape": shape.name, "b": shape.b, "h": shape.h, "n": shape.n, "d": shape.d,
                            "causal": shape.causal, "mode": mode, "rows": rows, "k": k, "v": v})

@@ -36,6 +36,7 @@ __all__ = [
     "symmetric_attention",
     "attention",
     "pap_attention",
+    "pap_decompose",
     "scaled_attention_s",
     "scaled_attention_alpha",
     "soft_shrink",
@@ -143,7 +144,9 @@ def _attend(
 ) -> Tensor:
     """softmax(scale q k^T + mask) v, fused (SDPA) or explicit. ``mask`` is bool or None."""
     if fused:
-        if mask is not None and is_causal:
+        # SDPA's own is_causal aligns the triangle top-left; ours is end-aligned (query i sees
+        # keys up to nk - nq + i), so build the mask ourselves whenever the two would differ.
+        if is_causal and (mask is not None or q.shape[-2] != k.shape[-2]):
             mask = _combined_mask(mask, True, q.shape[-2], k.shape[-2], q.device)
             is_causal = False
         return F.scaled_dot_product_attention(
@@ -347,12 +350,55 @@ def pap_attention(
     traced by ``torch.compile`` use the plain autograd formulation (the SPEC loop), which gives the
     same values.
     """
+    kc, mask, mu, tau, scale, tol = _pap_setup(k, v, n_iter, lambd, attn_mask, is_causal, scale, model_dim,
+                                               threshold, mu_mode, tol)
+    dropout_p = _check_dropout(dropout_p)
+    if fused and not return_state and not _is_compiling():
+        if torch.is_grad_enabled() and (kc.requires_grad or v.requires_grad):
+            return _PAPFunction.apply(kc, v, tau, mask, n_iter, is_causal, dropout_p, scale, tol,
+                                      bool(checkpoint_iters))
+        with torch.no_grad():
+            return _pap_loop(kc, v, tau, mask, n_iter, is_causal, dropout_p, scale, tol, None)[0]
+    return _pap_autograd(kc, v, mu, tau, mask, n_iter, is_causal, dropout_p, scale, tol, return_state,
+                         fused, bool(checkpoint_iters))
+
+
+def pap_decompose(
+    k: Tensor,
+    v: Tensor,
+    *,
+    n_iter: int = 6,
+    lambd: float = 4.0,
+    attn_mask: Optional[Tensor] = None,
+    is_causal: bool = False,
+    scale: Optional[float] = None,
+    model_dim: Optional[int] = None,
+    threshold: str = "lambda_mu",
+    mu_mode: Optional[str] = None,
+    tol: Optional[float] = None,
+    fused: bool = True,
+) -> PAPState:
+    """PAP's decomposition without its final attention: the :class:`PAPState` that
+    ``pap_attention(..., return_state=True)`` returns, one softmax evaluation cheaper.
+
+    For callers that use S (or the cleaned keys) in an attention of their own, such as the
+    asymmetric extension in :mod:`rpc_attention.integrations` or the analysis tools. Options as
+    :func:`pap_attention`; ``n_iter_run`` counts the final pass as if it had run, so the state
+    equals ``pap_attention``'s for the same options. Differentiable (plain autograd).
+    """
+    kc, mask, mu, tau, scale, tol = _pap_setup(k, v, n_iter, lambd, attn_mask, is_causal, scale, model_dim,
+                                               threshold, mu_mode, tol)
+    return _pap_autograd(kc, v, mu, tau, mask, n_iter, is_causal, 0.0, scale, tol, True, fused, False,
+                         final_attention=False)[1]
+
+
+def _pap_setup(k, v, n_iter, lambd, attn_mask, is_causal, scale, model_dim, threshold, mu_mode, tol):
+    """Validate PAP's options and compute what every path needs: keys in the compute dtype, the
+    normalised mask, mu and tau (SPEC section 3)."""
     _check_kv(k, v, need_same_dim=True)
     mu_mode = check_pap_options(n_iter=n_iter, lambd=lambd, threshold=threshold, mu_mode=mu_mode,
                                 is_causal=is_causal, tol=tol, model_dim=model_dim)
     lambd = float(lambd)
-    dropout_p = _check_dropout(dropout_p)
-
     b, h, n, d = k.shape
     scale = _resolve_scale(scale, d)
     if model_dim is None:
@@ -368,15 +414,7 @@ def pap_attention(
     mu = _compute_mu(kc, valid, mu_mode, width)
     tau = lambd * mu if threshold == "lambda_mu" else lambd / mu
     tol = None if tol is None else float(tol)
-
-    if fused and not return_state and not _is_compiling():
-        if torch.is_grad_enabled() and (kc.requires_grad or v.requires_grad):
-            return _PAPFunction.apply(kc, v, tau, mask, n_iter, is_causal, dropout_p, scale, tol,
-                                      bool(checkpoint_iters))
-        with torch.no_grad():
-            return _pap_loop(kc, v, tau, mask, n_iter, is_causal, dropout_p, scale, tol, None)[0]
-    return _pap_autograd(kc, v, mu, tau, mask, n_iter, is_causal, dropout_p, scale, tol, return_state,
-                         fused, bool(checkpoint_iters))
+    return kc, mask, mu, tau, scale, tol
 
 
 def _is_compiling() -> bool:
@@ -392,8 +430,9 @@ def _tol_stop(new_sparse: Tensor, sparse: Tensor, tol: float) -> bool:
 
 
 def _pap_autograd(kc, v, mu, tau, mask, n_iter, is_causal, dropout_p, scale, tol, return_state, fused,
-                  checkpoint_iters):
-    """The SPEC loop in plain autograd ops (explicit path, ``return_state``, ``torch.compile``)."""
+                  checkpoint_iters, final_attention=True):
+    """The SPEC loop in plain autograd ops (explicit path, ``return_state``, ``torch.compile``).
+    ``final_attention=False`` stops after the final pass's K2 (the output is then None)."""
     inv_mu = 1.0 / mu
 
     def admm_pass(lowrank: Tensor, dual: Tensor):
@@ -422,7 +461,7 @@ def _pap_autograd(kc, v, mu, tau, mask, n_iter, is_causal, dropout_p, scale, tol
             break
     sparse = soft_shrink(kc - lowrank + dual * inv_mu, tau)
     k2 = (kc - sparse - dual * inv_mu).to(v.dtype)
-    out = _attend(k2, k2, v, mask, is_causal, dropout_p, scale, fused)
+    out = _attend(k2, k2, v, mask, is_causal, dropout_p, scale, fused) if final_attention else None
     n_run += 1
     if return_state:
         return out, PAPState(sparse, lowrank, dual, mu, tau, k2, n_run)

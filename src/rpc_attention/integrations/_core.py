@@ -5,8 +5,8 @@ symmetric attention. The extension used by every integration in this package:
 
 1. PAP runs on the layer's own keys exactly as in SPEC section 3 (symmetric
    ``softmax(s K2 K2^T) v`` inside the loop, masks in every iteration, causal ``mu`` for causal
-   layers) through :func:`rpc_attention.functional.pap_attention`; its final sparse term ``S`` is
-   kept and its output is discarded.
+   layers) through :func:`rpc_attention.functional.pap_decompose` (``pap_attention`` without its
+   final attention); its final sparse term ``S`` is kept.
 2. Keys are cleaned as ``K_clean = K - S`` (``key_mode="sparse"``, default) or taken as PAP's final
    ``K2 = K - S - Y/mu`` (``key_mode="pap"``, the keys the symmetric RPC layer attends with).
 3. Queries are cleaned with the same ``S`` (``Q_clean = Q - S``) only where queries and keys are the
@@ -191,22 +191,15 @@ def asymmetric_rpc_attention(
     mask = _bool_mask(attn_mask)
     same = bool(same_tokens) and nq == nk
     kk_mask = _key_key_mask(mask, nq, nk, is_causal, same)
-    _, state = RF.pap_attention(
-        k, v, n_iter=n_iter, lambd=lambd, attn_mask=kk_mask, is_causal=is_causal, dropout_p=0.0,
-        scale=scale, model_dim=model_dim, threshold=threshold, mu_mode=mu_mode, tol=tol,
-        return_state=True, fused=fused,
+    state = RF.pap_decompose(
+        k, v, n_iter=n_iter, lambd=lambd, attn_mask=kk_mask, is_causal=is_causal,
+        scale=scale, model_dim=model_dim, threshold=threshold, mu_mode=mu_mode, tol=tol, fused=fused,
     )
     sparse = state.sparse.to(k.dtype)
     k_clean = k - sparse if key_mode == "sparse" else state.cleaned_keys.to(k.dtype)
     q_clean = q - sparse if (clean_queries and same) else q
-    final_causal = is_causal
-    if is_causal and nq != nk:
-        # Causal mask aligned to the end (query i is token nk - nq + i). Built here because SDPA's own
-        # is_causal is aligned to the top-left corner when nq != nk.
-        tri = torch.ones(nq, nk, dtype=torch.bool, device=q.device).tril(diagonal=nk - nq)
-        mask = tri if mask is None else (mask & tri)
-        final_causal = False
-    out = RF.attention(q_clean, k_clean, v, attn_mask=mask, is_causal=final_causal, dropout_p=dropout_p,
+    # causal with nq != nk: query i is token nk - nq + i (end-aligned), in both attention paths
+    out = RF.attention(q_clean, k_clean, v, attn_mask=mask, is_causal=is_causal, dropout_p=dropout_p,
                        scale=scale, fused=fused)
     if return_state:
         return out, state
