@@ -65,3 +65,14 @@ def test_step_sampler_repeated_augmentation_and_errors():
         StepSampler(12, 5, world=2)
     with pytest.raises(ValueError, match="fewer than one batch"):
         StepSampler(3, 8)
+
+
+@pytest.mark.parametrize("power", [0.9, 2.0])
+def test_poly_schedule_takes_its_power_from_decay_rate(power):
+    from rpc_attention.train.trainer import _build_scheduler
+
+    opt = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=1.0)
+    cfg = {"schedule": {"name": "poly", "decay_rate": power, "warmup_epochs": 0, "min_lr": 0.0}}
+    sched = _build_scheduler(opt, cfg, steps_per_epoch=10, epochs=1)
+    sched.step_update(5)  # halfway: lr = (1 - t / T) ** power
+    assert opt.param_groups[0]["lr"] == pytest.approx(0.5 ** power, rel=1e-6)

@@ -40,7 +40,8 @@ DEFAULTS: Dict[str, Any] = {
         "name": "adamw", "lr": 1e-3, "lr_scale_batch": None, "weight_decay": 0.05, "momentum": 0.9,
         "betas": [0.9, 0.999], "eps": 1e-8, "clip_grad": None,
     },
-    "schedule": {"name": "cosine", "warmup_epochs": 0.0, "warmup_lr": 1e-6, "min_lr": 1e-5},
+    "schedule": {"name": "cosine", "warmup_epochs": 0.0, "warmup_lr": 1e-6, "min_lr": 1e-5,
+                 "decay_rate": None, "decay_epochs": None},
     "train": {
         "epochs": 1, "max_steps": None, "batch_size": 64, "seed": 0, "device": "auto", "amp": False,
         "compile": False, "deterministic": False, "threads": None, "save_every": 500, "keep_checkpoints": 2,

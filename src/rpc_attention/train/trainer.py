@@ -250,10 +250,12 @@ def _build_scheduler(optimizer, cfg: Dict[str, Any], steps_per_epoch: int, epoch
         return None
     from timm.scheduler import create_scheduler_v2
 
+    # decay_rate: the poly power, the step factor (timm's meaning); decay_epochs: the step period
+    extra = {key: s[key] for key in ("decay_rate", "decay_epochs") if s.get(key) is not None}
     sched, _ = create_scheduler_v2(
         optimizer, sched=name, num_epochs=epochs, warmup_epochs=float(s.get("warmup_epochs", 0)),
         warmup_lr=float(s.get("warmup_lr", 1e-6)), min_lr=float(s.get("min_lr", 0.0)),
-        step_on_epochs=False, updates_per_epoch=steps_per_epoch)
+        step_on_epochs=False, updates_per_epoch=steps_per_epoch, **{k: float(v) for k, v in extra.items()})
     return sched
 
 
@@ -327,6 +329,11 @@ def _train(cfg, out: Path, resume: bool, force: bool, device: torch.device, rank
         raise err
     if tcfg.get("threads"):
         torch.set_num_threads(int(tcfg["threads"]))
+    if device.type == "cpu":
+        # PAP's shrinkage drives many entries towards zero; denormal arithmetic on x86 CPUs is
+        # up to 100x slower (docs/performance.md), so flush them as GPUs do. The CLI sets this at
+        # start-up; here it covers library callers (threads created from now on inherit it).
+        torch.set_flush_denormal(True)
     if tcfg.get("deterministic"):
         torch.use_deterministic_algorithms(True, warn_only=True)
         torch.backends.cudnn.benchmark = False
