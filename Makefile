@@ -7,10 +7,11 @@ STAMP  := $(VENV)/.installed
 FMNIST := /usr/share/datasets/fashion-mnist
 PYTEST_ARGS ?=
 
-.PHONY: demo test install data bench clean help
+.PHONY: demo pap-demo test install data bench clean help
 
 help:
-	@echo "make demo   - install and run the main job on the embedded default data"
+	@echo "make demo   - install and run the main job (the quick study) on the embedded default data"
+	@echo "make pap-demo - the short PAP kernel demonstration"
 	@echo "make test   - install with dev extras and run the test suite"
 	@echo "make bench  - run the quick benchmark suite"
 
@@ -42,7 +43,13 @@ data:
 		echo "Fashion-MNIST missing: run  sudo apt-get install dataset-fashion-mnist"; \
 	fi
 
+# The main job: the `quick` study (train, attack, corrupt, OOD, analyse, report) into runs/demo.
+# Rerunning resumes: finished stages are skipped. `make pap-demo` is the 10-second kernel demo.
 demo: install
+	$(VENV)/bin/rpc-attention reproduce --preset quick --out runs/demo
+	@echo "report: runs/demo/report.md (and report.html)"
+
+pap-demo: install
 	$(VENV)/bin/rpc-attention pap-demo
 
 test: install
