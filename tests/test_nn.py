@@ -119,3 +119,18 @@ def test_import_is_light():
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "", f"heavy modules imported by `import rpc_attention`: {out.stdout}"
+
+
+def test_parse_layers_is_the_one_layer_spec():
+    from rpc_attention.nn import parse_layers
+
+    assert parse_layers("all", 4) == [0, 1, 2, 3] and parse_layers("all") == "all"
+    assert parse_layers(None, 4) == parse_layers("none", 4) == parse_layers([], 4) == parse_layers("", 4) == []
+    assert parse_layers("0-2, 5", 6) == [0, 1, 2, 5] and parse_layers("[3, 1, 1]", 4) == [1, 3]
+    assert parse_layers(2, 3) == [2] and parse_layers((2, 0), 3) == [0, 2]
+    for bad, match in [("x", "ranges"), ([5], "out of range"), ([-1], ">= 0"), (True, "block indices"),
+                       ([1.5], "integer"), ("1-x", "ranges")]:
+        with pytest.raises(ValueError, match=match):
+            parse_layers(bad, 4, name="decoder_rpc")
+    with pytest.raises(ValueError, match="^decoder_rpc"):
+        parse_layers([9], 4, name="decoder_rpc")

@@ -8,17 +8,63 @@ checkpoints: ``qkv`` (C -> 3C asymmetric, C -> 2C symmetric: keys then values) a
 
 from __future__ import annotations
 
-from typing import Optional
+import re
+from typing import Iterable, List, Optional, Union
 
 import torch
 from torch import Tensor, nn
 
 from . import functional as RF
 
-__all__ = ["Attention", "SymmetricAttention", "RPCAttention", "ScaledAttention", "PAP_OPTION_NAMES"]
+__all__ = ["Attention", "SymmetricAttention", "RPCAttention", "ScaledAttention", "PAP_OPTION_NAMES", "parse_layers"]
 
 # pap_attention keyword options a module or model may carry (besides masks and dropout).
 PAP_OPTION_NAMES = ("n_iter", "lambd", "threshold", "mu_mode", "model_dim", "tol")
+
+
+def parse_layers(spec: Union[None, str, int, Iterable[int]], depth: Optional[int] = None,
+                 name: str = "rpc_layers") -> Union[str, List[int]]:
+    """Which blocks run PAP, as every model family and integration spells it.
+
+    ``None``, ``"none"``, ``""`` or ``[]``: none; ``"all"``: every block (``"all"`` itself when
+    ``depth`` is unknown); an index; a list of indices; or a string of indices and inclusive ranges
+    (``"0,2"``, ``"0-3"``, ``"[0, 1]"``). Returns the sorted unique indices. Raises ``ValueError``
+    naming ``name`` for anything else and for indices outside ``[0, depth)``.
+    """
+    if spec is None:
+        return []
+    if isinstance(spec, str):
+        text = spec.strip().lower().strip("[]()")
+        if text == "all":
+            return "all" if depth is None else list(range(depth))
+        if text in ("", "none"):
+            return []
+        items: List[int] = []
+        for part in filter(None, (p.strip() for p in text.split(","))):
+            match = re.fullmatch(r"(-?\d+)(?:\s*-\s*(-?\d+))?", part)
+            if match is None:
+                raise ValueError(f"{name} must be 'all', 'none', block indices or ranges such as "
+                                 f"'0-3', got {spec!r}")
+            lo = int(match.group(1))
+            items.extend(range(lo, int(match.group(2) or lo) + 1))
+        spec = items
+    if isinstance(spec, bool):
+        raise ValueError(f"{name} must be 'all' or block indices, got {spec!r}")
+    if isinstance(spec, int):
+        spec = [spec]
+    try:
+        entries = list(spec)
+    except TypeError:
+        raise ValueError(f"{name} must be 'all' or a list of block indices, got {spec!r}") from None
+    for i in entries:
+        if isinstance(i, bool) or not isinstance(i, int):
+            raise ValueError(f"{name} entries must be integer block indices, got {i!r}")
+        if i < 0:
+            raise ValueError(f"{name} indices must be >= 0, got {spec!r}")
+        if depth is not None and i >= depth:
+            raise ValueError(f"{name} index {i} is out of range for a model with {depth} blocks "
+                             f"(valid block indices: 0..{depth - 1})")
+    return sorted(set(entries))
 
 
 def _check_heads(dim: int, num_heads: int) -> int:

@@ -27,6 +27,7 @@ import torch
 from torch import Tensor
 
 from .. import functional as RF
+from ..nn import parse_layers
 
 __all__ = ["asymmetric_rpc_attention", "KEY_MODES", "DEFAULT_OPTIONS", "resolve_layers", "layer_selected"]
 
@@ -47,31 +48,10 @@ DEFAULT_OPTIONS = {
 
 
 def resolve_layers(rpc_layers):
-    """Normalise ``rpc_layers``: ``"all"``, ``"none"``/``None``/``()``, an int, a list of ints or
-    a comma-separated string (``"0,2"``). Returns ``"all"`` or a tuple of non-negative ints."""
-    if rpc_layers is None:
-        return ()
-    if isinstance(rpc_layers, str):
-        text = rpc_layers.strip().lower()
-        if text == "all":
-            return "all"
-        if text in ("", "none"):
-            return ()
-        try:
-            rpc_layers = [int(p) for p in text.split(",") if p.strip()]
-        except ValueError:
-            raise ValueError(f"rpc_layers must be 'all', 'none' or comma-separated block indices, got {rpc_layers!r}") from None
-    if isinstance(rpc_layers, bool):
-        raise ValueError(f"rpc_layers must be 'all' or block indices, got {rpc_layers!r}")
-    if isinstance(rpc_layers, int):
-        rpc_layers = [rpc_layers]
-    try:
-        layers = tuple(int(i) for i in rpc_layers)
-    except (TypeError, ValueError):
-        raise ValueError(f"rpc_layers must be 'all' or a list of block indices, got {rpc_layers!r}") from None
-    if any(i < 0 for i in layers):
-        raise ValueError(f"rpc_layers indices must be >= 0, got {rpc_layers!r}")
-    return tuple(sorted(set(layers)))
+    """Normalise ``rpc_layers`` (:func:`rpc_attention.nn.parse_layers`; the depth is not known yet).
+    Returns ``"all"`` or a tuple of non-negative ints."""
+    layers = parse_layers(rpc_layers)
+    return layers if layers == "all" else tuple(layers)
 
 
 def layer_selected(layers, idx: Optional[int]) -> bool:

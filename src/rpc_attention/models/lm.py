@@ -28,7 +28,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from .. import functional as RF
-from ..nn import Attention, RPCAttention, SymmetricAttention
+from ..nn import Attention, RPCAttention, SymmetricAttention, parse_layers
 
 __all__ = [
     "SymlmConfig", "Symlm", "AdaptiveLogSoftmax", "LM_CONFIGS", "build_lm", "lm_config",
@@ -91,27 +91,7 @@ class SymlmConfig:
 
 def parse_rpc_layers(value, n_layer: int) -> List[int]:
     """``"all"``, ``"0-3"``, ``"0,1,2"``, a list of ints or ``None``/``[]`` -> sorted block indices."""
-    if value is None or value == "" or value == [] or value == "none":
-        return []
-    if isinstance(value, str):
-        if value == "all":
-            return list(range(n_layer))
-        out: List[int] = []
-        for part in value.split(","):
-            part = part.strip()
-            if "-" in part:
-                lo, hi = part.split("-", 1)
-                out.extend(range(int(lo), int(hi) + 1))
-            elif part:
-                out.append(int(part))
-        value = out
-    if isinstance(value, int) and not isinstance(value, bool):
-        value = [value]
-    layers = sorted({int(i) for i in value})
-    bad = [i for i in layers if not 0 <= i < n_layer]
-    if bad:
-        raise ValueError(f"rpc_layers {bad} out of range for {n_layer} blocks (indices start at 0)")
-    return layers
+    return parse_layers(value, n_layer)
 
 
 LM_CONFIGS: Dict[str, Dict] = {

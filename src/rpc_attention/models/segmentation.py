@@ -34,7 +34,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from ..nn import RPCAttention, SymmetricAttention
+from ..nn import RPCAttention, SymmetricAttention, parse_layers
 
 __all__ = [
     "Segmenter", "LinearDecoder", "MaskTransformerDecoder", "build_segmenter", "load_encoder_weights",
@@ -50,26 +50,13 @@ SEGMENTER_KEYS = (
 
 
 def _resolve_layers(spec: Union[None, bool, str, int, Iterable[int]], depth: int, what: str) -> List[int]:
-    if spec is None or spec is False:
+    """``True`` (or ``"true"``/``"yes"``) means the first decoder block; otherwise as
+    :func:`rpc_attention.nn.parse_layers`."""
+    if spec is False or (isinstance(spec, str) and spec.strip().lower() in ("false", "no")):
         return []
-    if spec is True:
+    if spec is True or (isinstance(spec, str) and spec.strip().lower() in ("true", "yes")):
         return [0]
-    if isinstance(spec, str):
-        s = spec.strip().lower()
-        if s in ("", "none", "false", "no"):
-            return []
-        if s == "all":
-            return list(range(depth))
-        if s in ("true", "yes"):
-            return [0]
-        spec = [int(t) for t in s.replace("[", "").replace("]", "").split(",") if t.strip()]
-    if isinstance(spec, int):
-        spec = [spec]
-    layers = sorted({int(i) for i in spec})
-    for i in layers:
-        if not 0 <= i < depth:
-            raise ValueError(f"{what}: block index {i} out of range for {depth} decoder blocks")
-    return layers
+    return parse_layers(spec, depth, what)
 
 
 class LinearDecoder(nn.Module):

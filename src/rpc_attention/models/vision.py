@@ -35,7 +35,7 @@ from timm.models import build_model_with_cfg, generate_default_cfgs, register_mo
 from timm.models.vision_transformer import Block, VisionTransformer
 
 from .. import functional as RF
-from ..nn import Attention, RPCAttention, ScaledAttention, SymmetricAttention
+from ..nn import Attention, RPCAttention, ScaledAttention, SymmetricAttention, parse_layers
 
 __all__ = ["SymViT", "SymViTBlock", "MODEL_NAMES", "resolve_rpc_layers", "load_official_checkpoint"]
 
@@ -49,35 +49,8 @@ MODEL_NAMES = (
 
 
 def resolve_rpc_layers(rpc_layers: Union[None, str, int, Iterable[int]], depth: int) -> List[int]:
-    """Normalise ``rpc_layers`` (``None``, ``"all"``, ``"none"``, an index, a list) to a sorted list.
-
-    Raises ``ValueError`` naming any index outside ``[0, depth)`` or any non-integer entry.
-    """
-    if rpc_layers is None:
-        return []
-    if isinstance(rpc_layers, str):
-        s = rpc_layers.strip().lower()
-        if s == "all":
-            return list(range(depth))
-        if s in ("", "none"):
-            return []
-        try:
-            rpc_layers = [int(p) for p in s.replace(" ", "").split(",")]
-        except ValueError:
-            raise ValueError(f"rpc_layers must be 'all', 'none' or block indices, got {rpc_layers!r}") from None
-    if isinstance(rpc_layers, bool):
-        raise ValueError(f"rpc_layers must be 'all' or block indices, got {rpc_layers!r}")
-    if isinstance(rpc_layers, int):
-        rpc_layers = [rpc_layers]
-    out = []
-    for i in rpc_layers:
-        if isinstance(i, bool) or not isinstance(i, int):
-            raise ValueError(f"rpc_layers entries must be integer block indices, got {i!r}")
-        if not 0 <= i < depth:
-            raise ValueError(f"rpc_layers index {i} is out of range for a model with depth {depth} "
-                             f"(valid block indices: 0..{depth - 1})")
-        out.append(i)
-    return sorted(set(out))
+    """Normalise ``rpc_layers`` to a sorted list of block indices (:func:`rpc_attention.nn.parse_layers`)."""
+    return parse_layers(rpc_layers, depth)
 
 
 class _NoAttention(nn.Module):
