@@ -44,7 +44,6 @@ import os
 import platform
 import statistics
 import sys
-import tempfile
 import time
 from dataclasses import dataclass, field
 from typing import Callable, Dict, List, Optional, Sequence
@@ -53,6 +52,7 @@ import torch
 import torch.nn.functional as F
 
 from . import functional as RF
+from .io import atomic_write_text
 
 __all__ = ["official_pap", "OpShape", "Config", "config", "run_suite", "to_markdown", "write_results"]
 
@@ -895,25 +895,11 @@ def to_markdown(results: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
-def _atomic_write(path: str, text: str) -> None:
-    directory = os.path.dirname(os.path.abspath(path))
-    os.makedirs(directory, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=directory, prefix=".tmp-", suffix=os.path.basename(path))
-    try:
-        with os.fdopen(fd, "w") as f:
-            f.write(text)
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
-
-
 def write_results(results: dict, out_dir: str) -> Dict[str, str]:
     """Write ``bench-<config>-<device>.json`` and ``.md`` into ``out_dir``; returns their paths."""
     dev = results["env"]["device"].split(":")[0]
     stem = os.path.join(out_dir, f"bench-{results['config']}-{dev}")
     paths = {"json": stem + ".json", "md": stem + ".md"}
-    _atomic_write(paths["json"], json.dumps(results, indent=1, default=str) + "\n")
-    _atomic_write(paths["md"], to_markdown(results))
+    atomic_write_text(paths["json"], json.dumps(results, indent=1, default=str) + "\n")
+    atomic_write_text(paths["md"], to_markdown(results))
     return paths

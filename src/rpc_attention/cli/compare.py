@@ -66,7 +66,8 @@ def compare_runs(runs, out_dir, metrics=None, labels=None, split: str = "val"):
     """Read the runs, write compare.json / compare.md / compare.png in ``out_dir``; returns the table dict."""
     from pathlib import Path
 
-    from ..kpca.report import write_json_atomic, write_text_atomic
+    from ..io import atomic_write_text
+    from ..kpca.report import write_json_atomic
 
     if labels is not None and len(labels) != len(runs):
         raise ValueError(f"{len(labels)} --label given for {len(runs)} runs")
@@ -115,16 +116,15 @@ def compare_runs(runs, out_dir, metrics=None, labels=None, split: str = "val"):
         for r in fin:
             vals = ", ".join(f"{k} {v:.4g}" for k, v in r["final_eval"].items() if k in metrics)
             lines.append(f"- {r['label']} ({r['final_eval'].get('split')}): {vals or 'n/a'}")
-    write_text_atomic(out / "compare.md", "\n".join(lines) + "\n")
+    atomic_write_text(out / "compare.md", "\n".join(lines) + "\n")
     _plot(data, metrics, out / "compare.png", split)
     return table
 
 
 def _plot(data, metrics, path, split):
-    import os
-    import tempfile
-
     import matplotlib
+
+    from ..io import atomic_savefig
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -142,15 +142,10 @@ def _plot(data, metrics, path, split):
         if ax.get_legend_handles_labels()[0]:
             ax.legend(fontsize=8)
     fig.tight_layout()
-    fd, tmp = tempfile.mkstemp(dir=str(path.parent), prefix=".compare.", suffix=".png")
-    os.close(fd)
     try:
-        fig.savefig(tmp, dpi=110)
-        os.replace(tmp, path)
+        atomic_savefig(fig, path, dpi=110)
     finally:
         plt.close(fig)
-        if os.path.exists(tmp):
-            os.unlink(tmp)
 
 
 def run(args: argparse.Namespace) -> int:

@@ -23,7 +23,6 @@ model is run by sliding windows (see :func:`rpc_attention.models.segmentation.sl
 
 from __future__ import annotations
 
-import math
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence, Tuple
 

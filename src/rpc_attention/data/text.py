@@ -39,6 +39,8 @@ from typing import Dict, FrozenSet, Iterable, Iterator, List, Mapping, Optional,
 
 import numpy as np
 
+from ..io import atomic_write_bytes
+
 __all__ = [
     "EOS", "UNK", "SPLITS", "WIKITEXT_FILES", "Vocab", "Corpus", "wiki_tokenize", "detokenize",
     "embedded_corpus_path", "read_embedded_lines", "read_wikitext_lines", "read_lines",
@@ -165,7 +167,7 @@ class Vocab:
         return hashlib.sha256("\n".join(self.itos).encode("utf-8")).hexdigest()
 
     def save(self, path: os.PathLike) -> None:
-        _atomic_write_bytes(Path(path), ("\n".join(self.itos) + "\n").encode("utf-8"))
+        atomic_write_bytes(Path(path), ("\n".join(self.itos) + "\n").encode("utf-8"))
 
     @classmethod
     def load(cls, path: os.PathLike) -> "Vocab":
@@ -336,19 +338,6 @@ def encode_lines(lines: Iterable[Sequence[str]], vocab: Vocab) -> np.ndarray:
     return np.asarray(ids, dtype=np.int32)
 
 
-def _atomic_write_bytes(path: Path, data: bytes) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=".tmp-", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as fh:
-            fh.write(data)
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
-
-
 def _build(data_cfg: Mapping, settings: Dict) -> Tuple[Vocab, Dict[str, np.ndarray]]:
     if settings["source"] == "wikitext":
         counts: Counter = Counter()
@@ -435,7 +424,7 @@ def prepare_corpus(data_cfg: Mapping, cache_dir: Optional[os.PathLike] = None) -
             meta["arrays"][split] = {"tokens": int(arr.shape[0]), "sha256": _sha256_file(tmp / f"{split}.npy")}
         for name in ["vocab.txt"] + [f"{s}.npy" for s in SPLITS]:
             os.replace(tmp / name, cache / name)
-        _atomic_write_bytes(cache / "meta.json", (json.dumps(meta, indent=2) + "\n").encode())
+        atomic_write_bytes(cache / "meta.json", (json.dumps(meta, indent=2) + "\n").encode())
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     loaded = {s: np.load(cache / f"{s}.npy", mmap_mode="r") for s in SPLITS}

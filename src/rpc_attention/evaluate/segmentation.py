@@ -19,15 +19,15 @@ training crop size.
 
 from __future__ import annotations
 
-import math
 import os
-from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
+from typing import Any, Dict, Iterable, List, Mapping, Optional, Tuple
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from ..io import atomic_write
 from ._imagecorruptions_compat import CORRUPTIONS
 from .suites import register_suite
 
@@ -227,9 +227,7 @@ def save_examples(images01: Tensor, labels: Tensor, preds: Tensor, num_classes: 
         if scale > 1:
             pil = pil.resize((row.shape[1] * scale, row.shape[0] * scale), Image.NEAREST)
         path = os.path.join(out_dir, f"example_{start + i:04d}.png")
-        tmp = os.path.join(out_dir, f".tmp-example_{start + i:04d}.png")
-        pil.save(tmp, format="PNG")
-        os.replace(tmp, path)
+        atomic_write(path, lambda tmp, pil=pil: pil.save(tmp, format="PNG"))
         paths.append(path)
     return paths
 

@@ -24,11 +24,12 @@ import importlib
 import json
 import os
 import pkgutil
-import tempfile
 import time
 from dataclasses import dataclass, field
 from fractions import Fraction
 from typing import Any, Callable, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
+
+from ..io import atomic_write_text  # re-exported
 
 __all__ = [
     "Suite", "register_suite", "get_suite", "list_suites", "COMMON_DEFAULTS", "parse_eps_list",
@@ -349,20 +350,6 @@ def render_markdown(record: Mapping[str, Any]) -> str:
         lines.append("")
         lines.append("Summary: " + ", ".join(f"{k} = {_fmt(v)}" for k, v in record["metrics"].items()))
     return "\n".join(lines) + "\n"
-
-
-def atomic_write_text(path: str, text: str) -> None:
-    d = os.path.dirname(os.path.abspath(path))
-    os.makedirs(d, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=".tmp-", dir=d)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as fh:
-            fh.write(text)
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
 
 
 def _jsonable(obj: Any) -> Any:

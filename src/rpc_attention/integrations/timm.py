@@ -23,7 +23,6 @@ from __future__ import annotations
 
 from typing import Dict, Optional
 
-import torch
 import torch.nn.functional as F
 from torch import nn
 from torch.overrides import TorchFunctionMode

@@ -5,6 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Dict, List
 
+from ..io import atomic_savefig
+
 __all__ = ["make_figures"]
 
 
@@ -18,17 +20,7 @@ def _plt():
 
 
 def _save(fig, path: Path) -> str:
-    import os
-    import tempfile
-
-    fd, tmp = tempfile.mkstemp(dir=str(path.parent), prefix=f".{path.name}.", suffix=".png")
-    os.close(fd)
-    try:
-        fig.savefig(tmp, dpi=100)
-        os.replace(tmp, path)
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
+    atomic_savefig(fig, path, dpi=100)
     return path.name
 
 

@@ -5,20 +5,19 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import platform
-import tempfile
 import time
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence
 
 import torch
 
+from ..io import atomic_write_text
 from .analysis import ALIGN_METRICS, analyze_captures, chance_baselines, pap_stats
 from .hooks import AttentionCapture
 from .sources import Probe
 
-__all__ = ["run_analysis", "load_history", "write_json_atomic", "write_text_atomic", "summary_markdown", "RULES"]
+__all__ = ["run_analysis", "load_history", "write_json_atomic", "summary_markdown", "RULES"]
 
 RULES = {
     "alignment": ("A metric supports 'the learned values are the KPCA value matrix V_hat' when it reaches 0.8 "
@@ -59,22 +58,8 @@ def _clean(o):
     return o
 
 
-def write_text_atomic(path: Path, text: str) -> None:
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=str(path.parent), prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w") as fh:
-            fh.write(text)
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
-
-
 def write_json_atomic(path: Path, obj: Any) -> None:
-    write_text_atomic(path, json.dumps(_clean(obj), indent=2, default=_json_default) + "\n")
+    atomic_write_text(path, json.dumps(_clean(obj), indent=2, default=_json_default) + "\n")
 
 
 def load_history(run_dir: Path) -> List[Dict[str, Any]]:
@@ -189,7 +174,7 @@ def run_analysis(
         except Exception as exc:
             result["failures"].append({"stage": "figures", "error": f"{type(exc).__name__}: {exc}"})
     write_json_atomic(out_dir / "kpca.json", result)
-    write_text_atomic(out_dir / "summary.md", summary_markdown(result))
+    atomic_write_text(out_dir / "summary.md", summary_markdown(result))
     return result
 
 

@@ -9,9 +9,10 @@ from __future__ import annotations
 import math
 import os
 import re
-import tempfile
 from pathlib import Path
 from typing import Any, Dict, List, Optional
+
+from ..io import atomic_savefig
 
 __all__ = ["make_figures"]
 
@@ -27,17 +28,10 @@ def _plt():
 
 def _save(fig, out_dir: Path, name: str) -> str:
     plt = _plt()
-    path = out_dir / "figures" / name
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{name}.", suffix=".png", dir=str(path.parent))
-    os.close(fd)
     try:
-        fig.savefig(tmp, dpi=100, bbox_inches="tight", format="png")
-        os.replace(tmp, path)
+        atomic_savefig(fig, out_dir / "figures" / name, dpi=100, bbox_inches="tight")
     finally:
         plt.close(fig)
-        if os.path.exists(tmp):
-            os.unlink(tmp)
     return f"figures/{name}"
 
 

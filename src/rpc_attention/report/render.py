@@ -7,7 +7,7 @@ import html
 import math
 import re
 from pathlib import Path
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List
 
 from ..reproduce.pipeline import format_seconds
 
@@ -166,7 +166,7 @@ def render_markdown(res: Dict[str, Any]) -> str:
     L += [f"- Hardware: {s.get('cpu')} ({s.get('cpu_count')} logical CPUs), "
           + (f"GPUs: {', '.join(s['gpus'])}" if s.get("gpus") else "no GPU") + f"; device `{s.get('device')}`; "
           f"torch threads {s.get('torch_threads')}; load average at report time {s.get('load_average')}.",
-          f"- Software: " + ", ".join(f"{k} {val}" for k, val in v.items()) + f"; {s.get('platform')}.",
+          "- Software: " + ", ".join(f"{k} {val}" for k, val in v.items()) + f"; {s.get('platform')}.",
           f"- Seeds: {', '.join(str(x) for x in s.get('seeds', []))}.", ""]
     data_lines = []
     for run, t in res.get("training", {}).items():

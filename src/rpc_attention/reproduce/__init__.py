@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import os
 import time
-from pathlib import Path
 from typing import Callable, Iterable, List, Optional, Sequence
 
 from .pipeline import Pipeline, Stage, StageContext, StageSelectionError, StageSkipped, atomic_write_json

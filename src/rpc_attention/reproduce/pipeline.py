@@ -27,12 +27,13 @@ import json
 import os
 import socket
 import sys
-import tempfile
 import time
 import traceback
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence
+
+from ..io import atomic_write_bytes, atomic_write_json, atomic_write_text, json_default  # re-exported for stages
 
 __all__ = [
     "Stage", "StageContext", "StageSkipped", "Pipeline", "PlanEntry", "atomic_write_text",
@@ -48,50 +49,6 @@ class StageSkipped(Exception):
 
 class StageSelectionError(ValueError):
     """``--stages`` names nothing, or a selected stage needs a stage that has not finished."""
-
-
-# ------------------------------------------------------------------------------------------- atomic IO
-def atomic_write_bytes(path, data: bytes) -> Path:
-    """Write ``data`` to ``path`` through a temporary file in the same folder and ``os.replace``."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=str(path.parent))
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(tmp)
-        raise
-    return path
-
-
-def atomic_write_text(path, text: str) -> Path:
-    return atomic_write_bytes(path, text.encode("utf-8"))
-
-
-def _json_default(obj):
-    try:
-        import numpy as np
-
-        if isinstance(obj, np.generic):
-            return obj.item()
-        if isinstance(obj, np.ndarray):
-            return obj.tolist()
-    except ImportError:  # pragma: no cover
-        pass
-    if isinstance(obj, Path):
-        return str(obj)
-    if isinstance(obj, (set, tuple)):
-        return list(obj)
-    raise TypeError(f"not JSON serialisable: {type(obj).__name__}")
-
-
-def atomic_write_json(path, obj: Any) -> Path:
-    return atomic_write_text(path, json.dumps(obj, indent=2, sort_keys=True, default=_json_default) + "\n")
 
 
 def read_json(path) -> Optional[dict]:
@@ -256,7 +213,7 @@ class Pipeline:
             sk = self.marker(d, "skipped") or {}
             up.append([d, m.get("fingerprint"), m.get("finished"), sk.get("reason") if not m else None])
         blob = json.dumps({"kind": stage.kind, "params": stage.params, "upstream": up}, sort_keys=True,
-                          default=_json_default)
+                          default=json_default)
         return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
     # ----------------------------------------------------------------------------------------- plan

@@ -13,11 +13,10 @@ import importlib
 import importlib.util
 import io
 import json
-import os
 import shutil
 import sys
 from pathlib import Path
-from typing import Any, Dict, List, Optional, Sequence
+from typing import Optional, Sequence
 
 from .pipeline import StageContext, StageSkipped, read_json
 

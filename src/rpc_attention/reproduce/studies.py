@@ -10,7 +10,6 @@ stage list run by :class:`~rpc_attention.reproduce.pipeline.Pipeline`. Study set
 from __future__ import annotations
 
 import copy
-import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional, Sequence

@@ -29,6 +29,8 @@ from typing import Any, Dict, List, Optional, Tuple
 import numpy as np
 import torch
 
+from ..io import atomic_write_bytes
+
 __all__ = [
     "atomic_write_bytes", "save_safetensors_atomic", "save_checkpoint", "verify_checkpoint", "list_checkpoints",
     "latest_checkpoint", "load_checkpoint", "rng_state", "set_rng_state", "CheckpointError",
@@ -58,23 +60,6 @@ def _fsync_dir(path: Path) -> None:
         pass
     finally:
         os.close(fd)
-
-
-def atomic_write_bytes(path: os.PathLike, data: bytes) -> None:
-    """Write ``data`` to ``path`` via a temporary file in the same folder and ``os.replace``."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=str(path.parent))
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
 
 
 def _state_dict_for_safetensors(sd: Dict[str, torch.Tensor]) -> Dict[str, torch.Tensor]:

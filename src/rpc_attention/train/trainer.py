@@ -32,7 +32,8 @@ import torch.distributed as dist
 from torch.utils.data import DataLoader, Sampler
 
 from .checkpoint import (CheckpointError, latest_checkpoint, list_checkpoints, load_checkpoint, rng_state,
-                         save_checkpoint, save_safetensors_atomic, set_rng_state, atomic_write_bytes)
+                         save_checkpoint, save_safetensors_atomic, set_rng_state)
+from ..io import atomic_write_bytes
 from .config import dump_config, load_config_file, resolve_config
 
 __all__ = ["run_training", "TrainingDiverged", "RunExistsError", "StepSampler", "MetricsLogger", "RUN_FILES"]
@@ -429,7 +430,6 @@ def _train(cfg, out: Path, resume: bool, force: bool, device: torch.device, rank
     from .callbacks import get_callback
 
     callbacks = [(name, get_callback(name)) for name in (tcfg.get("callbacks") or [])]
-    eval_loader = None
     val_ds = datasets.get("val")
 
     def make_eval_loader(ds):

@@ -1,0 +1,85 @@
+"""Atomic file output, used for every result, checkpoint, cache and figure the package writes.
+
+A file is written under a temporary name in its own folder and renamed into place with
+``os.replace``, so a crash or a kill never leaves a half-written file behind and never destroys the
+previous version: readers see the old file or the new one, nothing in between.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from pathlib import Path
+from typing import Any, Callable, Union
+
+__all__ = ["atomic_write", "atomic_write_bytes", "atomic_write_text", "atomic_write_json", "atomic_savefig",
+           "json_default"]
+
+PathLike = Union[str, os.PathLike]
+
+
+def atomic_write(path: PathLike, write: Callable[[str], None]) -> Path:
+    """Call ``write(tmp_path)`` to produce the file, then rename it to ``path``.
+
+    The temporary file sits in the same folder (so the rename is atomic) and keeps ``path``'s
+    suffix (so writers that infer a format from it, such as ``savefig``, do the right thing).
+    On any error, the temporary file is removed and ``path`` is left as it was.
+    """
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=f".tmp{path.suffix}", dir=str(path.parent))
+    os.close(fd)
+    try:
+        write(tmp)
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+    return path
+
+
+def atomic_write_bytes(path: PathLike, data: bytes) -> Path:
+    """Write ``data`` atomically, flushed to disk before the rename."""
+
+    def write(tmp: str) -> None:
+        with open(tmp, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+
+    return atomic_write(path, write)
+
+
+def atomic_write_text(path: PathLike, text: str) -> Path:
+    """Write ``text`` (UTF-8) atomically."""
+    return atomic_write_bytes(path, text.encode("utf-8"))
+
+
+def json_default(obj: Any) -> Any:
+    """``json.dumps`` fallback for numpy scalars and arrays, paths, sets and tuples."""
+    try:
+        import numpy as np
+
+        if isinstance(obj, np.generic):
+            return obj.item()
+        if isinstance(obj, np.ndarray):
+            return obj.tolist()
+    except ImportError:  # pragma: no cover
+        pass
+    if isinstance(obj, Path):
+        return str(obj)
+    if isinstance(obj, (set, tuple)):
+        return list(obj)
+    raise TypeError(f"not JSON serialisable: {type(obj).__name__}")
+
+
+def atomic_write_json(path: PathLike, obj: Any, *, indent: int = 2, sort_keys: bool = True) -> Path:
+    """Write ``obj`` as JSON atomically (numpy values and paths converted by :func:`json_default`)."""
+    return atomic_write_text(path, json.dumps(obj, indent=indent, sort_keys=sort_keys, default=json_default) + "\n")
+
+
+def atomic_savefig(fig, path: PathLike, **kwargs: Any) -> Path:
+    """``fig.savefig(path, **kwargs)`` atomically; the format comes from ``path``'s suffix."""
+    fmt = Path(path).suffix.lstrip(".") or "png"
+    return atomic_write(path, lambda tmp: fig.savefig(tmp, format=kwargs.pop("format", fmt), **kwargs))

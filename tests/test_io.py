@@ -1,0 +1,42 @@
+"""Atomic writers: the target is replaced whole or not at all."""
+
+import json
+
+import numpy as np
+import pytest
+
+from rpc_attention.io import atomic_savefig, atomic_write, atomic_write_json, atomic_write_text
+
+
+def test_failed_write_keeps_the_previous_file_and_leaves_no_temporary(tmp_path):
+    path = tmp_path / "sub" / "result.json"
+    atomic_write_json(path, {"acc": np.float32(0.5), "eps": np.arange(2), "where": tmp_path})
+    before = path.read_text()
+    assert json.loads(before) == {"acc": 0.5, "eps": [0, 1], "where": str(tmp_path)}
+
+    def half_written(tmp):
+        with open(tmp, "w") as f:
+            f.write("{ half")
+        raise RuntimeError("killed")
+
+    with pytest.raises(RuntimeError, match="killed"):
+        atomic_write(path, half_written)
+    with pytest.raises(TypeError, match="not JSON serialisable"):
+        atomic_write_json(path, {"x": object()})
+    assert path.read_text() == before
+    assert sorted(p.name for p in path.parent.iterdir()) == ["result.json"]
+    atomic_write_text(path, "new\n")
+    assert path.read_text() == "new\n"
+
+
+def test_savefig_writes_a_png(tmp_path):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig = plt.figure(figsize=(1, 1))
+    path = atomic_savefig(fig, tmp_path / "f.png", dpi=20)
+    plt.close(fig)
+    assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert [p.name for p in tmp_path.iterdir()] == ["f.png"]
