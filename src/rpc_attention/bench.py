@@ -8,8 +8,8 @@ Operator level (``(B, H, N, d)`` keys and values, forward and forward+backward):
 
 * ``sdpa``: one plain symmetric attention on the fused kernel, ``softmax(s K K^T) V`` (the baseline);
 * ``pap n``: :func:`rpc_attention.functional.pap_attention` with ``n`` iterations (the fused path);
-* ``official n``: :func:`official_pap`, PAP written the way the official code computes it (explicit
-  matmul-softmax-matmul per iteration, Y-form updates), as the reference formulation;
+* ``official n``: :func:`official_pap`, PAP the way the official code computes it (the kernel's
+  explicit path: matmul-softmax-matmul per iteration, Y-form updates, plain autograd);
 * options: ``ckpt`` (``checkpoint_iters=True``), ``compile`` (``torch.compile`` of the fused path,
   full runs only), ``tol`` (early stopping, forward only).
 
@@ -63,44 +63,14 @@ __all__ = ["official_pap", "OpShape", "Config", "config", "run_suite", "to_markd
 
 def official_pap(k, v, n_iter: int = 6, lambd: float = 4.0, is_causal: bool = False,
                  model_dim: Optional[int] = None):
-    """PAP as the official code computes it: every iteration materialises ``softmax(s K2 K2^T)``.
+    """PAP as the official code computes it: the kernel's explicit path (``fused=False``).
 
-    Global mu (``N C / (4 sum|k|)``), ``tau = lambd * mu``, Y-form dual updates, explicit
-    matmul-softmax-matmul attention (a causal mask, when asked, is applied in every iteration and mu
-    is the per-position causal one, as :func:`~rpc_attention.functional.pap_attention` does).
+    Every iteration materialises ``softmax(s K2 K2^T)``; Y-form dual updates; plain autograd through
+    every operation. Global mu (``N C / (4 sum|k|)``), ``tau = lambd * mu``; with ``is_causal`` the
+    mask applies in every iteration and mu is the per-position causal one.
     """
-    b, h, n, d = k.shape
-    width = model_dim or h * d
-    scale = 1.0 / math.sqrt(d)
-    absk = k.abs().sum(dim=-1, keepdim=True)
-    if is_causal:
-        count = torch.arange(1, n + 1, device=k.device, dtype=k.dtype).view(1, 1, n, 1)
-        mu = count * width / (4.0 * absk.cumsum(dim=-2).clamp_min(1e-6))
-        blocked = torch.ones(n, n, dtype=torch.bool, device=k.device).triu(1)
-    else:
-        mu = n * width / (4.0 * absk.sum(dim=-2, keepdim=True).clamp_min(1e-6))
-        blocked = None
-    tau = lambd * mu
-
-    def shrink(x):
-        return torch.sign(x) * torch.clamp(x.abs() - tau, min=0)
-
-    def attend(kk):
-        scores = torch.matmul(kk, kk.transpose(-2, -1)) * scale
-        if blocked is not None:
-            scores = scores.masked_fill(blocked, float("-inf"))
-        return torch.matmul(torch.softmax(scores, dim=-1), v)
-
-    L = torch.zeros_like(k)
-    Y = torch.zeros_like(k)
-    for _ in range(n_iter - 1):
-        S = shrink(k - L + Y / mu)
-        K2 = k - S - Y / mu
-        L = attend(K2)
-        Y = Y + mu * (k - L - S)
-    S = shrink(k - L + Y / mu)
-    K2 = k - S - Y / mu
-    return attend(K2)
+    return RF.pap_attention(k, v, n_iter=n_iter, lambd=lambd, is_causal=is_causal, model_dim=model_dim,
+                            fused=False)
 
 
 # ---------------------------------------------------------------------------------------------
