@@ -113,6 +113,10 @@ def check_report_files_and_tables(study_dir):
     # our numbers with std over the two seeds next to the paper's row
     assert "80.15 ± 0.21 (n=2)" in md          # SymViT clean top-1: mean of 80.0, 80.3
     assert "*paper: baseline (ImageNet-scale)*" in md and "70.44" in md and "71.49" in md
+    lm_section = md[md.index("## Language modelling"):]
+    assert "*paper: baseline (WikiText-103)*" in lm_section and "ImageNet" not in lm_section.split("\n## ")[0]
+    # the report stage that writes the page is not listed as pending
+    assert "`report`: running" not in md and "| report | report | running" not in md
     # per-eps table and corruption table
     assert "| 1/255 |" in md and "| gaussian_noise |" in md
     # verdicts from the rules: RPC-6 clean +2 points with sigma 0.21 -> reproduced

@@ -251,7 +251,7 @@ def corruptions_suite(model: nn.Module, cfg: Mapping[str, Any], run_dir, opts: D
         rows.append(row)
     data = {"dataset": dname, "split": "test", "n_examples": n,
             "source": f"ImageNet-C tree {root}" if root else "imagecorruptions on the fly"}
-    protocol = ("top-1 error (%) under 15 corruptions x 5 severities"
+    protocol = (f"top-1 error (%) under {len(names)} corruptions x {len(SEVERITIES)} severities"
                 + (f"; CE normalised by {norm_by}" if norm_by else "; no normalisation (set corruptions.baseline=RUN)"))
     if not root:
         protocol += f"; images < {MIN_SIZE}px edge-padded to {MIN_SIZE} and cropped back, grayscale via 3-channel + luma"

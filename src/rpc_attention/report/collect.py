@@ -21,7 +21,7 @@ __all__ = ["collect_results", "setup_info", "metric_value", "TABLES"]
 
 # Columns of the task tables, in the layout of the paper's tables: (suite, metric, header, higher, paper id)
 TABLES: Dict[str, Dict[str, Any]] = {
-    "vision": {"title": "Image classification and robustness", "columns": [
+    "vision": {"title": "Image classification and robustness", "paper_scale": "ImageNet-scale", "columns": [
         ("clean", "top1", "clean top-1 (%)", True, "clean"),
         ("clean", "top5", "clean top-5 (%)", True, None),
         ("fgsm", "mean_top1", "FGSM top-1, mean over eps (%)", True, "fgsm"),
@@ -39,13 +39,14 @@ TABLES: Dict[str, Dict[str, Any]] = {
         ("clean", "top1", "clean top-1 (%)", True, None),
         ("clean", "top5", "clean top-5 (%)", True, None),
     ]},
-    "lm": {"title": "Language modelling (word-level perplexity, lower is better)", "columns": [
+    "lm": {"title": "Language modelling (word-level perplexity, lower is better)", "paper_scale": "WikiText-103",
+           "columns": [
         ("ppl", "valid_ppl_sliding", "valid PPL", False, None),
         ("ppl", "test_ppl_sliding", "test PPL", False, "lm_ppl"),
         ("wordswap", "valid_attacked_ppl_sliding", "word-swap valid PPL", False, None),
         ("wordswap", "test_attacked_ppl_sliding", "word-swap test PPL", False, "lm_wordswap"),
     ]},
-    "seg": {"title": "Segmentation (composed Fashion-MNIST scenes)", "columns": [
+    "seg": {"title": "Segmentation (composed Fashion-MNIST scenes)", "paper_scale": "ADE20K", "columns": [
         ("seg", "pixel_acc", "pixel acc (%)", True, None),
         ("seg", "mean_acc", "mean acc (%)", True, None),
         ("seg", "miou", "mIoU (%)", True, "seg_miou"),
@@ -232,7 +233,8 @@ def collect_results(out_dir, study, pipeline) -> Dict[str, Any]:
                 pr = PAPER_ROWS[pid]
                 paper["baseline"][f"{suite}:{metric}"] = {"value": pr["baseline"], "setting": pr["setting"]}
                 paper["rpc"][f"{suite}:{metric}"] = {"value": pr["rpc"], "setting": pr["setting"], "change": pr["change"]}
-        res["tables"][tname] = {"title": spec["title"], "columns": [
+        res["tables"][tname] = {"title": spec["title"], "paper_scale": spec.get("paper_scale", "ImageNet-scale"),
+                                "columns": [
             {"key": f"{s}:{m}", "suite": s, "metric": m, "header": h, "higher": hb, "paper": p} for s, m, h, hb, p in cols],
             "rows": rows, "paper": paper}
     # claims

@@ -156,7 +156,7 @@ def render_markdown(res: Dict[str, Any]) -> str:
     if res.get("claims"):
         L += ["## Verdicts", ""]
         L += _table(["claim (paper)", "metric", "baseline (ours)", "RPC (ours)", "delta, RPC better > 0", "margin",
-                     "paper: baseline → RPC (ImageNet-scale)", "verdict"], [_claim_row(c) for c in res["claims"]])
+                     "paper: baseline → RPC (its data set)", "verdict"], [_claim_row(c) for c in res["claims"]])
         L += ["Reasons:", ""]
         L += [f"- {c['title']}: {c['verdict']} — {c['reason']}." for c in res["claims"]] + [""]
     # ---- setup
@@ -194,7 +194,9 @@ def render_markdown(res: Dict[str, Any]) -> str:
     L += ["Study settings: " + ", ".join(f"`{k}={val}`" for k, val in res.get("settings", {}).items()), ""]
     # ---- time per stage
     rows, total, cpu_total = [], 0.0, 0.0
-    for r in res["stages"]:
+    # the report stage writing this page is still running: it is not a pending stage
+    stages = [r for r in res["stages"] if not (r.get("kind") == "report" and r["status"] == "running")]
+    for r in stages:
         total += r.get("seconds") or 0.0
         note = r.get("reason") or ""
         if r.get("resumed"):
@@ -215,14 +217,16 @@ def render_markdown(res: Dict[str, Any]) -> str:
         header = ["model"] + [c["header"] for c in t["columns"]]
         rows = [[r["label"]] + [_cell_text(r["cells"][c["key"]]) for c in t["columns"]] for r in t["rows"]]
         if any(t["paper"]["baseline"].values()):
-            rows.append(["*paper: baseline (ImageNet-scale)*"] + [
+            scale = t.get("paper_scale", "ImageNet-scale")
+            rows.append([f"*paper: baseline ({scale})*"] + [
                 fmt(t["paper"]["baseline"][c["key"]]["value"]) if c["key"] in t["paper"]["baseline"] else "" for c in t["columns"]])
-            rows.append(["*paper: RPC (ImageNet-scale)*"] + [
+            rows.append([f"*paper: RPC ({scale})*"] + [
                 f"{fmt(t['paper']['rpc'][c['key']]['value'])} ({t['paper']['rpc'][c['key']]['change']})"
                 if c["key"] in t["paper"]["rpc"] else "" for c in t["columns"]])
         L += _table(header, rows)
         L += [f"Ours: mean ± std across seeds (n = number of seeds) where there are several. Rows in italics are "
-              f"the {res['paper']['label']} (SPEC section 7): compare directions, not values.", ""]
+              f"the paper's ({t.get('paper_scale', 'ImageNet-scale')}; not comparable in absolute terms, SPEC "
+              "section 7): compare directions, not values.", ""]
         if tname == "vision":
             L += _eps_table(res, "fgsm") + _eps_table(res, "pgd") + _corruption_table(res)
         if tname == "lm":
@@ -271,7 +275,7 @@ def render_markdown(res: Dict[str, Any]) -> str:
     if any(f.get("section") == "seg_examples" for f in res.get("figures", [])):
         L += ["## Example segmentations", ""] + _figs(res, "seg_examples")
     # ---- skipped / failed
-    bad = [r for r in res["stages"] if r["status"] not in ("done",)]
+    bad = [r for r in stages if r["status"] not in ("done",)]
     errs = [f for f in res.get("figures", []) if f.get("section") == "errors"]
     if bad or errs:
         L += ["## Skipped, failed and pending stages", ""]

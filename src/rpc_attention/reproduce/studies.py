@@ -283,7 +283,7 @@ def quick(settings: Optional[Sequence[str]] = None) -> Study:
     return _fmnist_study("quick", s, "Fashion-MNIST SymViT vs RPC-SymViT (6iter/layer1, 2iter/all-layer), one "
                          "seed, shortened schedules; clean/FGSM/PGD/corruptions/OOD on test subsets; KPCA "
                          "analysis of the SymViT; small Symlm vs RPC-Symlm on the embedded Wikipedia corpus. "
-                         "About 25 minutes on 2 CPU cores.",
+                         "About 15-20 minutes on 2 idle CPU cores.",
                          suites=("clean", "fgsm", "pgd", "corruptions", "ood"))
 
 
