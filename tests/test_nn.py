@@ -113,12 +113,24 @@ def test_import_is_light():
     """`import rpc_attention` must not pull in the heavy optional stacks (import time budget)."""
     code = (
         "import sys, torch, rpc_attention\n"
-        "heavy = [m for m in ('transformers', 'matplotlib', 'torchattacks', 'imagecorruptions', 'tensorboard', 'sklearn')"
-        " if m in sys.modules]\n"
+        "heavy = [m for m in ('timm', 'transformers', 'matplotlib', 'torchattacks', 'imagecorruptions', 'tensorboard',"
+        " 'sklearn') if m in sys.modules]\n"
         "print(','.join(heavy))\n"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "", f"heavy modules imported by `import rpc_attention`: {out.stdout}"
+
+
+@pytest.mark.parametrize("imports", ["import rpc_attention, timm", "import timm, rpc_attention",
+                                     "import rpc_attention; import timm.layers"])
+def test_models_are_in_timms_registry_whichever_is_imported_first(imports):
+    code = (f"{imports}\nimport timm\n"
+            "print(sorted(n for n in timm.list_models() if 'symvit' in n or n.startswith('scaled')))\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == str(sorted([
+        "rpc_symvit_base_patch16_224", "rpc_symvit_small_patch16_224", "rpc_symvit_tiny_patch16_224",
+        "scaled_alpha_vit_tiny_patch16_224", "scaled_vit_tiny_patch16_224", "symvit_base_patch16_224",
+        "symvit_small_patch16_224", "symvit_tiny_patch16_224"]))
 
 
 def test_parse_layers_is_the_one_layer_spec():

@@ -2,9 +2,15 @@
 
 Layout: ``functional`` (kernels) -> ``nn`` (modules) -> ``models`` (vision, lm, segmentation) ->
 ``data``, ``train``, ``evaluate`` -> ``kpca`` (analysis) -> ``report`` -> ``cli``.
-Importing the package registers the vision models in timm's registry (when ``rpc_attention.models``
-is present).
+Importing the package registers the vision models in timm's registry: at once when timm is already
+imported, otherwise the moment timm is (importing timm costs 2.5 s of ``torch._dynamo`` through
+torchvision, which a user of the kernels alone should not pay).
 """
+
+import importlib
+import importlib.abc
+import importlib.util
+import sys
 
 from . import functional, nn
 from .functional import pap_attention, symmetric_attention, scaled_attention_alpha, scaled_attention_s
@@ -18,11 +24,34 @@ __all__ = [
 ]
 
 
-def _register_models() -> None:
-    import importlib.util
+class _RegisterWhenTimmLoads(importlib.abc.MetaPathFinder):
+    """Finds nothing itself: when ``timm`` is first imported, wraps its loader so that our models are
+    registered right after timm's own ``__init__`` has run, then removes itself."""
 
-    if importlib.util.find_spec(__name__ + ".models") is not None:
-        from . import models  # noqa: F401  (registers timm entry points)
+    def find_spec(self, fullname, path, target=None):
+        if fullname != "timm":
+            return None
+        sys.meta_path.remove(self)
+        spec = importlib.util.find_spec("timm")
+        if spec is None or spec.loader is None:
+            return spec
+        exec_timm = spec.loader.exec_module
+
+        def exec_and_register(module) -> None:
+            exec_timm(module)
+            importlib.import_module(__name__ + ".models")
+
+        spec.loader.exec_module = exec_and_register
+        return spec
+
+
+def _register_models() -> None:
+    if importlib.util.find_spec(__name__ + ".models") is None:
+        return
+    if "timm" in sys.modules:
+        importlib.import_module(__name__ + ".models")
+    elif not any(isinstance(f, _RegisterWhenTimmLoads) for f in sys.meta_path):
+        sys.meta_path.insert(0, _RegisterWhenTimmLoads())
 
 
 _register_models()
