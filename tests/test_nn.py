@@ -122,7 +122,8 @@ def test_import_is_light():
 
 
 @pytest.mark.parametrize("imports", ["import rpc_attention, timm", "import timm, rpc_attention",
-                                     "import rpc_attention; import timm.layers"])
+                                     "import rpc_attention; import timm.layers",
+                                     "import rpc_attention, importlib.util; assert importlib.util.find_spec('timm')"])
 def test_models_are_in_timms_registry_whichever_is_imported_first(imports):
     code = (f"{imports}\nimport timm\n"
             "print(sorted(n for n in timm.list_models() if 'symvit' in n or n.startswith('scaled')))\n")

@@ -25,20 +25,28 @@ __all__ = [
 
 
 class _RegisterWhenTimmLoads(importlib.abc.MetaPathFinder):
-    """Finds nothing itself: when ``timm`` is first imported, wraps its loader so that our models are
-    registered right after timm's own ``__init__`` has run, then removes itself."""
+    """Finds nothing itself: hands back timm's own spec with its loader wrapped so that our models
+    are registered right after timm's ``__init__`` has run; then it leaves ``sys.meta_path``.
+    (A mere ``find_spec("timm")``, as availability checks do, loads nothing and keeps it in place.)"""
+
+    _looking = False
 
     def find_spec(self, fullname, path, target=None):
-        if fullname != "timm":
+        if fullname != "timm" or self._looking:
             return None
-        sys.meta_path.remove(self)
-        spec = importlib.util.find_spec("timm")
+        self._looking = True
+        try:
+            spec = importlib.util.find_spec("timm")
+        finally:
+            self._looking = False
         if spec is None or spec.loader is None:
             return spec
         exec_timm = spec.loader.exec_module
 
         def exec_and_register(module) -> None:
             exec_timm(module)
+            if self in sys.meta_path:
+                sys.meta_path.remove(self)
             importlib.import_module(__name__ + ".models")
 
         spec.loader.exec_module = exec_and_register
