@@ -81,5 +81,5 @@ def atomic_write_json(path: PathLike, obj: Any, *, indent: int = 2, sort_keys: b
 
 def atomic_savefig(fig, path: PathLike, **kwargs: Any) -> Path:
     """``fig.savefig(path, **kwargs)`` atomically; the format comes from ``path``'s suffix."""
-    fmt = Path(path).suffix.lstrip(".") or "png"
-    return atomic_write(path, lambda tmp: fig.savefig(tmp, format=kwargs.pop("format", fmt), **kwargs))
+    kwargs.setdefault("format", Path(path).suffix.lstrip(".") or "png")  # tmp's own suffix is ".tmp.png"
+    return atomic_write(path, lambda tmp: fig.savefig(tmp, **kwargs))
