@@ -35,6 +35,21 @@ def gpt2(**kw):
     return transformers.AutoModelForCausalLM.from_config(cfg, attn_implementation="rpc").eval()
 
 
+def mistral(**kw):
+    """GQA (4 query heads, 2 k/v heads); ``sliding_window=None`` unless given."""
+    kw.setdefault("sliding_window", None)
+    cfg = transformers.MistralConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+                                     num_key_value_heads=2, vocab_size=64, max_position_embeddings=64, **kw)
+    return transformers.AutoModelForCausalLM.from_config(cfg, attn_implementation="rpc").eval()
+
+
+def qwen2(**kw):
+    """MQA (4 query heads, one k/v head)."""
+    cfg = transformers.Qwen2Config(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+                                   num_key_value_heads=1, vocab_size=64, max_position_embeddings=64, **kw)
+    return transformers.AutoModelForCausalLM.from_config(cfg, attn_implementation="rpc").eval()
+
+
 def bert(**kw):
     cfg = transformers.BertConfig(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64,
                                   vocab_size=64, max_position_embeddings=64, **kw)
@@ -182,10 +197,12 @@ def test_causal_leak(build, clean_queries):
     assert not torch.equal(a[:, 6:], b[:, 6:])
 
 
-def test_kv_cache_decoding_matches_full_forward_without_query_cleaning():
-    """With a cache, queries are shorter than keys: PAP runs over all cached keys (causal, aligned
-    to the end) and queries are not cleaned, so it equals the full forward with clean_queries=False."""
-    rpc_hf.register(rpc_layers="all", n_iter=3, lambd=0.5, threshold="lambda_over_mu", clean_queries=False)
+@pytest.mark.parametrize("clean_queries", [True, False])
+def test_kv_cache_decoding_matches_full_forward(clean_queries):
+    """With a cache, queries are shorter than keys: PAP runs over all cached keys (causal) and the
+    queries are cleaned with the rows of S at their positions, so prefill, single-token and chunked
+    steps equal the full forward."""
+    rpc_hf.register(rpc_layers="all", n_iter=3, lambd=0.5, threshold="lambda_over_mu", clean_queries=clean_queries)
     model = llama()
     ids, am = padded_batch("left")
     full = out_of(model, ids, attention_mask=am)
@@ -209,12 +226,18 @@ def test_queries_cleaned_only_for_same_tokens():
     torch.testing.assert_close(out, torch.nn.functional.scaled_dot_product_attention(q - st.sparse, k - st.sparse, v))
     out_x = _core.asymmetric_rpc_attention(q, k, v, same_tokens=False, **opts)
     torch.testing.assert_close(out_x, torch.nn.functional.scaled_dot_product_attention(q, k - st.sparse, v))
+    # causal with a cache (2 queries, 6 keys): the queries are the last two tokens, cleaned with S's last rows
     out_c = _core.asymmetric_rpc_attention(q[:, :, -2:], k, v, is_causal=True, **opts)
-    _, stc = _core.asymmetric_rpc_attention(q, k, v, is_causal=True, return_state=True, **opts)
+    full, stc = _core.asymmetric_rpc_attention(q, k, v, is_causal=True, return_state=True, **opts)
     ks = k - stc.sparse
-    ref = torch.nn.functional.scaled_dot_product_attention(q[:, :, -2:], ks, v,
+    ref = torch.nn.functional.scaled_dot_product_attention(q[:, :, -2:] - stc.sparse[:, :, -2:], ks, v,
                                                            attn_mask=torch.ones(2, 6, dtype=torch.bool).tril(4))
     torch.testing.assert_close(out_c, ref)
+    torch.testing.assert_close(out_c, full[:, :, -2:])
+    out_nc = _core.asymmetric_rpc_attention(q[:, :, -2:], k, v, is_causal=True, clean_queries=False, **opts)
+    ref_nc = torch.nn.functional.scaled_dot_product_attention(q[:, :, -2:], ks, v,
+                                                              attn_mask=torch.ones(2, 6, dtype=torch.bool).tril(4))
+    torch.testing.assert_close(out_nc, ref_nc)
 
 
 def test_bad_options_raise():
@@ -247,3 +270,41 @@ def test_cross_attention_never_cleans_queries(monkeypatch):
     assert sorted(set(calls)) == [(6, 6, False, False), (6, 6, True, True)]
     monkeypatch.setattr(rpc_hf, "asymmetric_rpc_attention", orig)
     torch.testing.assert_close(got, with_impl(model, "eager", ids, encoder_hidden_states=enc), rtol=0, atol=1e-5)
+
+
+# ---------------------------------------------------------------------------------------------
+# KV cache: cached decoding (queries cleaned with the last rows of S) == uncached decoding
+# ---------------------------------------------------------------------------------------------
+
+def prompts(batched):
+    ids = torch.randint(0, 64, (2 if batched else 1, 7))
+    mask = torch.ones_like(ids)
+    if batched:
+        mask[0, :3] = 0  # left padding
+    return ids, mask
+
+
+def greedy(model, ids, mask, **kw):
+    out = model.generate(ids, attention_mask=mask, max_new_tokens=6, do_sample=False, min_new_tokens=6,
+                         output_logits=True, return_dict_in_generate=True, pad_token_id=0, **kw)
+    return out.sequences, torch.stack(out.logits, dim=1)
+
+
+@pytest.mark.parametrize("cache", ["dynamic", "static"])
+@pytest.mark.parametrize("batched", [False, True])
+@pytest.mark.parametrize("build", [llama, gpt2, mistral, qwen2])
+def test_cached_greedy_generation_equals_uncached(build, batched, cache):
+    # lambda/mu with a small lambda: S is far from 0, so uncleaned decoding queries change the tokens
+    rpc_hf.register(rpc_layers="all", n_iter=3, lambd=0.5, threshold="lambda_over_mu")
+    model = build(initializer_range=0.3).double()  # weights large enough for clearly separated logits
+    ids, mask = prompts(batched)
+    extra = {"cache_implementation": "static"} if cache == "static" else {}
+    seq, logits = greedy(model, ids, mask, **extra)
+    seq_full, logits_full = greedy(model, ids, mask, use_cache=False)
+    assert torch.equal(seq, seq_full)
+    # float64: both runs do the same arithmetic up to reduction order over (at most) 13 keys and
+    # 32 features, so they agree to a few thousand ulps of the O(1) logits
+    torch.testing.assert_close(logits, logits_full, rtol=0, atol=1e-11)
+    model.set_attn_implementation("sdpa")
+    _, logits_sdpa = greedy(model, ids, mask, use_cache=False)
+    assert (logits_sdpa - logits_full).abs().max() > 1e-3  # RPC did change the model
