@@ -1,5 +1,6 @@
 """Hugging Face integration: attn_implementation="rpc" on tiny models built from configs (no hub)."""
 
+import json
 import os
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -132,15 +133,13 @@ def test_large_lambda_equals_model_attention(build, impl, side):
     got = out_of(model, ids, attention_mask=am)
     assert valid_rows(got, ref, am) < 1e-5
     # and RPC with a finite lambda does change the output
-    rpc_hf.register(lambd=0.5, threshold="lambda_over_mu")
+    rpc_hf.configure(model, lambd=0.5, threshold="lambda_over_mu")
     assert valid_rows(out_of(model, ids, attention_mask=am), ref, am) > 1e-4
 
 
 def test_vit_rpc_and_layers_without_layer_idx():
-    model = vit()
+    model = vit()  # default rpc_layers=[0]: ViT attention has no layer_idx, numbered at creation
     x = torch.randn(2, 3, 16, 16)
-    with pytest.raises(ValueError, match="no layer_idx"):
-        model(pixel_values=x)  # default rpc_layers=[0], ViT attention has no layer_idx
     rpc_hf.configure(model, rpc_layers=[1], lambd=0.5, threshold="lambda_over_mu")
     idx = [m.rpc_layer_idx for m in model.modules() if hasattr(m, "rpc_layer_idx")]
     assert idx == [0, 1]
@@ -153,6 +152,11 @@ def test_vit_rpc_and_layers_without_layer_idx():
     model.config.rpc_lambd = INF
     model.set_attn_implementation("rpc")
     torch.testing.assert_close(out_of(model, pixel_values=x), ref, rtol=0, atol=1e-5)
+    for m in model.modules():  # a module that lost its number is never silently plain
+        if hasattr(m, "rpc_layer_idx"):
+            del m.rpc_layer_idx
+    with pytest.raises(ValueError, match="no layer_idx"):
+        model(pixel_values=x)
 
 
 def test_layer_selection_by_config_keyword():
@@ -308,3 +312,130 @@ def test_cached_greedy_generation_equals_uncached(build, batched, cache):
     model.set_attn_implementation("sdpa")
     _, logits_sdpa = greedy(model, ids, mask, use_cache=False)
     assert (logits_sdpa - logits_full).abs().max() > 1e-3  # RPC did change the model
+
+
+def test_sliding_window_layers_are_refused():
+    """A sliding-window cache drops the keys PAP needs, so cached decoding could not equal the full
+    forward: RPC refuses such layers when the model is created, and at the forward if a window is
+    set later. Layers left out of rpc_layers keep their window."""
+    rpc_hf.register(rpc_layers="all")
+    with pytest.raises(ValueError, match="sliding_window"):
+        mistral(sliding_window=4)
+    # Qwen2 with layer 0 full and layer 1 sliding
+    with pytest.raises(ValueError, match=r"sliding_window.*layer 1|layer 1.*sliding_window"):
+        qwen2(use_sliding_window=True, sliding_window=4, max_window_layers=1)
+    rpc_hf.register(rpc_layers=[0], n_iter=3, lambd=0.5, threshold="lambda_over_mu")
+    model = qwen2(use_sliding_window=True, sliding_window=4, max_window_layers=1, initializer_range=0.3).double()
+    ids, mask = prompts(True)
+    seq, logits = greedy(model, ids, mask)
+    seq_full, logits_full = greedy(model, ids, mask, use_cache=False)
+    assert torch.equal(seq, seq_full)
+    torch.testing.assert_close(logits, logits_full, rtol=0, atol=1e-11)  # float64, as above
+    late = mistral()
+    late.config.sliding_window = 4
+    with pytest.raises(ValueError, match="sliding_window"):
+        late(ids)
+
+
+@pytest.mark.parametrize("build", [llama, gpt2])
+def test_infinite_lambda_gives_the_gradients_of_sdpa(build):
+    rpc_hf.register(rpc_layers="all", n_iter=3, lambd=INF)
+    model = build().double()
+    ids, am = padded_batch("left")
+
+    def grads():
+        model.zero_grad()
+        model(ids, attention_mask=am, labels=ids).loss.backward()
+        return {name: p.grad.clone() for name, p in model.named_parameters() if p.grad is not None}
+
+    got = grads()
+    model.set_attn_implementation("sdpa")
+    ref = grads()
+    assert got.keys() == ref.keys() and len(got) > 10
+    for name in ref:
+        assert torch.isfinite(got[name]).all(), name
+        # float64; same arithmetic as sdpa except PAP's (exactly zero) S and the mask path
+        torch.testing.assert_close(got[name], ref[name], rtol=1e-9, atol=1e-12, msg=name)
+
+
+# ---------------------------------------------------------------------------------------------
+# Settings: written into the config at creation, checked at creation, kept by save/load
+# ---------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("kw, match", [
+    (dict(rpc_layers=[7]), r"rpc_layers=\[7\].*layers are \[0, 1\]"),
+    (dict(rpc_n_iters=2), "unknown.*rpc_n_iters.*did you mean 'rpc_n_iter'"),
+    (dict(rpc_lamda=2.0), "unknown.*rpc_lamda.*did you mean 'rpc_lambd'"),
+    (dict(rpc_lambd=-1), "lambd must be >= 0"),
+    (dict(rpc_n_iter=0), "n_iter must be >= 1"),
+    (dict(rpc_mu_mode="global"), "mu_mode='global' with is_causal=True"),
+])
+def test_bad_config_raises_when_the_model_is_created(kw, match):
+    with pytest.raises(ValueError, match=match):
+        llama(**kw)
+    model = llama()
+    model.set_attn_implementation("sdpa")
+    for key, value in kw.items():
+        setattr(model.config, key, value)
+    with pytest.raises(ValueError, match=match):
+        model.set_attn_implementation("rpc")
+
+
+def test_bad_options_raise_when_registered_or_configured():
+    rpc_hf.register(rpc_layers=[7])
+    with pytest.raises(ValueError, match=r"rpc_layers=\[7\]"):
+        gpt2()
+    rpc_hf.register(rpc_layers=[0])
+    model = gpt2()
+    with pytest.raises(ValueError, match=r"rpc_layers=\[5\]"):
+        rpc_hf.configure(model, rpc_layers=[5])
+    with pytest.raises(ValueError, match="unknown"):
+        rpc_hf.configure(model, n_iters=2)
+    with pytest.raises(ValueError, match="mu_mode"):
+        rpc_hf.configure(model, mu_mode="global")
+    bert(rpc_mu_mode="global")  # bidirectional: the global mu is the official one
+
+
+def test_register_options_are_written_into_the_config_and_survive_save_load(tmp_path):
+    rpc_hf.register(rpc_layers=[1], n_iter=2, lambd=0.5, threshold="lambda_over_mu")
+    model = llama()
+    ids, am = padded_batch("left")
+    out = out_of(model, ids, attention_mask=am)
+    rpc_hf.register(rpc_layers="all", n_iter=4, lambd=2.0)  # later defaults do not change this model
+    assert torch.equal(out_of(model, ids, attention_mask=am), out)
+    model.save_pretrained(tmp_path)
+    saved = json.loads((tmp_path / "config.json").read_text())
+    assert {k: saved[k] for k in ("rpc_layers", "rpc_n_iter", "rpc_lambd", "rpc_threshold")} == {
+        "rpc_layers": [1], "rpc_n_iter": 2, "rpc_lambd": 0.5, "rpc_threshold": "lambda_over_mu"}
+    rpc_hf.unregister()
+    rpc_hf.register()  # a new process with the default options
+    again = transformers.AutoModelForCausalLM.from_pretrained(tmp_path, attn_implementation="rpc").eval()
+    assert torch.equal(out_of(again, ids, attention_mask=am), out)
+    fresh = transformers.AutoModelForCausalLM.from_config(model.config.__class__(**{
+        k: v for k, v in model.config.to_dict().items() if not k.startswith("rpc_")}), attn_implementation="rpc")
+    fresh.load_state_dict(model.state_dict())
+    assert not torch.equal(out_of(fresh.eval(), ids, attention_mask=am), out)  # the options mattered
+
+
+def test_infinite_lambda_survives_save_load(tmp_path):
+    rpc_hf.register(lambd=INF)
+    gpt2().save_pretrained(tmp_path)
+    rpc_hf.register(lambd=1.0)
+    again = transformers.AutoModelForCausalLM.from_pretrained(tmp_path, attn_implementation="rpc")
+    assert again.config.rpc_lambd == INF
+
+
+def test_vit_layer_list_works_at_creation_and_after_reload(tmp_path):
+    rpc_hf.register(rpc_layers=[1], lambd=0.5, threshold="lambda_over_mu")
+    model = vit()  # attention modules without layer_idx are numbered when the model is created
+    assert [m.rpc_layer_idx for m in model.modules() if hasattr(m, "rpc_layer_idx")] == [0, 1]
+    x = torch.randn(2, 3, 16, 16)
+    out = out_of(model, pixel_values=x)
+    assert (out - with_impl(model, "sdpa", pixel_values=x)).abs().max() > 1e-5
+    model.save_pretrained(tmp_path)
+    rpc_hf.unregister()
+    rpc_hf.register()
+    again = transformers.AutoModelForImageClassification.from_pretrained(tmp_path, attn_implementation="rpc").eval()
+    assert torch.equal(out_of(again, pixel_values=x), out)
+    with pytest.raises(ValueError, match=r"rpc_layers=\[2\].*layers are \[0, 1\]"):
+        rpc_hf.configure(again, rpc_layers=[2])
