@@ -369,6 +369,7 @@ def test_infinite_lambda_gives_the_gradients_of_sdpa(build):
     (dict(rpc_lambd=-1), "lambd must be >= 0"),
     (dict(rpc_n_iter=0), "n_iter must be >= 1"),
     (dict(rpc_mu_mode="global"), "mu_mode='global' with is_causal=True"),
+    (dict(rpc_tol=1e-3), "rpc_tol is set but .* is causal"),
 ])
 def test_bad_config_raises_when_the_model_is_created(kw, match):
     with pytest.raises(ValueError, match=match):
@@ -393,7 +394,11 @@ def test_bad_options_raise_when_registered_or_configured():
         rpc_hf.configure(model, n_iters=2)
     with pytest.raises(ValueError, match="mu_mode"):
         rpc_hf.configure(model, mu_mode="global")
-    bert(rpc_mu_mode="global")  # bidirectional: the global mu is the official one
+    bert(rpc_mu_mode="global", rpc_tol=1e-3)  # bidirectional: the global mu is the official one, tol is fine
+    model = llama()
+    model.config.rpc_tol = 1e-3  # set behind prepare()'s back: the forward refuses it
+    with pytest.raises(ValueError, match="rpc_tol"):
+        model(torch.randint(0, 64, (1, 4)))
 
 
 def test_register_options_are_written_into_the_config_and_survive_save_load(tmp_path):

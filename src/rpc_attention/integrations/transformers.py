@@ -22,8 +22,8 @@ change models that exist already.
 At that same moment (the end of the model's ``post_init`` and of ``set_attn_implementation``,
 which :func:`register` wraps while ``"rpc"`` is registered; transformers has no hook of its own for
 a custom attention function) the options are checked against the model: unknown ``rpc_*`` config
-keys, bad values, ``rpc_layers`` naming layers the model does not have, a global ``mu_mode`` on a
-causal layer and sliding-window layers selected for RPC each raise ``ValueError``. Attention
+keys, bad values, ``rpc_layers`` naming layers the model does not have, a global ``mu_mode`` or a
+``tol`` on a causal layer and sliding-window layers selected for RPC each raise ``ValueError``. Attention
 modules without ``layer_idx`` (e.g. ViT, CLIP) are numbered then in module order (attribute
 ``rpc_layer_idx``), so a list ``rpc_layers`` selects them, also after a reload.
 """
@@ -153,6 +153,8 @@ def rpc_attention_forward(
                              "leave this layer out of rpc_layers")
     causal = is_causal if is_causal is not None else getattr(module, "is_causal", True)
     causal = bool(causal) and not _is_cross(module)
+    if causal and opts["tol"] is not None:
+        raise _causal_tol_error(module)
     out = asymmetric_rpc_attention(
         query, key, value, attn_mask=attention_mask, is_causal=causal, dropout_p=dropout, scale=scaling,
         same_tokens=not _is_cross(module), **opts,
@@ -181,6 +183,14 @@ def _sliding_window_error(module, window: int) -> ValueError:
         f"(sliding_window={window}), which RPC does not run: the sliding-window KV cache drops the keys PAP "
         "needs, so cached decoding would differ from the full forward. Leave this layer out of rpc_layers, "
         f"or build the model with sliding_window=None (the same model for sequences up to {window} tokens)"
+    )
+
+
+def _causal_tol_error(module) -> ValueError:
+    return ValueError(
+        f"rpc_tol is set but {type(module).__name__} (layer {_layer_index(module)}) is causal: tol stops PAP on a "
+        "norm over the whole sequence, so earlier positions would depend on later tokens and cached decoding "
+        "would differ from the full forward. Use rpc_tol=None for causal layers"
     )
 
 
@@ -217,6 +227,8 @@ def _check_against_model(cfg, modules) -> None:
         causal = bool(getattr(mod, "is_causal", False)) and not _is_cross(mod)
         RF.check_pap_options(n_iter=opts["n_iter"], lambd=opts["lambd"], threshold=opts["threshold"],
                              mu_mode=opts["mu_mode"], is_causal=causal, tol=opts["tol"], model_dim=opts["model_dim"])
+        if causal and opts["tol"] is not None:
+            raise _causal_tol_error(mod)
         window = _sliding_window(mod)
         if window is not None:
             raise _sliding_window_error(mod, window)
