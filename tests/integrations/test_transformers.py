@@ -388,8 +388,11 @@ def test_bad_options_raise_when_registered_or_configured():
         gpt2()
     rpc_hf.register(rpc_layers=[0])
     model = gpt2()
+    model.set_attn_implementation("sdpa")
     with pytest.raises(ValueError, match=r"rpc_layers=\[5\]"):
-        rpc_hf.configure(model, rpc_layers=[5])
+        rpc_hf.configure(model, rpc_layers=[5], n_iter=2)
+    assert (model.config.rpc_layers, model.config.rpc_n_iter) == ([0], 6)  # unchanged by the failed call
+    assert model.config._attn_implementation == "sdpa"
     with pytest.raises(ValueError, match="unknown"):
         rpc_hf.configure(model, n_iters=2)
     with pytest.raises(ValueError, match="mu_mode"):

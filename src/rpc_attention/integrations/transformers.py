@@ -267,17 +267,19 @@ def _wrap_model_methods() -> None:
 
     if _wrapped_methods:
         return
-    for name in ("post_init", "set_attn_implementation"):
-        original = getattr(PreTrainedModel, name)
-
-        def wrapper(self, *args, _original=original, **kwargs):
-            result = _original(self, *args, **kwargs)
+    def then_prepare(original):
+        @functools.wraps(original)
+        def wrapper(self, *args, **kwargs):
+            result = original(self, *args, **kwargs)
             if _uses_rpc(self):
                 prepare(self)
             return result
 
-        _wrapped_methods[name] = original
-        setattr(PreTrainedModel, name, functools.wraps(original)(wrapper))
+        return wrapper
+
+    for name in ("post_init", "set_attn_implementation"):
+        _wrapped_methods[name] = getattr(PreTrainedModel, name)
+        setattr(PreTrainedModel, name, then_prepare(_wrapped_methods[name]))
 
 
 def _unwrap_model_methods() -> None:
@@ -359,21 +361,19 @@ def configure(model: torch.nn.Module, *, set_implementation: bool = True, **opti
     checked = check_options({**_defaults, **options})
     given = {_config_key(k): list(checked[k]) if isinstance(checked[k], tuple) else checked[k] for k in options}
     configs = _model_configs(model)
-    before = [{key: vars(cfg)[key] for key in given if key in vars(cfg)} for cfg in configs]
+    before = [{k: v for k, v in vars(cfg).items() if k.startswith("rpc_")} for cfg in configs]
     for cfg in configs:
         for key, value in given.items():
             setattr(cfg, key, value)
     try:
-        if set_implementation:
-            model.set_attn_implementation(NAME)  # runs prepare(model)
-        else:
-            prepare(model, every_config=True)
+        prepare(model, every_config=True)
     except ValueError:
         for cfg, old in zip(configs, before):
-            for key in given:
-                if key in old:
-                    setattr(cfg, key, old[key])
-                else:
-                    delattr(cfg, key)
+            for key in [k for k in vars(cfg) if k.startswith("rpc_")]:
+                delattr(cfg, key)
+            for key, value in old.items():
+                setattr(cfg, key, value)
         raise
+    if set_implementation:
+        model.set_attn_implementation(NAME)
     return model
