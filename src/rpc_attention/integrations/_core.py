@@ -112,23 +112,22 @@ def _key_key_mask(mask: Optional[Tensor], nq: int, nk: int, causal: bool, same_t
     return valid.unsqueeze(-2).expand(*valid.shape[:-1], nk, nk)
 
 
-def _first_query_position(mask: Optional[Tensor], nq: int, nk: int) -> int:
-    """Key position of the first query in causal self-attention with a cache (queries are the
-    consecutive positions ``p0 .. p0 + nq - 1``).
+def _query_rows(mask: Optional[Tensor], nq: int, nk: int) -> Tensor:
+    """Key positions of the queries in causal self-attention with a cache: ``p0 .. p0 + nq - 1``.
 
     A dynamic cache appends the queries at the end (``p0 = nk - nq``); a static cache puts them
     before its unfilled slots. Read from the mask: the last key a (non-padding) query may see is
     itself, and a padding query sees less, so ``p0 = max_i(last_visible_key_i - i)``. End-aligned
-    when the mask says nothing (None, or no per-query rows).
+    when the mask says nothing (None, or no per-query rows). Tensor ops only (no host sync).
     """
     if mask is None or mask.shape[-2] != nq or nq == nk:
-        return nk - nq
+        return torch.arange(nk - nq, nk, device=None if mask is None else mask.device)
     keys = torch.arange(nk, device=mask.device)
     last = torch.where(mask, keys, -1).amax(dim=-1)  # (B?, H?, nq); -1: the query sees nothing
     rows = torch.arange(nq, device=mask.device)
     start = torch.where(last >= 0, last - rows, -1).max()
-    start = int(start)
-    return nk - nq if start < 0 else min(start, nk - nq)
+    start = torch.where(start < 0, nk - nq, start.clamp(max=nk - nq))
+    return start + rows
 
 
 def _repeat_heads(x: Tensor, rep: int) -> Tensor:
@@ -203,8 +202,7 @@ def asymmetric_rpc_attention(
     if clean_queries and same:
         q_clean = q - sparse
     elif clean_queries and same_tokens and is_causal:  # decoding with a cache
-        start = _first_query_position(mask, nq, nk)
-        q_clean = q - sparse[..., start:start + nq, :]
+        q_clean = q - sparse.index_select(-2, _query_rows(mask, nq, nk).to(sparse.device))
     # causal with nq != nk: the kernel's triangle is end-aligned (query i sees keys up to
     # nk - nq + i); a static cache's mask is stricter and wins in the intersection
     out = RF.attention(q_clean, k_clean, v, attn_mask=mask, is_causal=is_causal, dropout_p=dropout_p,
