@@ -395,3 +395,47 @@ def test_bad_shapes_raise():
         RF.pap_attention(k, k, attn_mask=torch.full((4, 4), 0.5))
     with pytest.raises(ValueError, match="s_matrix"):
         RF.scaled_attention_s(k, k, k, torch.zeros(2, 3, 3))
+
+
+# ---------------------------------------------------------------------------------------------
+# lambd = inf: S = 0 exactly, and no gradient path through tau (inf * 0 would give NaN).
+# ---------------------------------------------------------------------------------------------
+
+def _pap_grads(fn, k, v):
+    k, v = k.clone().requires_grad_(True), v.clone().requires_grad_(True)
+    out = fn(k, v)
+    (out * torch.linspace(-1, 1, out.numel(), dtype=out.dtype).view_as(out)).sum().backward()
+    return out.detach(), k.grad, v.grad
+
+
+@pytest.mark.parametrize("threshold", ["lambda_mu", "lambda_over_mu"])
+@pytest.mark.parametrize("fused", [True, False])
+@pytest.mark.parametrize("is_causal", [False, True])
+def test_infinite_lambda_gives_finite_gradients_of_plain_attention(threshold, fused, is_causal):
+    torch.manual_seed(0)
+    k, v = torch.randn(2, 1, 2, 5, 3, dtype=torch.float64).unbind(0)
+    mask = torch.ones(1, 1, 5, 5, dtype=torch.bool)
+    mask[..., 1] = False  # a padding key: mu counts only valid keys
+    opts = dict(threshold=threshold, attn_mask=mask, is_causal=is_causal, fused=fused)
+    # n_iter = 1 with S = 0 is symmetric softmax attention on the keys themselves
+    got = _pap_grads(lambda a, b: RF.pap_attention(a, b, n_iter=1, lambd=math.inf, **opts), k, v)
+    ref = _pap_grads(lambda a, b: RF.symmetric_attention(a, b, attn_mask=mask, is_causal=is_causal), k, v)
+    for g, r in zip(got, ref):
+        assert torch.isfinite(g).all()
+        # float64, a handful of O(1) operations: agreement to a few hundred ulps
+        torch.testing.assert_close(g, r, rtol=1e-12, atol=1e-12)
+    # n_iter = 3: same values and gradients as a finite lambda so large that S = 0 too (where the
+    # tau branch contributes exactly 0), for pap_attention and pap_decompose alike
+    huge = 1e200
+    for lam_fn in (
+        lambda lam: lambda a, b: RF.pap_attention(a, b, n_iter=3, lambd=lam, **opts),
+        lambda lam: lambda a, b: RF.pap_decompose(a, b, n_iter=3, lambd=lam, **opts).cleaned_keys,
+        lambda lam: lambda a, b: RF.pap_decompose(a, b, n_iter=3, lambd=lam, **opts).lowrank,
+    ):
+        got = _pap_grads(lam_fn(math.inf), k, v)
+        ref = _pap_grads(lam_fn(huge), k, v)
+        for g, r in zip(got, ref):
+            assert torch.isfinite(g).all()
+            torch.testing.assert_close(g, r, rtol=1e-12, atol=1e-12)
+    state = RF.pap_decompose(k, v, n_iter=3, lambd=math.inf, **opts)
+    assert torch.count_nonzero(state.sparse) == 0

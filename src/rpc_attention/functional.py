@@ -412,7 +412,12 @@ def _pap_setup(k, v, n_iter, lambd, attn_mask, is_causal, scale, model_dim, thre
     cdtype = torch.promote_types(k.dtype, torch.float32)
     kc = k.to(cdtype)
     mu = _compute_mu(kc, valid, mu_mode, width)
-    tau = lambd * mu if threshold == "lambda_mu" else lambd / mu
+    if math.isinf(lambd):
+        # S = 0 exactly. A constant tau: through lambd * mu (or lambd / mu) its zero gradient would
+        # reach mu as inf * 0 = NaN.
+        tau = torch.full_like(mu, math.inf)
+    else:
+        tau = lambd * mu if threshold == "lambda_mu" else lambd / mu
     tol = None if tol is None else float(tol)
     return kc, mask, mu, tau, scale, tol
 

@@ -50,3 +50,24 @@ def test_option_validation():
         asymmetric_rpc_attention(q, q, torch.randn(1, 3, 4, 5))
     with pytest.raises(ValueError, match="biases"):
         asymmetric_rpc_attention(q, q, q, attn_mask=torch.randn(4, 4))
+
+
+def test_cached_queries_use_rows_of_s_at_their_positions_static_cache_layout():
+    """A static cache: 8 slots, 5 filled (the last 3 unfilled, zero keys), the 2 queries are tokens 3
+    and 4, batch 0 left-padded by one. Equal to the uncached pass over the 5 real tokens."""
+    torch.manual_seed(2)
+    q, k, v = torch.randn(3, 2, 2, 5, 4, dtype=torch.float64).unbind(0)
+    k[..., 1, 0] = 20.0  # an outlier, so S is not 0
+    pad = torch.ones(2, 5, dtype=torch.bool)
+    pad[0, 0] = False
+    full_mask = torch.ones(5, 5, dtype=torch.bool).tril() & pad[:, None, None, :]
+    full = asymmetric_rpc_attention(q, k, v, attn_mask=full_mask, is_causal=True, **OPTS)
+    slots = lambda t: torch.cat([t, torch.zeros(2, 2, 3, 4, dtype=t.dtype)], dim=2)  # noqa: E731
+    cache_mask = torch.zeros(2, 1, 2, 8, dtype=torch.bool)
+    cache_mask[..., :5] = full_mask[:, :, 3:]
+    got = asymmetric_rpc_attention(q[:, :, 3:], slots(k), slots(v), attn_mask=cache_mask, is_causal=True, **OPTS)
+    # float64; the two computations differ only in reduction lengths (5 vs 8 keys, the extra ones masked)
+    torch.testing.assert_close(got, full[:, :, 3:], rtol=0, atol=1e-12)
+    plain = asymmetric_rpc_attention(q[:, :, 3:], slots(k), slots(v), attn_mask=cache_mask, is_causal=True,
+                                     clean_queries=False, **OPTS)
+    assert (plain - got).abs().max() > 1e-3  # the cleaning of the queries matters here

@@ -1,5 +1,6 @@
 """Hugging Face integration: attn_implementation="rpc" on tiny models built from configs (no hub)."""
 
+import json
 import os
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -32,6 +33,21 @@ def llama(**kw):
 
 def gpt2(**kw):
     cfg = transformers.GPT2Config(n_embd=32, n_layer=2, n_head=4, vocab_size=64, n_positions=64, **kw)
+    return transformers.AutoModelForCausalLM.from_config(cfg, attn_implementation="rpc").eval()
+
+
+def mistral(**kw):
+    """GQA (4 query heads, 2 k/v heads); ``sliding_window=None`` unless given."""
+    kw.setdefault("sliding_window", None)
+    cfg = transformers.MistralConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+                                     num_key_value_heads=2, vocab_size=64, max_position_embeddings=64, **kw)
+    return transformers.AutoModelForCausalLM.from_config(cfg, attn_implementation="rpc").eval()
+
+
+def qwen2(**kw):
+    """MQA (4 query heads, one k/v head)."""
+    cfg = transformers.Qwen2Config(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+                                   num_key_value_heads=1, vocab_size=64, max_position_embeddings=64, **kw)
     return transformers.AutoModelForCausalLM.from_config(cfg, attn_implementation="rpc").eval()
 
 
@@ -117,15 +133,13 @@ def test_large_lambda_equals_model_attention(build, impl, side):
     got = out_of(model, ids, attention_mask=am)
     assert valid_rows(got, ref, am) < 1e-5
     # and RPC with a finite lambda does change the output
-    rpc_hf.register(lambd=0.5, threshold="lambda_over_mu")
+    rpc_hf.configure(model, lambd=0.5, threshold="lambda_over_mu")
     assert valid_rows(out_of(model, ids, attention_mask=am), ref, am) > 1e-4
 
 
 def test_vit_rpc_and_layers_without_layer_idx():
-    model = vit()
+    model = vit()  # default rpc_layers=[0]: ViT attention has no layer_idx, numbered at creation
     x = torch.randn(2, 3, 16, 16)
-    with pytest.raises(ValueError, match="no layer_idx"):
-        model(pixel_values=x)  # default rpc_layers=[0], ViT attention has no layer_idx
     rpc_hf.configure(model, rpc_layers=[1], lambd=0.5, threshold="lambda_over_mu")
     idx = [m.rpc_layer_idx for m in model.modules() if hasattr(m, "rpc_layer_idx")]
     assert idx == [0, 1]
@@ -138,6 +152,11 @@ def test_vit_rpc_and_layers_without_layer_idx():
     model.config.rpc_lambd = INF
     model.set_attn_implementation("rpc")
     torch.testing.assert_close(out_of(model, pixel_values=x), ref, rtol=0, atol=1e-5)
+    for m in model.modules():  # a module that lost its number is never silently plain
+        if hasattr(m, "rpc_layer_idx"):
+            del m.rpc_layer_idx
+    with pytest.raises(ValueError, match="no layer_idx"):
+        model(pixel_values=x)
 
 
 def test_layer_selection_by_config_keyword():
@@ -182,10 +201,12 @@ def test_causal_leak(build, clean_queries):
     assert not torch.equal(a[:, 6:], b[:, 6:])
 
 
-def test_kv_cache_decoding_matches_full_forward_without_query_cleaning():
-    """With a cache, queries are shorter than keys: PAP runs over all cached keys (causal, aligned
-    to the end) and queries are not cleaned, so it equals the full forward with clean_queries=False."""
-    rpc_hf.register(rpc_layers="all", n_iter=3, lambd=0.5, threshold="lambda_over_mu", clean_queries=False)
+@pytest.mark.parametrize("clean_queries", [True, False])
+def test_kv_cache_decoding_matches_full_forward(clean_queries):
+    """With a cache, queries are shorter than keys: PAP runs over all cached keys (causal) and the
+    queries are cleaned with the rows of S at their positions, so prefill, single-token and chunked
+    steps equal the full forward."""
+    rpc_hf.register(rpc_layers="all", n_iter=3, lambd=0.5, threshold="lambda_over_mu", clean_queries=clean_queries)
     model = llama()
     ids, am = padded_batch("left")
     full = out_of(model, ids, attention_mask=am)
@@ -209,12 +230,18 @@ def test_queries_cleaned_only_for_same_tokens():
     torch.testing.assert_close(out, torch.nn.functional.scaled_dot_product_attention(q - st.sparse, k - st.sparse, v))
     out_x = _core.asymmetric_rpc_attention(q, k, v, same_tokens=False, **opts)
     torch.testing.assert_close(out_x, torch.nn.functional.scaled_dot_product_attention(q, k - st.sparse, v))
+    # causal with a cache (2 queries, 6 keys): the queries are the last two tokens, cleaned with S's last rows
     out_c = _core.asymmetric_rpc_attention(q[:, :, -2:], k, v, is_causal=True, **opts)
-    _, stc = _core.asymmetric_rpc_attention(q, k, v, is_causal=True, return_state=True, **opts)
+    full, stc = _core.asymmetric_rpc_attention(q, k, v, is_causal=True, return_state=True, **opts)
     ks = k - stc.sparse
-    ref = torch.nn.functional.scaled_dot_product_attention(q[:, :, -2:], ks, v,
+    ref = torch.nn.functional.scaled_dot_product_attention(q[:, :, -2:] - stc.sparse[:, :, -2:], ks, v,
                                                            attn_mask=torch.ones(2, 6, dtype=torch.bool).tril(4))
     torch.testing.assert_close(out_c, ref)
+    torch.testing.assert_close(out_c, full[:, :, -2:])
+    out_nc = _core.asymmetric_rpc_attention(q[:, :, -2:], k, v, is_causal=True, clean_queries=False, **opts)
+    ref_nc = torch.nn.functional.scaled_dot_product_attention(q[:, :, -2:], ks, v,
+                                                              attn_mask=torch.ones(2, 6, dtype=torch.bool).tril(4))
+    torch.testing.assert_close(out_nc, ref_nc)
 
 
 def test_bad_options_raise():
@@ -247,3 +274,175 @@ def test_cross_attention_never_cleans_queries(monkeypatch):
     assert sorted(set(calls)) == [(6, 6, False, False), (6, 6, True, True)]
     monkeypatch.setattr(rpc_hf, "asymmetric_rpc_attention", orig)
     torch.testing.assert_close(got, with_impl(model, "eager", ids, encoder_hidden_states=enc), rtol=0, atol=1e-5)
+
+
+# ---------------------------------------------------------------------------------------------
+# KV cache: cached decoding (queries cleaned with the last rows of S) == uncached decoding
+# ---------------------------------------------------------------------------------------------
+
+def prompts(batched):
+    ids = torch.randint(0, 64, (2 if batched else 1, 7))
+    mask = torch.ones_like(ids)
+    if batched:
+        mask[0, :3] = 0  # left padding
+    return ids, mask
+
+
+def greedy(model, ids, mask, **kw):
+    out = model.generate(ids, attention_mask=mask, max_new_tokens=6, do_sample=False, min_new_tokens=6,
+                         output_logits=True, return_dict_in_generate=True, pad_token_id=0, **kw)
+    return out.sequences, torch.stack(out.logits, dim=1)
+
+
+@pytest.mark.parametrize("cache", ["dynamic", "static"])
+@pytest.mark.parametrize("batched", [False, True])
+@pytest.mark.parametrize("build", [llama, gpt2, mistral, qwen2])
+def test_cached_greedy_generation_equals_uncached(build, batched, cache):
+    # lambda/mu with a small lambda: S is far from 0, so uncleaned decoding queries change the tokens
+    rpc_hf.register(rpc_layers="all", n_iter=3, lambd=0.5, threshold="lambda_over_mu")
+    model = build(initializer_range=0.3).double()  # weights large enough for clearly separated logits
+    ids, mask = prompts(batched)
+    extra = {"cache_implementation": "static"} if cache == "static" else {}
+    seq, logits = greedy(model, ids, mask, **extra)
+    seq_full, logits_full = greedy(model, ids, mask, use_cache=False)
+    assert torch.equal(seq, seq_full)
+    # float64: both runs do the same arithmetic up to reduction order over (at most) 13 keys and
+    # 32 features, so they agree to a few thousand ulps of the O(1) logits
+    torch.testing.assert_close(logits, logits_full, rtol=0, atol=1e-11)
+    model.set_attn_implementation("sdpa")
+    _, logits_sdpa = greedy(model, ids, mask, use_cache=False)
+    assert (logits_sdpa - logits_full).abs().max() > 1e-3  # RPC did change the model
+
+
+def test_sliding_window_layers_are_refused():
+    """A sliding-window cache drops the keys PAP needs, so cached decoding could not equal the full
+    forward: RPC refuses such layers when the model is created, and at the forward if a window is
+    set later. Layers left out of rpc_layers keep their window."""
+    rpc_hf.register(rpc_layers="all")
+    with pytest.raises(ValueError, match="sliding_window"):
+        mistral(sliding_window=4)
+    # Qwen2 with layer 0 full and layer 1 sliding
+    with pytest.raises(ValueError, match=r"sliding_window.*layer 1|layer 1.*sliding_window"):
+        qwen2(use_sliding_window=True, sliding_window=4, max_window_layers=1)
+    rpc_hf.register(rpc_layers=[0], n_iter=3, lambd=0.5, threshold="lambda_over_mu")
+    model = qwen2(use_sliding_window=True, sliding_window=4, max_window_layers=1, initializer_range=0.3).double()
+    ids, mask = prompts(True)
+    seq, logits = greedy(model, ids, mask)
+    seq_full, logits_full = greedy(model, ids, mask, use_cache=False)
+    assert torch.equal(seq, seq_full)
+    torch.testing.assert_close(logits, logits_full, rtol=0, atol=1e-11)  # float64, as above
+    late = mistral()
+    late.config.sliding_window = 4
+    with pytest.raises(ValueError, match="sliding_window"):
+        late(ids)
+
+
+@pytest.mark.parametrize("build", [llama, gpt2])
+def test_infinite_lambda_gives_the_gradients_of_sdpa(build):
+    rpc_hf.register(rpc_layers="all", n_iter=3, lambd=INF)
+    model = build().double()
+    ids, am = padded_batch("left")
+
+    def grads():
+        model.zero_grad()
+        model(ids, attention_mask=am, labels=ids).loss.backward()
+        return {name: p.grad.clone() for name, p in model.named_parameters() if p.grad is not None}
+
+    got = grads()
+    model.set_attn_implementation("sdpa")
+    ref = grads()
+    assert got.keys() == ref.keys() and len(got) > 10
+    for name in ref:
+        assert torch.isfinite(got[name]).all(), name
+        # float64; same arithmetic as sdpa except PAP's (exactly zero) S and the mask path
+        torch.testing.assert_close(got[name], ref[name], rtol=1e-9, atol=1e-12, msg=name)
+
+
+# ---------------------------------------------------------------------------------------------
+# Settings: written into the config at creation, checked at creation, kept by save/load
+# ---------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("kw, match", [
+    (dict(rpc_layers=[7]), r"rpc_layers=\[7\].*layers are \[0, 1\]"),
+    (dict(rpc_n_iters=2), "unknown.*rpc_n_iters.*did you mean 'rpc_n_iter'"),
+    (dict(rpc_lamda=2.0), "unknown.*rpc_lamda.*did you mean 'rpc_lambd'"),
+    (dict(rpc_lambd=-1), "lambd must be >= 0"),
+    (dict(rpc_n_iter=0), "n_iter must be >= 1"),
+    (dict(rpc_mu_mode="global"), "mu_mode='global' with is_causal=True"),
+    (dict(rpc_tol=1e-3), "rpc_tol is set but .* is causal"),
+])
+def test_bad_config_raises_when_the_model_is_created(kw, match):
+    with pytest.raises(ValueError, match=match):
+        llama(**kw)
+    model = llama()
+    model.set_attn_implementation("sdpa")
+    for key, value in kw.items():
+        setattr(model.config, key, value)
+    with pytest.raises(ValueError, match=match):
+        model.set_attn_implementation("rpc")
+
+
+def test_bad_options_raise_when_registered_or_configured():
+    rpc_hf.register(rpc_layers=[7])
+    with pytest.raises(ValueError, match=r"rpc_layers=\[7\]"):
+        gpt2()
+    rpc_hf.register(rpc_layers=[0])
+    model = gpt2()
+    model.set_attn_implementation("sdpa")
+    with pytest.raises(ValueError, match=r"rpc_layers=\[5\]"):
+        rpc_hf.configure(model, rpc_layers=[5], n_iter=2)
+    assert (model.config.rpc_layers, model.config.rpc_n_iter) == ([0], 6)  # unchanged by the failed call
+    assert model.config._attn_implementation == "sdpa"
+    with pytest.raises(ValueError, match="unknown"):
+        rpc_hf.configure(model, n_iters=2)
+    with pytest.raises(ValueError, match="mu_mode"):
+        rpc_hf.configure(model, mu_mode="global")
+    bert(rpc_mu_mode="global", rpc_tol=1e-3)  # bidirectional: the global mu is the official one, tol is fine
+    model = llama()
+    model.config.rpc_tol = 1e-3  # set behind prepare()'s back: the forward refuses it
+    with pytest.raises(ValueError, match="rpc_tol"):
+        model(torch.randint(0, 64, (1, 4)))
+
+
+def test_register_options_are_written_into_the_config_and_survive_save_load(tmp_path):
+    rpc_hf.register(rpc_layers=[1], n_iter=2, lambd=0.5, threshold="lambda_over_mu")
+    model = llama()
+    ids, am = padded_batch("left")
+    out = out_of(model, ids, attention_mask=am)
+    rpc_hf.register(rpc_layers="all", n_iter=4, lambd=2.0)  # later defaults do not change this model
+    assert torch.equal(out_of(model, ids, attention_mask=am), out)
+    model.save_pretrained(tmp_path)
+    saved = json.loads((tmp_path / "config.json").read_text())
+    assert {k: saved[k] for k in ("rpc_layers", "rpc_n_iter", "rpc_lambd", "rpc_threshold")} == {
+        "rpc_layers": [1], "rpc_n_iter": 2, "rpc_lambd": 0.5, "rpc_threshold": "lambda_over_mu"}
+    rpc_hf.unregister()
+    rpc_hf.register()  # a new process with the default options
+    again = transformers.AutoModelForCausalLM.from_pretrained(tmp_path, attn_implementation="rpc").eval()
+    assert torch.equal(out_of(again, ids, attention_mask=am), out)
+    fresh = llama()  # the same weights under this process's defaults: the saved options mattered
+    fresh.load_state_dict(model.state_dict())
+    assert (out_of(fresh, ids, attention_mask=am) - out).abs().max() > 1e-4
+
+
+def test_infinite_lambda_survives_save_load(tmp_path):
+    rpc_hf.register(lambd=INF)
+    gpt2().save_pretrained(tmp_path)
+    rpc_hf.register(lambd=1.0)
+    again = transformers.AutoModelForCausalLM.from_pretrained(tmp_path, attn_implementation="rpc")
+    assert again.config.rpc_lambd == INF
+
+
+def test_vit_layer_list_works_at_creation_and_after_reload(tmp_path):
+    rpc_hf.register(rpc_layers=[1], lambd=0.5, threshold="lambda_over_mu")
+    model = vit()  # attention modules without layer_idx are numbered when the model is created
+    assert [m.rpc_layer_idx for m in model.modules() if hasattr(m, "rpc_layer_idx")] == [0, 1]
+    x = torch.randn(2, 3, 16, 16)
+    out = out_of(model, pixel_values=x)
+    assert (out - with_impl(model, "sdpa", pixel_values=x)).abs().max() > 1e-5
+    model.save_pretrained(tmp_path)
+    rpc_hf.unregister()
+    rpc_hf.register()
+    again = transformers.AutoModelForImageClassification.from_pretrained(tmp_path, attn_implementation="rpc").eval()
+    assert torch.equal(out_of(again, pixel_values=x), out)
+    with pytest.raises(ValueError, match=r"rpc_layers=\[2\].*layers are \[0, 1\]"):
+        rpc_hf.configure(again, rpc_layers=[2])

@@ -1,17 +1,19 @@
 """Asymmetric RPC attention: PAP on the keys of a pretrained (query/key/value) attention layer.
 
-Pretrained transformers have separate queries and keys, while PAP (SPEC section 3) is defined for
+Pretrained transformers have separate queries and keys, while PAP is defined for
 symmetric attention. The extension used by every integration in this package:
 
-1. PAP runs on the layer's own keys exactly as in SPEC section 3 (symmetric
+1. PAP runs on the layer's own keys exactly as in :func:`rpc_attention.functional.pap_attention` (symmetric
    ``softmax(s K2 K2^T) v`` inside the loop, masks in every iteration, causal ``mu`` for causal
    layers) through :func:`rpc_attention.functional.pap_decompose` (``pap_attention`` without its
    final attention); its final sparse term ``S`` is kept.
 2. Keys are cleaned as ``K_clean = K - S`` (``key_mode="sparse"``, default) or taken as PAP's final
    ``K2 = K - S - Y/mu`` (``key_mode="pap"``, the keys the symmetric RPC layer attends with).
 3. Queries are cleaned with the same ``S`` (``Q_clean = Q - S``) only where queries and keys are the
-   same tokens: self-attention with as many queries as keys. Never for cross-attention, nor for
-   queries shorter than the keys (decoding with a KV cache).
+   same tokens: self-attention. With a KV cache (fewer queries than keys, causal), query ``i`` is
+   the token at key position ``p0 + i`` and is cleaned with row ``p0 + i`` of ``S``; since S's rows
+   up to position t depend only on keys up to t (causal mask and causal ``mu`` in every pass), these
+   are the rows the uncached pass uses. Never for cross-attention.
 4. The output is the model's own attention ``softmax(s Q_clean K_clean^T + mask) V``.
 
 With ``key_mode="sparse"`` and ``lambd -> inf`` (S = 0) this is exactly the layer's original
@@ -33,7 +35,7 @@ __all__ = ["asymmetric_rpc_attention", "KEY_MODES", "DEFAULT_OPTIONS", "resolve_
 
 KEY_MODES = ("sparse", "pap")
 
-# Paper default "6iter/layer1" (SPEC section 3): PAP with 6 softmax evaluations in block 0, lambda 4.
+# Paper default "6iter/layer1": PAP with 6 softmax evaluations in block 0, lambda 4.
 DEFAULT_OPTIONS = {
     "rpc_layers": (0,),
     "n_iter": 6,
@@ -97,17 +99,35 @@ def _bool_mask(mask: Optional[Tensor]) -> Optional[Tensor]:
 def _key_key_mask(mask: Optional[Tensor], nq: int, nk: int, causal: bool, same_tokens: bool) -> Optional[Tensor]:
     """The (B?, H?, Nk, Nk) mask PAP runs under, derived from the (B?, H?, Nq, Nk) attention mask.
 
-    Same tokens (self-attention, Nq == Nk): the mask itself. Otherwise the keys' validity: for a
-    causal layer the keys the last query may see (causal mask aligned to the end: the last query
-    sees every real key, padding excluded); for a non-causal one the keys any query may see. PAP
-    adds the causal triangle itself (``is_causal``).
+    Same tokens (self-attention, Nq == Nk): the mask itself. Otherwise the keys some query may see
+    (padding, unfilled static-cache slots and, for a causal layer, keys after the last query are
+    excluded); PAP adds the causal triangle itself (``is_causal``). For a causal self-attention
+    layer with a cache this is the uncached pass's mask (causal and padding) restricted to the keys.
     """
     if mask is None:
         return None
     if same_tokens:
         return mask
-    valid = mask[..., -1, :] if causal else mask.any(dim=-2)  # (B?, H?, Nk)
+    valid = mask.any(dim=-2)  # (B?, H?, Nk)
     return valid.unsqueeze(-2).expand(*valid.shape[:-1], nk, nk)
+
+
+def _query_rows(mask: Optional[Tensor], nq: int, nk: int) -> Tensor:
+    """Key positions of the queries in causal self-attention with a cache: ``p0 .. p0 + nq - 1``.
+
+    A dynamic cache appends the queries at the end (``p0 = nk - nq``); a static cache puts them
+    before its unfilled slots. Read from the mask: the last key a (non-padding) query may see is
+    itself, and a padding query sees less, so ``p0 = max_i(last_visible_key_i - i)``. End-aligned
+    when the mask says nothing (None, or no per-query rows). Tensor ops only (no host sync).
+    """
+    if mask is None or mask.shape[-2] != nq or nq == nk:
+        return torch.arange(nk - nq, nk, device=None if mask is None else mask.device)
+    keys = torch.arange(nk, device=mask.device)
+    last = torch.where(mask, keys, -1).amax(dim=-1)  # (B?, H?, nq); -1: the query sees nothing
+    rows = torch.arange(nq, device=mask.device)
+    start = torch.where(last >= 0, last - rows, -1).max()
+    start = torch.where(start < 0, nk - nq, start.clamp(max=nk - nq))
+    return start + rows
 
 
 def _repeat_heads(x: Tensor, rep: int) -> Tensor:
@@ -146,7 +166,8 @@ def asymmetric_rpc_attention(
         attn_mask: bool (True = attend) or additive 0/-inf mask broadcastable to ``(B, H, Nq, Nk)``.
         is_causal: causal layer: causal mask in every PAP iteration, causal ``mu`` by default.
         same_tokens: False for cross-attention (queries never cleaned, PAP on the encoder keys).
-        clean_queries: clean queries with S where allowed (``same_tokens`` and ``Nq == Nk``).
+        clean_queries: clean queries with S where allowed (``same_tokens``, and ``Nq == Nk`` or a causal
+            layer with a cache, where the rows of S at the queries' positions are used).
         key_mode: ``"sparse"`` (K - S, reduces exactly to plain attention as lambd -> inf) or
             ``"pap"`` (PAP's final K2).
         n_iter, lambd, threshold, mu_mode, model_dim, tol: as :func:`rpc_attention.functional.pap_attention`;
@@ -177,8 +198,13 @@ def asymmetric_rpc_attention(
     )
     sparse = state.sparse.to(k.dtype)
     k_clean = k - sparse if key_mode == "sparse" else state.cleaned_keys.to(k.dtype)
-    q_clean = q - sparse if (clean_queries and same) else q
-    # causal with nq != nk: query i is token nk - nq + i (end-aligned), in both attention paths
+    q_clean = q
+    if clean_queries and same:
+        q_clean = q - sparse
+    elif clean_queries and same_tokens and is_causal:  # decoding with a cache
+        q_clean = q - sparse.index_select(-2, _query_rows(mask, nq, nk).to(sparse.device))
+    # causal with nq != nk: the kernel's triangle is end-aligned (query i sees keys up to
+    # nk - nq + i); a static cache's mask is stricter and wins in the intersection
     out = RF.attention(q_clean, k_clean, v, attn_mask=mask, is_causal=is_causal, dropout_p=dropout_p,
                        scale=scale, fused=fused)
     if return_state:

@@ -10,38 +10,57 @@ a custom backend no mask at all, not even the causal or padding mask). Layers se
 ``rpc_layers`` (matched against ``module.layer_idx``) run asymmetric RPC attention
 (:mod:`rpc_attention.integrations._core`); all other layers run the model's ``sdpa`` attention.
 
-Options, most specific first: attributes ``rpc_layers``, ``rpc_n_iter``, ``rpc_lambd``,
+Options live in the model's config as attributes ``rpc_layers``, ``rpc_n_iter``, ``rpc_lambd``,
 ``rpc_threshold``, ``rpc_mu_mode``, ``rpc_model_dim``, ``rpc_tol``, ``rpc_clean_queries``,
-``rpc_key_mode`` on the layer's config (set them with :func:`configure` or as config keyword
-arguments, e.g. ``LlamaConfig(..., rpc_layers="all", rpc_n_iter=2)``), then the keywords given to
-:func:`register`, then the defaults (``rpc_layers=[0]``, ``n_iter=6``, ``lambd=4``).
+``rpc_key_mode`` (set them as config keyword arguments, e.g. ``LlamaConfig(..., rpc_layers="all")``,
+or with :func:`configure`). The keywords given to :func:`register` are defaults for the options a
+config does not set; they are written into the config when a model is created with (or switched
+to) ``"rpc"``, so ``save_pretrained`` stores every option and a reloaded model runs the same
+settings whatever ``register`` was given in the new process. Later :func:`register` calls do not
+change models that exist already.
 
-Attention modules without ``layer_idx`` (e.g. ViT, CLIP): with ``rpc_layers="all"`` every such
-layer runs RPC; otherwise call :func:`configure` on the model, which numbers such modules in
-module order (attribute ``rpc_layer_idx``); an un-numbered module with a list ``rpc_layers``
-raises ``ValueError``.
+At that same moment (the end of the model's ``post_init`` and of ``set_attn_implementation``,
+which :func:`register` wraps while ``"rpc"`` is registered; transformers has no hook of its own for
+a custom attention function) the options are checked against the model: unknown ``rpc_*`` config
+keys, bad values, ``rpc_layers`` naming layers the model does not have, a global ``mu_mode`` or a
+``tol`` on a causal layer and sliding-window layers selected for RPC each raise ``ValueError``. Attention
+modules without ``layer_idx`` (e.g. ViT, CLIP) are numbered then in module order (attribute
+``rpc_layer_idx``), so a list ``rpc_layers`` selects them, also after a reload.
 """
 
 from __future__ import annotations
 
+import difflib
+import functools
 from typing import Optional
 
 import torch
 
+from .. import functional as RF
 from ._core import DEFAULT_OPTIONS, asymmetric_rpc_attention, check_options, layer_selected
 
-__all__ = ["NAME", "register", "unregister", "configure", "rpc_attention_forward", "rpc_mask", "is_registered",
-           "TRANSFORMERS_RANGE"]
+__all__ = ["NAME", "register", "unregister", "configure", "prepare", "rpc_attention_forward", "rpc_mask",
+           "is_registered", "TRANSFORMERS_RANGE"]
 
 NAME = "rpc"
 TRANSFORMERS_RANGE = (">=5.0", "<5.25")  # tested with 5.24; keep in sync with pyproject's [hf] extra
 
 _OPTION_KEYS = tuple(k for k in DEFAULT_OPTIONS)  # rpc_layers, n_iter, lambd, ...
 _defaults: dict = dict(DEFAULT_OPTIONS)
+# transformers.PreTrainedModel methods wrapped while "rpc" is registered (restored by unregister)
+_wrapped_methods: dict = {}
 
 
 def _config_key(name: str) -> str:
     return name if name.startswith("rpc_") else "rpc_" + name
+
+
+_CONFIG_KEYS = {_config_key(k): k for k in _OPTION_KEYS}  # config attribute -> option name
+
+
+def _option_name(key: str) -> str:
+    """Option name of a keyword given as ``n_iter`` or ``rpc_n_iter``."""
+    return key[4:] if key.startswith("rpc_") and key != "rpc_layers" else key
 
 
 def _check_version() -> None:
@@ -72,14 +91,27 @@ def _layer_index(module) -> Optional[int]:
     return None if idx is None else int(idx)
 
 
+def _config_options(cfg) -> dict:
+    """The RPC options a config sets (option name -> value, not yet validated). An ``rpc_*``
+    attribute that is not an option raises: a misspelt key would otherwise be ignored."""
+    found = {}
+    for attr, value in vars(cfg).items():
+        if not attr.startswith("rpc_"):
+            continue
+        if attr not in _CONFIG_KEYS:
+            close = difflib.get_close_matches(attr, list(_CONFIG_KEYS), n=1)
+            hint = f"did you mean {close[0]!r}? " if close else ""
+            raise ValueError(f"unknown RPC config key {attr!r} on {type(cfg).__name__}: {hint}"
+                             f"the keys are {sorted(_CONFIG_KEYS)}")
+        found[_CONFIG_KEYS[attr]] = value
+    return found
+
+
 def _options_for(module) -> dict:
     opts = dict(_defaults)
     cfg = getattr(module, "config", None)
     if cfg is not None:
-        for key in _OPTION_KEYS:
-            ck = _config_key(key)
-            if hasattr(cfg, ck):
-                opts[key] = getattr(cfg, ck)
+        opts.update(_config_options(cfg))
     return check_options(opts)
 
 
@@ -113,12 +145,16 @@ def rpc_attention_forward(
     if not layer_selected(layers, idx):
         return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
                                       is_causal=is_causal, **kwargs)
+    if kwargs.get("sliding_window") is not None:
+        raise _sliding_window_error(module, kwargs["sliding_window"])
     for unsupported in ("softcap", "position_bias", "s_aux"):
         if kwargs.get(unsupported) is not None:
             raise ValueError(f"RPC attention does not support {unsupported!r} ({type(module).__name__}); "
                              "leave this layer out of rpc_layers")
     causal = is_causal if is_causal is not None else getattr(module, "is_causal", True)
     causal = bool(causal) and not _is_cross(module)
+    if causal and opts["tol"] is not None:
+        raise _causal_tol_error(module)
     out = asymmetric_rpc_attention(
         query, key, value, attn_mask=attention_mask, is_causal=causal, dropout_p=dropout, scale=scaling,
         same_tokens=not _is_cross(module), **opts,
@@ -126,17 +162,146 @@ def rpc_attention_forward(
     return out.transpose(1, 2).contiguous(), None
 
 
+def _sliding_window(module) -> Optional[int]:
+    """The attention window of ``module``, or None: its own ``sliding_window`` attribute (Qwen2,
+    Gemma...), else its config's (Mistral), per layer where the config lists ``layer_types``."""
+    if hasattr(module, "sliding_window"):
+        return module.sliding_window
+    cfg = getattr(module, "config", None)
+    window = getattr(cfg, "sliding_window", None)
+    if window is None or getattr(cfg, "use_sliding_window", True) is False:
+        return None
+    types, idx = getattr(cfg, "layer_types", None), getattr(module, "layer_idx", None)
+    if types is not None and idx is not None and idx < len(types):
+        return window if types[idx] == "sliding_attention" else None
+    return window
+
+
+def _sliding_window_error(module, window: int) -> ValueError:
+    return ValueError(
+        f"{type(module).__name__} (layer {_layer_index(module)}) is a sliding-window attention layer "
+        f"(sliding_window={window}), which RPC does not run: the sliding-window KV cache drops the keys PAP "
+        "needs, so cached decoding would differ from the full forward. Leave this layer out of rpc_layers, "
+        f"or build the model with sliding_window=None (the same model for sequences up to {window} tokens)"
+    )
+
+
+def _causal_tol_error(module) -> ValueError:
+    return ValueError(
+        f"rpc_tol is set but {type(module).__name__} (layer {_layer_index(module)}) is causal: tol stops PAP on a "
+        "norm over the whole sequence, so earlier positions would depend on later tokens and cached decoding "
+        "would differ from the full forward. Use rpc_tol=None for causal layers"
+    )
+
+
+def _number_unindexed(leaves) -> None:
+    """Give attention modules without ``layer_idx`` their rank among such modules (``rpc_layer_idx``)."""
+    n = 0
+    for mod in leaves:
+        if getattr(mod, "layer_idx", None) is None:
+            mod.rpc_layer_idx = n
+            n += 1
+
+
+def _write_defaults(cfg) -> None:
+    """Write the process-wide defaults for the options ``cfg`` does not set (JSON-ready values)."""
+    present = vars(cfg)
+    for key in _OPTION_KEYS:
+        if _config_key(key) not in present:
+            value = _defaults[key]
+            setattr(cfg, _config_key(key), list(value) if isinstance(value, tuple) else value)
+
+
+def _check_against_model(cfg, modules) -> None:
+    """Check the options of ``cfg`` against the attention ``modules`` that read it."""
+    opts = check_options({**_defaults, **_config_options(cfg)})
+    layers = opts["rpc_layers"]
+    available = sorted({i for i in map(_layer_index, modules) if i is not None})
+    missing = [] if layers == "all" else [i for i in layers if i not in available]
+    if missing:
+        raise ValueError(f"rpc_layers={list(layers)} names layer(s) {missing} that this model does not have: its "
+                         f"attention layers are {available} ({type(cfg).__name__})")
+    for mod in modules:
+        if not layer_selected(layers, _layer_index(mod)):
+            continue
+        causal = bool(getattr(mod, "is_causal", False)) and not _is_cross(mod)
+        RF.check_pap_options(n_iter=opts["n_iter"], lambd=opts["lambd"], threshold=opts["threshold"],
+                             mu_mode=opts["mu_mode"], is_causal=causal, tol=opts["tol"], model_dim=opts["model_dim"])
+        if causal and opts["tol"] is not None:
+            raise _causal_tol_error(mod)
+        window = _sliding_window(mod)
+        if window is not None:
+            raise _sliding_window_error(mod, window)
+
+
+def prepare(model: torch.nn.Module, *, every_config: bool = False) -> torch.nn.Module:
+    """Make ``model`` ready for RPC and check its options (raises ``ValueError``).
+
+    Numbers attention modules without ``layer_idx``; for every config that an ``"rpc"`` attention
+    module reads (every config with ``every_config``), writes the :func:`register` defaults it does
+    not set and checks the options against the model. Runs by itself when a model is created with
+    or switched to ``"rpc"``; call it after editing ``rpc_*`` config attributes by hand.
+    """
+    leaves = list(_attention_leaves(model))
+    _number_unindexed(leaves)
+    groups: dict = {}
+    for mod in leaves:
+        cfg = getattr(mod, "config", None)
+        if cfg is None or not (every_config or getattr(cfg, "_attn_implementation", None) == NAME):
+            continue
+        groups.setdefault(id(cfg), (cfg, []))[1].append(mod)
+    for cfg, modules in groups.values():
+        _write_defaults(cfg)
+        _check_against_model(cfg, modules)
+    return model
+
+
+def _uses_rpc(model: torch.nn.Module) -> bool:
+    return any(getattr(getattr(m, "config", None), "_attn_implementation", None) == NAME for m in model.modules())
+
+
+def _wrap_model_methods() -> None:
+    """Run :func:`prepare` at the end of ``PreTrainedModel.post_init`` (model creation, also in
+    ``from_pretrained``) and of ``set_attn_implementation``, for models that use ``"rpc"``."""
+    from transformers import PreTrainedModel
+
+    if _wrapped_methods:
+        return
+    def then_prepare(original):
+        @functools.wraps(original)
+        def wrapper(self, *args, **kwargs):
+            result = original(self, *args, **kwargs)
+            if _uses_rpc(self):
+                prepare(self)
+            return result
+
+        return wrapper
+
+    for name in ("post_init", "set_attn_implementation"):
+        _wrapped_methods[name] = getattr(PreTrainedModel, name)
+        setattr(PreTrainedModel, name, then_prepare(_wrapped_methods[name]))
+
+
+def _unwrap_model_methods() -> None:
+    from transformers import PreTrainedModel
+
+    for name, original in _wrapped_methods.items():
+        setattr(PreTrainedModel, name, original)
+    _wrapped_methods.clear()
+
+
 def register(**defaults) -> None:
     """Register ``"rpc"`` with ``AttentionInterface`` and ``AttentionMaskInterface``.
 
     Keywords (``rpc_layers``, ``n_iter``, ``lambd``, ``threshold``, ``mu_mode``, ``model_dim``,
-    ``tol``, ``clean_queries``, ``key_mode``) set process-wide defaults, overridden per model by
-    config attributes (:func:`configure`). Calling it again replaces the defaults given.
+    ``tol``, ``clean_queries``, ``key_mode``) set process-wide defaults for the options a model's
+    config does not set; they are written into the config of each model created with (or switched
+    to) ``"rpc"`` afterwards. Calling it again replaces the defaults given, for later models.
     """
     _check_version()
     from transformers import AttentionInterface, AttentionMaskInterface
 
-    defaults = {k[4:] if k.startswith("rpc_") and k != "rpc_layers" else k: v for k, v in defaults.items()}
+    defaults = {_option_name(k): v for k, v in defaults.items()}
     merged = dict(_defaults)
     merged.update(defaults)
     checked = check_options(merged)
@@ -144,6 +309,7 @@ def register(**defaults) -> None:
     _defaults.update(checked)
     AttentionInterface.register(NAME, rpc_attention_forward)
     AttentionMaskInterface.register(NAME, rpc_mask)
+    _wrap_model_methods()
 
 
 def is_registered() -> bool:
@@ -153,11 +319,12 @@ def is_registered() -> bool:
 
 
 def unregister() -> None:
-    """Remove ``"rpc"`` from both interfaces and reset the defaults."""
+    """Remove ``"rpc"`` from both interfaces, restore ``PreTrainedModel``'s methods and reset the defaults."""
     from transformers import AttentionInterface, AttentionMaskInterface
 
     AttentionInterface._global_mapping.pop(NAME, None)
     AttentionMaskInterface._global_mapping.pop(NAME, None)
+    _unwrap_model_methods()
     _defaults.clear()
     _defaults.update(DEFAULT_OPTIONS)
 
@@ -172,33 +339,41 @@ def _attention_leaves(model: torch.nn.Module):
         yield mod
 
 
-def configure(model: torch.nn.Module, *, set_implementation: bool = True, **options) -> torch.nn.Module:
-    """Write RPC options into every config of ``model`` and switch it to ``attn_implementation="rpc"``.
-
-    Keywords as :func:`register` (``rpc_layers``, ``n_iter``, ``lambd``, ...). Attention modules
-    without ``layer_idx`` get ``rpc_layer_idx`` = their rank among such modules, in module order.
-    Registers ``"rpc"`` if needed. Returns the model.
-    """
-    if not is_registered():
-        register()
-    options = {k[4:] if k.startswith("rpc_") and k != "rpc_layers" else k: v for k, v in options.items()}
-    checked = check_options({**_options_for(torch.nn.Module()), **options})
-    given = {k: checked[k] for k in options}
+def _model_configs(model: torch.nn.Module) -> list:
     configs = []
     for mod in [model, *model.modules()]:
         cfg = getattr(mod, "config", None)
         if cfg is not None and hasattr(cfg, "to_dict") and all(cfg is not c for c in configs):
             configs.append(cfg)
+    return configs
+
+
+def configure(model: torch.nn.Module, *, set_implementation: bool = True, **options) -> torch.nn.Module:
+    """Write RPC options into every config of ``model`` and switch it to ``attn_implementation="rpc"``.
+
+    Keywords as :func:`register` (``rpc_layers``, ``n_iter``, ``lambd``, ...); options not given
+    keep the config's values. The result is checked against the model (:func:`prepare`); on
+    ``ValueError`` the configs are left as they were. Registers ``"rpc"`` if needed. Returns the model.
+    """
+    if not is_registered():
+        register()
+    options = {_option_name(k): v for k, v in options.items()}
+    checked = check_options({**_defaults, **options})
+    given = {_config_key(k): list(checked[k]) if isinstance(checked[k], tuple) else checked[k] for k in options}
+    configs = _model_configs(model)
+    before = [{k: v for k, v in vars(cfg).items() if k.startswith("rpc_")} for cfg in configs]
     for cfg in configs:
         for key, value in given.items():
-            if key == "rpc_layers" and isinstance(value, tuple):
-                value = list(value)
-            setattr(cfg, _config_key(key), value)
-    n = 0
-    for mod in _attention_leaves(model):
-        if getattr(mod, "layer_idx", None) is None:
-            mod.rpc_layer_idx = n
-            n += 1
+            setattr(cfg, key, value)
+    try:
+        prepare(model, every_config=True)
+    except ValueError:
+        for cfg, old in zip(configs, before):
+            for key in [k for k in vars(cfg) if k.startswith("rpc_")]:
+                delattr(cfg, key)
+            for key, value in old.items():
+                setattr(cfg, key, value)
+        raise
     if set_implementation:
         model.set_attn_implementation(NAME)
     return model
