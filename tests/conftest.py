@@ -17,6 +17,17 @@ def _one_thread_per_worker():
 
 
 @pytest.fixture(autouse=True)
+def _keep_thread_count():
+    # Every test runs at the thread count the run was started with (OMP_NUM_THREADS, or one per xdist
+    # worker): a test or CLI that changes it must not silently run the rest of the suite at another count,
+    # which would hide thread-count-dependent tolerances.
+    threads = torch.get_num_threads()
+    yield
+    if torch.get_num_threads() != threads:
+        torch.set_num_threads(threads)
+
+
+@pytest.fixture(autouse=True)
 def _seed_every_test():
     # Every test starts from the same RNG state, whatever ran before it in its worker: a test that
     # draws unseeded random tensors sees the same ones in every run (no order-dependent flakiness).

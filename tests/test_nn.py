@@ -65,18 +65,25 @@ def test_fused_and_explicit_modules_agree(cls):
     b = cls(24, num_heads=3, qkv_bias=True, fused_attn=False).eval()
     b.load_state_dict(a.state_dict())
     x = torch.randn(2, 11, 24)
-    torch.testing.assert_close(a(x), b(x), rtol=1e-4, atol=1e-5)
-    torch.testing.assert_close(a(x, is_causal=True), b(x, is_causal=True), rtol=1e-4, atol=1e-5)
+    # float32: the two paths round differently. One attention moves outputs by a few eps of their scale
+    # (measured <= 2.8 eps max|y| over 20 seeds, 1-3 threads): allow 32. PAP's passes feed each pass's
+    # rounding into the next keys (measured <= 60): allow 512, as the kernel test does.
+    budget = 512 if cls is RPCAttention else 32
+    for is_causal in (False, True):
+        expected = b(x, is_causal=is_causal)
+        atol = budget * torch.finfo(torch.float32).eps * expected.abs().max().item()
+        torch.testing.assert_close(a(x, is_causal=is_causal), expected, rtol=0, atol=atol)
 
 
 def test_scaled_attention_starts_as_plain_attention():
     torch.manual_seed(0)
-    base = Attention(12, num_heads=3, qkv_bias=True).eval()
-    x = torch.randn(2, 6, 12)
+    base = Attention(12, num_heads=3, qkv_bias=True).double().eval()
+    x = torch.randn(2, 6, 12, dtype=torch.float64)
     for mode in ("s", "alpha"):
-        m = ScaledAttention(12, num_heads=3, qkv_bias=True, mode=mode, num_tokens=6).eval()
+        m = ScaledAttention(12, num_heads=3, qkv_bias=True, mode=mode, num_tokens=6).double().eval()
         m.load_state_dict({**base.state_dict(), **{k: v for k, v in m.state_dict().items() if k in ("s_matrix", "alpha")}})
-        torch.testing.assert_close(m(x), base(x), rtol=1e-5, atol=1e-6)
+        # float64: (I - 0) V takes an extra matmul, so agreement is at rounding level (~1e-16), not bitwise
+        torch.testing.assert_close(m(x), base(x), rtol=0, atol=1e-12)
         # and the re-parameterisation is trainable
         m(x).sum().backward()
         p = m.s_matrix if mode == "s" else m.alpha

@@ -14,8 +14,6 @@ from rpc_attention.kpca.hooks import AttentionCapture
 from rpc_attention.kpca.report import run_analysis, summary_markdown
 from rpc_attention.kpca.sources import image_probe
 
-torch.set_num_threads(1)
-
 
 def _rpc_vit(lambd=4.0):
     torch.manual_seed(0)
@@ -210,7 +208,9 @@ def test_language_model_causal_capture():
     assert not cap.errors and [c.kind for c in cap.captures] == ["rpc", "symmetric"]
     assert all(c.causal for c in cap.captures)
     for c in cap.captures:
-        torch.testing.assert_close(c.module_output(), c.output, atol=1e-5, rtol=1e-4)
+        # float64 recomputation vs the float32 forward: that forward's rounding, a few eps of its scale
+        atol = 64 * torch.finfo(torch.float32).eps * c.output.abs().max().item()
+        torch.testing.assert_close(c.module_output(), c.output, atol=atol, rtol=0)
     res = analyze_captures(cap.captures, "exact")
     assert res["failures"] == [] and res["layers"][0]["causal"]
     c = cap.captures[1]

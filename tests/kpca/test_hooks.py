@@ -9,19 +9,24 @@ from rpc_attention import functional as RF
 from rpc_attention import nn as rnn
 from rpc_attention.kpca.hooks import AttentionCapture, find_attention_modules
 
-torch.set_num_threads(1)
-
 
 def _x(b=2, n=7, c=16, seed=0):
     return torch.randn(b, n, c, generator=torch.Generator().manual_seed(seed))
 
 
-def _check(cap, y, atol=1e-5):
+def f32_atol(reference: torch.Tensor, budget: int = 64) -> float:
+    """Tolerance for a float64 recomputation against the float32 forward it mirrors: the float32 side is
+    off by its own rounding, a few eps of the output scale (measured <= 2.4 eps max|y| for our layers, one
+    to three passes, 1-3 threads); `budget` eps leaves room for other CPUs and the library models."""
+    return budget * torch.finfo(torch.float32).eps * reference.abs().max().item()
+
+
+def _check(cap, y):
     assert not cap.errors, cap.errors
     assert len(cap.captures) == 1
     c = cap.captures[0]
-    torch.testing.assert_close(c.output, y.double(), atol=0, rtol=0)
-    torch.testing.assert_close(c.module_output(), y.double(), atol=atol, rtol=1e-4)
+    torch.testing.assert_close(c.output, y.double(), atol=0, rtol=0)  # the captured tensor itself
+    torch.testing.assert_close(c.module_output(), y.double(), atol=f32_atol(y), rtol=0)
     return c
 
 
@@ -35,13 +40,14 @@ def test_rpc_nn_attention_and_symmetric(is_causal):
         c = _check(cap, y)
         assert c.causal == is_causal
         # q, k, v equal the module's own split
+        # the hook's projection rounds differently from the module's fused one (measured 3.3e-7 on |k| ~ 2)
         parts = [p.double() for p in mod._split(x)]
-        torch.testing.assert_close(c.k, parts[-2], atol=1e-6, rtol=1e-5)
-        torch.testing.assert_close(c.v, parts[-1], atol=1e-6, rtol=1e-5)
+        torch.testing.assert_close(c.k, parts[-2], atol=f32_atol(parts[-2], 16), rtol=0)
+        torch.testing.assert_close(c.v, parts[-1], atol=f32_atol(parts[-1], 16), rtol=0)
         if isinstance(mod, rnn.SymmetricAttention):
             assert c.symmetric and c.q is c.k
         else:
-            torch.testing.assert_close(c.q, parts[0], atol=1e-6, rtol=1e-5)
+            torch.testing.assert_close(c.q, parts[0], atol=f32_atol(parts[0], 16), rtol=0)
 
 
 def test_rpc_attention_records_pap_state_and_restores_flag():
@@ -54,9 +60,8 @@ def test_rpc_attention_records_pap_state_and_restores_flag():
     c = _check(cap, y)
     k, v = mod._split(x)
     _, state = RF.pap_attention(k, v, n_iter=3, lambd=4.0, model_dim=16, return_state=True)
-    torch.testing.assert_close(c.k, state.cleaned_keys.double(), atol=1e-6, rtol=1e-5)
-    torch.testing.assert_close(c.k_raw, k.double(), atol=1e-6, rtol=1e-5)
-    torch.testing.assert_close(c.pap["sparse"], state.sparse.double(), atol=1e-6, rtol=1e-5)
+    for got, want in ((c.k, state.cleaned_keys), (c.k_raw, k), (c.pap["sparse"], state.sparse)):
+        torch.testing.assert_close(got, want.double(), atol=f32_atol(want, 16), rtol=0)
 
 
 @pytest.mark.parametrize("mode", ["s", "alpha"])
@@ -99,7 +104,7 @@ def test_timm_vit_hooks_match_forward():
     assert not cap.errors and len(cap.captures) == 2
     for c in cap.captures:
         assert c.kind == "timm" and c.q.shape == (2, 3, 17, 64)
-        torch.testing.assert_close(c.module_output(), c.output, atol=1e-5, rtol=1e-4)
+        torch.testing.assert_close(c.module_output(), c.output, atol=f32_atol(c.output), rtol=0)
 
 
 def test_our_vision_models_are_found():
@@ -113,7 +118,7 @@ def test_our_vision_models_are_found():
         m(torch.randn(2, 3, 16, 16))
     assert not cap.errors
     for c in cap.captures:
-        torch.testing.assert_close(c.module_output(), c.output, atol=1e-5, rtol=1e-4)
+        torch.testing.assert_close(c.module_output(), c.output, atol=f32_atol(c.output), rtol=0)
 
 
 def test_hf_bert_and_vit_hooks_match_forward_and_cli(tmp_path):
@@ -132,14 +137,15 @@ def test_hf_bert_and_vit_hooks_match_forward_and_cli(tmp_path):
     for c in cap.captures:
         assert c.kind == "hf" and c.key_valid(1).tolist() == [True] * 6 + [False] * 3
         diff = (c.module_output() - c.output).abs()
-        assert diff[0].max() < 1e-5 and diff[1, :6].max() < 1e-5  # padded query rows are irrelevant
+        tol = f32_atol(c.output[0]), f32_atol(c.output[1, :6])  # padded query rows are irrelevant
+        assert diff[0].max() <= tol[0] and diff[1, :6].max() <= tol[1]
     vit = ViTModel(ViTConfig(hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64,
                              image_size=32, patch_size=8)).eval()
     with AttentionCapture(vit) as cap, torch.no_grad():
         vit(pixel_values=torch.randn(2, 3, 32, 32))
     assert not cap.errors and len(cap.captures) == 2
     for c in cap.captures:
-        torch.testing.assert_close(c.module_output(), c.output, atol=1e-5, rtol=1e-4)
+        torch.testing.assert_close(c.module_output(), c.output, atol=f32_atol(c.output), rtol=0)
     # the CLI on a built-in config (same test: transformers is imported once)
     import json
 

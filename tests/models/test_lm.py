@@ -42,6 +42,7 @@ def test_no_output_depends_on_a_later_token(variant, train):
         for inp in (x, y):
             torch.manual_seed(123)  # same dropout masks for both inputs
             outs.append(model(inp))
+        # bit-identical by construction: same kernels on the same shapes, later tokens only add exact zeros
         assert torch.equal(outs[0][:, :t], outs[1][:, :t]), f"{variant}: output before {t} saw a later token"
         assert not torch.allclose(outs[0][:, t:], outs[1][:, t:]), "later outputs should change"
         # per-token log-probabilities of earlier targets are unaffected too
@@ -88,7 +89,10 @@ def test_cached_step_log_probs_match_full_forward(variant):
             steps.append(model.next_logprob(x[:, i:i + 1], cache))
         for j, lp in enumerate(steps):
             full = model.next_logprob(x[:, :4 + j])
-            torch.testing.assert_close(lp, full, rtol=1e-5, atol=1e-5)
+            # float32, different shapes: rounding of a few eps of the log-prob scale (measured <= 1.4 eps
+            # max|log p| over 5 seeds, 1-2 threads)
+            atol = 16 * torch.finfo(torch.float32).eps * full.abs().max().item()
+            torch.testing.assert_close(lp, full, rtol=0, atol=atol)
     assert cache[0]["k"].shape[2] == 10
 
 
