@@ -81,15 +81,15 @@ class _Pass:
     sparse: Optional[Tensor]
 
 
-def _shrink_step(k: Tensor, tau: Tensor, lowrank: Optional[Tensor], dual: Optional[Tensor], scratch: _Scratch,
-                 want_sparse: bool, keys2_private: bool) -> _Pass:
+def _shrink_step(k: Tensor, tau: Tensor, neg_tau: Tensor, lowrank: Optional[Tensor], dual: Optional[Tensor],
+                 scratch: _Scratch, want_sparse: bool, keys2_private: bool) -> _Pass:
     """A_t, C_t, K2_t (and S_t = A_t - C_t when ``want_sparse``) from L_{t-1} and U_{t-1}."""
     if lowrank is None:  # t = 1: A_1 = k, K2_1 = C_1
-        clamped = torch.maximum(k, -tau)
+        clamped = torch.maximum(k, neg_tau)
         torch.minimum(clamped, tau, out=clamped)
         return _Pass(clamped, clamped, torch.sub(k, clamped) if want_sparse else None)
     shifted = torch.sub(k, lowrank, out=None if want_sparse else scratch.get("shifted")).add_(dual)
-    clamped = torch.maximum(shifted, -tau, out=scratch.get("clamped"))
+    clamped = torch.maximum(shifted, neg_tau, out=scratch.get("clamped"))
     torch.minimum(clamped, tau, out=clamped)
     keys2 = torch.add(lowrank, dual, alpha=-2.0, out=None if keys2_private else scratch.get("keys2")).add_(clamped)
     return _Pass(clamped, keys2, shifted.sub_(clamped) if want_sparse else None)
@@ -102,6 +102,7 @@ def _run_passes(k: Tensor, v: Tensor, tau: Tensor, mask: Optional[Tensor], opts:
     Returns ``(out, steps)`` with one ``[K2 leaf, attention output or None, sign(S)]`` per pass."""
     need_tol = opts.tol is not None
     scratch = _Scratch(k)
+    neg_tau = -tau
     steps: List[list] = []
     lowrank = dual = sparse = None  # L_{t-1}, U_{t-1}, S_{t-1}; None stands for 0 before pass 1
 
@@ -109,8 +110,8 @@ def _run_passes(k: Tensor, v: Tensor, tau: Tensor, mask: Optional[Tensor], opts:
         keys2 = p.keys2.to(v.dtype)
         dropout_p = opts.dropout_p if final else 0.0
         sign = None
-        if record is not None:
-            sign = torch.sign(p.sparse) if need_tol else p.sparse.sign_()
+        if record is not None:  # S_t is needed afterwards only by tol, and never after the final pass
+            sign = torch.sign(p.sparse) if need_tol and not final else p.sparse.sign_()
         if record == "graph" or (record == "ckpt" and final):
             leaf = keys2.detach().requires_grad_(True)
             with torch.enable_grad():
@@ -124,7 +125,7 @@ def _run_passes(k: Tensor, v: Tensor, tau: Tensor, mask: Optional[Tensor], opts:
 
     n_run = 0
     for _ in range(opts.n_iter - 1):
-        p = _shrink_step(k, tau, lowrank, dual, scratch, want_sparse=need_tol or record is not None,
+        p = _shrink_step(k, tau, neg_tau, lowrank, dual, scratch, want_sparse=need_tol or record is not None,
                          keys2_private=record is not None)
         new_sparse = p.sparse if need_tol else None
         new_lowrank = attend_pass(p, final=False).to(k.dtype)
@@ -137,7 +138,8 @@ def _run_passes(k: Tensor, v: Tensor, tau: Tensor, mask: Optional[Tensor], opts:
         sparse = new_sparse
         if stop:
             break
-    p = _shrink_step(k, tau, lowrank, dual, scratch, want_sparse=record is not None, keys2_private=True)
+    p = _shrink_step(k, tau, neg_tau, lowrank, dual, scratch, want_sparse=record is not None,
+                     keys2_private=record is not None)
     return attend_pass(p, final=True), steps
 
 
