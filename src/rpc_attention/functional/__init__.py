@@ -1,0 +1,42 @@
+"""Attention kernels: symmetric attention, Principal Attention Pursuit (PAP) and Scaled Attention.
+
+Every model family, integration and analysis tool in this library calls these functions; there is
+no second copy of the PAP algorithm anywhere. Tensors are shaped ``(batch, heads, tokens, head_dim)``.
+
+- :mod:`.attention`: softmax attention (asymmetric, symmetric, scaled) and the mask normaliser.
+- :mod:`.pap`: PAP's definition (:func:`pap_loop`, the plain loop), its options, mu and tau,
+  and the entry points :func:`pap_attention` and :func:`pap_decompose`.
+- :mod:`.pap_fused`: the fused fast path beside it, with its derivation and hand-written backward.
+"""
+
+from .attention import as_bool_mask, attention, scaled_attention_alpha, scaled_attention_s, symmetric_attention
+from .pap import (
+    MU_MODES,
+    THRESHOLDS,
+    PAPProblem,
+    PAPState,
+    check_pap_options,
+    pap_attention,
+    pap_decompose,
+    pap_loop,
+    prepare_pap,
+    soft_shrink,
+)
+
+__all__ = [
+    "PAPState",
+    "PAPProblem",
+    "THRESHOLDS",
+    "MU_MODES",
+    "as_bool_mask",
+    "attention",
+    "symmetric_attention",
+    "pap_attention",
+    "pap_decompose",
+    "pap_loop",
+    "prepare_pap",
+    "scaled_attention_s",
+    "scaled_attention_alpha",
+    "soft_shrink",
+    "check_pap_options",
+]

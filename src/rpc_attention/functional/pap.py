@@ -1,0 +1,299 @@
+"""Principal Attention Pursuit (PAP): the definition.
+
+PAP treats the keys as low rank plus sparse, ``K = L + S``, and unrolls the ADMM of principal
+component pursuit with the attention itself standing in for the low-rank step (docs/method.md).
+Per (batch, head), with ``k, v`` of shape ``(N, d)`` and ``C`` the model width::
+
+    L = 0; Y = 0
+    mu  = N * C / (4 * sum |k|)          # one value per (batch, head)
+    tau = lambd * mu                     # the official threshold
+    repeat n_iter - 1 times:
+        S  = shrink(k - L + Y / mu, tau)     # shrink(x, t) = sign(x) max(|x| - t, 0)
+        K2 = k - S - Y / mu
+        L  = softmax(s K2 K2^T) v
+        Y  = Y + mu * (k - L - S)
+    S   = shrink(k - L + Y / mu, tau)
+    K2  = k - S - Y / mu
+    out = dropout(softmax(s K2 K2^T)) v
+
+:func:`pap_loop` below is that loop in plain autograd operations: it is the definition the rest is
+tested against. :func:`pap_attention` runs it for ``return_state=True``, ``fused=False`` and under
+``torch.compile``; otherwise it runs the same passes on the fused path of
+:mod:`rpc_attention.functional.pap_fused` (an algebraically equal form with a hand-written backward).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Optional, Tuple, Union
+
+import torch
+from torch import Tensor
+
+from .attention import attend, check_dropout, check_kv, normalise_mask, resolve_scale
+from .pap_fused import FusedPAPOptions, fused_pap, sparse_converged
+
+__all__ = ["PAPState", "PAPProblem", "THRESHOLDS", "MU_MODES", "soft_shrink", "check_pap_options",
+           "prepare_pap", "pap_loop", "pap_attention", "pap_decompose"]
+
+THRESHOLDS = ("lambda_mu", "lambda_over_mu")
+# global: official (sum over the whole sequence, width C); causal: per-position mu, width C;
+# head_dim / causal_head_dim: the same with the head width d in place of C.
+MU_MODES = ("global", "causal", "head_dim", "causal_head_dim")
+CAUSAL_MU_MODES = ("causal", "causal_head_dim")
+
+# Floor for sum |k| (per batch and head) so that all-zero keys give a finite mu.
+_MU_DENOM_FLOOR = 1e-6
+
+
+@dataclass
+class PAPState:
+    """Internal state of PAP after the final pass.
+
+    ``sparse`` (S), ``lowrank`` (L) and ``dual`` (Y) have the shape of the keys; ``mu`` broadcasts
+    against them (``(B, H, 1, 1)`` for global modes, ``(B, H, N, 1)`` for causal ones).
+    ``n_iter_run`` counts the softmax evaluations actually performed (< n_iter when ``tol`` stopped
+    early). ``cleaned_keys`` is K2 of the final pass, the keys the output attention used.
+    """
+
+    sparse: Tensor
+    lowrank: Tensor
+    dual: Tensor
+    mu: Tensor
+    tau: Tensor
+    cleaned_keys: Tensor
+    n_iter_run: int
+
+
+@dataclass(frozen=True)
+class PAPProblem:
+    """What every PAP path needs, computed once from the inputs and options by :func:`prepare_pap`."""
+
+    keys: Tensor              # k in the compute dtype (float32 at least; float64 stays float64)
+    mask: Optional[Tensor]    # bool (True = may attend), broadcastable to (B, H, N, N), or None
+    mu: Tensor                # (B, H, 1, 1) global or (B, H, N, 1) causal
+    tau: Tensor               # the shrinkage threshold, shaped as mu
+    scale: float              # softmax scale
+
+
+def soft_shrink(x: Tensor, tau: Union[Tensor, float]) -> Tensor:
+    """``sign(x) * max(|x| - tau, 0)`` with a (broadcastable) tensor threshold."""
+    return torch.sign(x) * torch.clamp(x.abs() - tau, min=0)
+
+
+def check_pap_options(
+    *,
+    n_iter: int = 6,
+    lambd: float = 4.0,
+    threshold: str = "lambda_mu",
+    mu_mode: Optional[str] = None,
+    is_causal: bool = False,
+    tol: Optional[float] = None,
+    model_dim: Optional[int] = None,
+) -> str:
+    """Validate PAP options up front; returns the resolved ``mu_mode``. Raises ``ValueError``."""
+    if isinstance(n_iter, bool) or not isinstance(n_iter, int):
+        raise ValueError(f"n_iter must be an integer >= 1, got {n_iter!r}")
+    if n_iter < 1:
+        raise ValueError(f"n_iter must be >= 1 (it counts softmax evaluations), got {n_iter}")
+    try:
+        lambd_f = float(lambd)
+    except (TypeError, ValueError):
+        raise ValueError(f"lambd must be a number >= 0, got {lambd!r}") from None
+    if math.isnan(lambd_f) or lambd_f < 0:
+        raise ValueError(f"lambd must be >= 0 and not NaN, got {lambd!r}")
+    if threshold not in THRESHOLDS:
+        raise ValueError(f"threshold must be one of {THRESHOLDS}, got {threshold!r}")
+    if mu_mode is None:
+        mu_mode = "causal" if is_causal else "global"
+    if mu_mode not in MU_MODES:
+        raise ValueError(f"mu_mode must be one of {MU_MODES}, got {mu_mode!r}")
+    if is_causal and mu_mode not in CAUSAL_MU_MODES:
+        raise ValueError(
+            f"mu_mode={mu_mode!r} with is_causal=True sums |k| over the whole sequence and leaks future "
+            f"tokens into past outputs; use one of {CAUSAL_MU_MODES}"
+        )
+    if tol is not None:
+        try:
+            tol_ok = float(tol) >= 0
+        except (TypeError, ValueError):
+            tol_ok = False
+        if not tol_ok:
+            raise ValueError(f"tol must be a non-negative number or None, got {tol!r}")
+    if model_dim is not None and (isinstance(model_dim, bool) or not isinstance(model_dim, int) or model_dim < 1):
+        raise ValueError(f"model_dim must be a positive integer, got {model_dim!r}")
+    return mu_mode
+
+
+def _compute_mu(keys: Tensor, valid: Optional[Tensor], mu_mode: str, width: int) -> Tensor:
+    """mu = count * width / (4 * sum |k|) over valid keys, global or per position (causal)."""
+    abs_rows = keys.abs().sum(dim=-1, keepdim=True)  # (B, H, N, 1): L1 norm of each key row
+    if valid is not None:
+        validf = valid.to(abs_rows.dtype)
+        abs_rows = abs_rows * validf
+        counts = validf.expand_as(abs_rows)
+    else:
+        counts = torch.ones_like(abs_rows)
+    if mu_mode in CAUSAL_MU_MODES:
+        denom, count = abs_rows.cumsum(dim=-2), counts.cumsum(dim=-2)
+    else:
+        denom, count = abs_rows.sum(dim=-2, keepdim=True), counts.sum(dim=-2, keepdim=True)
+    return count.clamp_min(1.0) * width / (4.0 * denom.clamp_min(_MU_DENOM_FLOOR))
+
+
+def prepare_pap(k: Tensor, v: Tensor, *, n_iter: int = 6, lambd: float = 4.0,
+                attn_mask: Optional[Tensor] = None, is_causal: bool = False, scale: Optional[float] = None,
+                model_dim: Optional[int] = None, threshold: str = "lambda_mu", mu_mode: Optional[str] = None,
+                tol: Optional[float] = None) -> PAPProblem:
+    """Validate PAP's inputs and options and compute the keys in the compute dtype, the bool mask,
+    mu and tau. Keys no query may attend to (padding) take no part in mu or in N."""
+    check_kv(k, v, need_same_dim=True)
+    mu_mode = check_pap_options(n_iter=n_iter, lambd=lambd, threshold=threshold, mu_mode=mu_mode,
+                                is_causal=is_causal, tol=tol, model_dim=model_dim)
+    lambd = float(lambd)
+    b, h, n, d = k.shape
+    width = d if mu_mode in ("head_dim", "causal_head_dim") else (h * d if model_dim is None else model_dim)
+    mask = normalise_mask(attn_mask, b, h, n, n)
+    valid = None if mask is None else mask.any(dim=-2).unsqueeze(-1)  # keys some query may see
+    # State and thresholds in float32 at least (bf16/fp16 inputs), float64 stays float64.
+    keys = k.to(torch.promote_types(k.dtype, torch.float32))
+    mu = _compute_mu(keys, valid, mu_mode, width)
+    if math.isinf(lambd):
+        # S = 0 exactly; a constant threshold keeps inf * 0 out of the gradient of mu.
+        tau = torch.full_like(mu, math.inf).detach()
+    else:
+        tau = lambd * mu if threshold == "lambda_mu" else lambd / mu
+    return PAPProblem(keys=keys, mask=mask, mu=mu, tau=tau, scale=resolve_scale(scale, d))
+
+
+def pap_loop(problem: PAPProblem, v: Tensor, *, n_iter: int, is_causal: bool = False, dropout_p: float = 0.0,
+             tol: Optional[float] = None, fused: bool = True, checkpoint_iters: bool = False,
+             final_attention: bool = True) -> Tuple[Optional[Tensor], PAPState]:
+    """The PAP loop in plain autograd operations (the definition). Returns ``(out, state)``;
+    ``final_attention=False`` stops after the final pass's K2 (``out`` is then None)."""
+    k, mask, mu, tau, scale = problem.keys, problem.mask, problem.mu, problem.tau, problem.scale
+    inv_mu = 1.0 / mu
+
+    def admm_pass(lowrank: Tensor, dual: Tensor):
+        sparse = soft_shrink(k - lowrank + dual * inv_mu, tau)
+        k2 = (k - sparse - dual * inv_mu).to(v.dtype)
+        lowrank = attend(k2, k2, v, mask, is_causal, 0.0, scale, fused).to(k.dtype)
+        dual = dual + mu * (k - lowrank - sparse)
+        return sparse, lowrank, dual
+
+    if checkpoint_iters and torch.is_grad_enabled() and (k.requires_grad or v.requires_grad):
+        from torch.utils.checkpoint import checkpoint
+
+        def step(lowrank, dual):
+            return checkpoint(admm_pass, lowrank, dual, use_reentrant=False)
+    else:
+        step = admm_pass
+
+    lowrank, dual, sparse = torch.zeros_like(k), torch.zeros_like(k), torch.zeros_like(k)
+    n_run = 0
+    for _ in range(n_iter - 1):
+        new_sparse, lowrank, dual = step(lowrank, dual)
+        n_run += 1
+        stop = tol is not None and n_run > 1 and sparse_converged(new_sparse, sparse, tol)
+        sparse = new_sparse
+        if stop:
+            break
+    sparse = soft_shrink(k - lowrank + dual * inv_mu, tau)
+    k2 = (k - sparse - dual * inv_mu).to(v.dtype)
+    out = attend(k2, k2, v, mask, is_causal, dropout_p, scale, fused) if final_attention else None
+    return out, PAPState(sparse, lowrank, dual, mu, tau, k2, n_run + 1)
+
+
+def _is_compiling() -> bool:
+    compiler = getattr(torch, "compiler", None)
+    return bool(compiler is not None and hasattr(compiler, "is_compiling") and compiler.is_compiling())
+
+
+def pap_attention(
+    k: Tensor,
+    v: Tensor,
+    *,
+    n_iter: int = 6,
+    lambd: float = 4.0,
+    attn_mask: Optional[Tensor] = None,
+    is_causal: bool = False,
+    dropout_p: float = 0.0,
+    scale: Optional[float] = None,
+    model_dim: Optional[int] = None,
+    threshold: str = "lambda_mu",
+    mu_mode: Optional[str] = None,
+    tol: Optional[float] = None,
+    return_state: bool = False,
+    fused: bool = True,
+    checkpoint_iters: bool = False,
+) -> Union[Tensor, Tuple[Tensor, PAPState]]:
+    """Principal Attention Pursuit: robust symmetric attention (the loop in the module docstring).
+
+    Args:
+        k, v: keys and values ``(B, H, N, d)``; PAP needs ``d_v == d_k``.
+        n_iter: softmax evaluations in the layer (``n_iter - 1`` ADMM passes plus the final one).
+            ``n_iter=1`` is symmetric attention on ``clamp(k, -tau, tau)``.
+        lambd: sparsity weight lambda (official experiments: 4). ``lambd=inf`` makes S = 0 (for
+            ``n_iter=1`` plain symmetric attention); 0 is degenerate (uniform attention) but allowed;
+            negative raises.
+        attn_mask: bool (True = may attend) or additive float mask broadcastable to (B, H, N, N).
+            Keys no query may attend to (padding) take no part in attention, in mu or in N.
+        is_causal: apply a causal mask in every iteration (and default to the causal mu).
+        dropout_p: attention dropout, applied in the final attention only (as the official code).
+        scale: softmax scale, default ``1/sqrt(d)``.
+        model_dim: the width C in mu = N C / (4 sum|k|); default ``heads * head_dim``.
+        threshold: ``"lambda_mu"`` (official, tau = lambd * mu) or ``"lambda_over_mu"`` (classic PCP).
+        mu_mode: ``"global"`` (official), ``"causal"`` (mu_i = i C / (4 sum_{j<=i} ||k_j||_1)),
+            ``"head_dim"`` / ``"causal_head_dim"`` (d instead of C). Default: ``"causal"`` when
+            ``is_causal`` else ``"global"``. A global mode with ``is_causal`` raises: it would leak
+            future tokens into past outputs.
+        tol: stop the ADMM passes early when ``||S_t - S_{t-1}|| / ||S_{t-1}||`` falls below it
+            (an inference option; the final pass always runs).
+        return_state: also return a :class:`PAPState` (S, L, Y, mu, ...).
+        fused: run each attention on ``scaled_dot_product_attention`` (O(N d) memory) with the fused
+            passes of :mod:`~rpc_attention.functional.pap_fused`; ``False`` runs :func:`pap_loop`
+            with the N x N matrix materialised.
+        checkpoint_iters: keep less for the backward pass and recompute each pass's attention
+            there (one extra attention forward per pass). Same outputs and gradients.
+    """
+    problem = prepare_pap(k, v, n_iter=n_iter, lambd=lambd, attn_mask=attn_mask, is_causal=is_causal,
+                          scale=scale, model_dim=model_dim, threshold=threshold, mu_mode=mu_mode, tol=tol)
+    dropout_p = check_dropout(dropout_p)
+    tol = None if tol is None else float(tol)
+    if fused and not return_state and not _is_compiling():
+        options = FusedPAPOptions(n_iter=n_iter, is_causal=bool(is_causal), dropout_p=dropout_p,
+                                  scale=problem.scale, tol=tol, checkpoint_iters=bool(checkpoint_iters))
+        return fused_pap(problem.keys, v, problem.tau, problem.mask, options)
+    out, state = pap_loop(problem, v, n_iter=n_iter, is_causal=is_causal, dropout_p=dropout_p, tol=tol,
+                          fused=fused, checkpoint_iters=bool(checkpoint_iters))
+    return (out, state) if return_state else out
+
+
+def pap_decompose(
+    k: Tensor,
+    v: Tensor,
+    *,
+    n_iter: int = 6,
+    lambd: float = 4.0,
+    attn_mask: Optional[Tensor] = None,
+    is_causal: bool = False,
+    scale: Optional[float] = None,
+    model_dim: Optional[int] = None,
+    threshold: str = "lambda_mu",
+    mu_mode: Optional[str] = None,
+    tol: Optional[float] = None,
+    fused: bool = True,
+) -> PAPState:
+    """PAP's decomposition without its final attention: the :class:`PAPState` that
+    ``pap_attention(..., return_state=True)`` returns, one softmax evaluation cheaper.
+
+    For callers that use S (or the cleaned keys) in an attention of their own, such as the
+    asymmetric extension in :mod:`rpc_attention.integrations` or the analysis tools. Options as
+    :func:`pap_attention`; ``n_iter_run`` counts the final pass as if it had run, so the state
+    equals ``pap_attention``'s for the same options. Differentiable (plain autograd).
+    """
+    problem = prepare_pap(k, v, n_iter=n_iter, lambd=lambd, attn_mask=attn_mask, is_causal=is_causal,
+                          scale=scale, model_dim=model_dim, threshold=threshold, mu_mode=mu_mode, tol=tol)
+    return pap_loop(problem, v, n_iter=n_iter, is_causal=is_causal, tol=None if tol is None else float(tol),
+                    fused=fused, final_attention=False)[1]
