@@ -60,7 +60,7 @@ test: install
 # so the kernel tests run again in one process at 1 and at 2 threads (seconds): a tolerance that holds
 # only at one count fails here.
 # (-k drops test_nn's import-time subprocess checks: ~40 s and nothing numerical.)
-KERNEL_TESTS := tests/test_functional.py tests/test_nn.py -k "not import"
+KERNEL_TESTS := tests/functional tests/test_nn.py -k "not import"
 test-threads: install
 	OMP_NUM_THREADS=1 $(PY) -m pytest -q -n 0 $(KERNEL_TESTS)
 	OMP_NUM_THREADS=2 $(PY) -m pytest -q -n 0 $(KERNEL_TESTS)

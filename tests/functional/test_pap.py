@@ -1,4 +1,4 @@
-"""Correctness of the attention kernels against plain float64 references written from SPEC section 3.
+"""PAP (rpc_attention.functional.pap) against the float64 loop of docs/method.md#the-loop.
 
 Tolerances. Comparisons run in float64 unless a test is about a low-precision path. Float64 results of
 the same formula computed in a different order (batched vs per-head loops, fused vs explicit, other
@@ -15,69 +15,8 @@ import torch
 
 from rpc_attention import functional as RF
 
+from .reference import rand, ref_pap, ref_shrink, ref_softmax_attention
 
-# ---------------------------------------------------------------------------------------------
-# References: straightforward float64 loops over (batch, head), following SPEC section 3 line by line.
-# ---------------------------------------------------------------------------------------------
-
-def ref_softmax_attention(q, k, v, scale, valid_keys=None, causal=False):
-    """softmax(scale q k^T) v for one head; q (N, d), k (M, d), v (M, dv)."""
-    scores = (q @ k.T) * scale
-    n, m = scores.shape
-    allowed = torch.ones(n, m, dtype=torch.bool)
-    if valid_keys is not None:
-        allowed &= valid_keys[None, :]
-    if causal:
-        allowed &= torch.ones(n, m, dtype=torch.bool).tril()
-    scores = scores.masked_fill(~allowed, float("-inf"))
-    return torch.softmax(scores, dim=-1) @ v
-
-
-def ref_shrink(x, t):
-    return torch.sign(x) * torch.clamp(x.abs() - t, min=0)
-
-
-def ref_pap(k, v, n_iter, lambd, C=None, threshold="lambda_mu", mu_mode="global", valid=None, causal=False):
-    """PAP for (B, H, N, d) float64 tensors, one (batch, head) at a time, as SPEC section 3 writes it."""
-    B, H, N, d = k.shape
-    C = H * d if C is None else C
-    out = torch.zeros_like(v)
-    for b in range(B):
-        for h in range(H):
-            kk, vv = k[b, h], v[b, h]
-            vk = valid[b] if valid is not None else torch.ones(N, dtype=torch.bool)
-            width = d if mu_mode in ("head_dim", "causal_head_dim") else C
-            if mu_mode in ("causal", "causal_head_dim"):
-                mu = torch.zeros(N, 1, dtype=kk.dtype)
-                for i in range(N):
-                    sel = vk[: i + 1]
-                    count = int(sel.sum())
-                    total = float(kk[: i + 1][sel].abs().sum())
-                    mu[i] = max(count, 1) * width / (4 * max(total, 1e-6))
-            else:
-                count = int(vk.sum())
-                total = float(kk[vk].abs().sum())
-                mu = torch.tensor(count * width / (4 * max(total, 1e-6)), dtype=kk.dtype)
-            tau = lambd * mu if threshold == "lambda_mu" else lambd / mu
-            L = torch.zeros_like(kk)
-            Y = torch.zeros_like(kk)
-            for _ in range(n_iter - 1):
-                S = ref_shrink(kk - L + Y / mu, tau)
-                K2 = kk - S - Y / mu
-                L = ref_softmax_attention(K2, K2, vv, 1 / math.sqrt(d), vk, causal)
-                Y = Y + mu * (kk - L - S)
-            S = ref_shrink(kk - L + Y / mu, tau)
-            K2 = kk - S - Y / mu
-            out[b, h] = ref_softmax_attention(K2, K2, vv, 1 / math.sqrt(d), vk, causal)
-    return out
-
-
-def rand(*shape, seed=0, dtype=torch.float64):
-    g = torch.Generator().manual_seed(seed)
-    return torch.randn(*shape, generator=g, dtype=dtype)
-
-
-# ---------------------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("shape", [(1, 1, 5, 4), (2, 3, 7, 8), (3, 2, 16, 4)])
 @pytest.mark.parametrize("n_iter", [1, 2, 3, 4, 5, 6])
@@ -122,21 +61,12 @@ def test_sdpa_path_equals_explicit_path_float32():
             RF.symmetric_attention(k, v, is_causal=is_causal, fused=False), rtol=0, atol=32 * unit)
 
 
-def test_symmetric_attention_matches_reference():
-    k, v = rand(2, 3, 8, 4, seed=9), rand(2, 3, 8, 5, seed=10)
-    out = RF.symmetric_attention(k, v)
-    for b in range(2):
-        for h in range(3):
-            ref = ref_softmax_attention(k[b, h], k[b, h], v[b, h], 0.5)
-            torch.testing.assert_close(out[b, h], ref, rtol=0, atol=1e-12)
-
-
 def test_large_lambda_removes_the_sparse_part():
     """lambd -> inf: S = 0 in every pass. With n_iter = 1 that is exactly plain symmetric attention.
 
     With n_iter >= 2 the official update K2 = k - S - Y/mu does NOT give back plain attention (Y/mu =
-    k - L after one pass, so K2 = L): SPEC's "every variant reduces to plain attention" holds only for
-    n_iter = 1. We reproduce the official computation and pin this behaviour down here.
+    k - L after one pass, so the second pass attends with K2 = L): the large-lambda limit is plain
+    attention only for n_iter = 1 (docs/method.md#the-large-lambda-limit). We reproduce the official computation and pin this behaviour down here.
     """
     k, v = rand(2, 3, 10, 8, seed=11), rand(2, 3, 10, 8, seed=12)
     plain = RF.symmetric_attention(k, v)
@@ -190,20 +120,6 @@ def test_causal_outputs_do_not_depend_on_future_tokens(mu_mode, fused):
     # <= 2e-14 over 10 seeds, 1-3 threads); a length leak such as a mu taken over all N keys moves them by ~0.5.
     c = RF.pap_attention(k[:, :, : t + 1], v[:, :, : t + 1], n_iter=4, is_causal=True, mu_mode=mu_mode, fused=fused)
     torch.testing.assert_close(a[:, :, : t + 1], c, rtol=0, atol=1e-12)
-
-
-@pytest.mark.parametrize("fused", [True, False])
-def test_causal_with_fewer_queries_than_keys_is_end_aligned(fused):
-    """Query i of nq sees keys 0..nk-nq+i (a decoding step over a cache), in both paths."""
-    q, k, v = rand(2, 2, 3, 4, seed=43), rand(2, 2, 7, 4, seed=44), rand(2, 2, 7, 5, seed=45)
-    out = RF.attention(q, k, v, is_causal=True, fused=fused)
-    expected = torch.empty_like(out)
-    for b in range(2):
-        for h in range(2):
-            for i in range(3):
-                keys = slice(0, 7 - 3 + i + 1)
-                expected[b, h, i] = ref_softmax_attention(q[b, h, i:i + 1], k[b, h, keys], v[b, h, keys], 0.5)[0]
-    torch.testing.assert_close(out, expected, rtol=1e-10, atol=1e-12)
 
 
 def test_causal_matches_reference():
@@ -352,33 +268,6 @@ def test_dropout_only_in_final_attention():
     torch.testing.assert_close(s1.lowrank, s0.lowrank)
 
 
-def test_scaled_attention_s_matches_reference():
-    q, k, v = rand(2, 3, 6, 4, seed=33), rand(2, 3, 6, 4, seed=34), rand(2, 3, 6, 4, seed=35)
-    S = rand(3, 6, 6, seed=36) * 0.1
-    out = RF.scaled_attention_s(q, k, v, S)
-    eye = torch.eye(6, dtype=torch.float64)
-    for b in range(2):
-        for h in range(3):
-            ref = torch.softmax(q[b, h] @ k[b, h].T / 2, -1) @ (eye - S[h]) @ v[b, h]
-            torch.testing.assert_close(out[b, h], ref, rtol=0, atol=1e-12)
-    # S = 0 is plain attention
-    torch.testing.assert_close(RF.scaled_attention_s(q, k, v, torch.zeros(3, 6, 6, dtype=torch.float64)),
-                               RF.attention(q, k, v))
-
-
-def test_scaled_attention_alpha_matches_reference():
-    q, k, v = rand(2, 3, 6, 4, seed=37), rand(2, 3, 6, 4, seed=38), rand(2, 3, 6, 4, seed=39)
-    alpha = 0.7
-    out = RF.scaled_attention_alpha(q, k, v, torch.tensor(alpha, dtype=torch.float64))
-    eye = torch.eye(6, dtype=torch.float64)
-    for b in range(2):
-        for h in range(3):
-            kk = torch.softmax(k[b, h] @ k[b, h].T / 2, -1)
-            ref = torch.softmax(q[b, h] @ k[b, h].T / 2, -1) @ (eye - alpha * kk) @ v[b, h]
-            torch.testing.assert_close(out[b, h], ref, rtol=0, atol=1e-12)
-    torch.testing.assert_close(RF.scaled_attention_alpha(q, k, v, 0.0), RF.attention(q, k, v))
-
-
 @pytest.mark.parametrize(
     "kwargs, match",
     [
@@ -416,10 +305,6 @@ def test_bad_shapes_raise():
     with pytest.raises(ValueError, match="s_matrix"):
         RF.scaled_attention_s(k, k, k, torch.zeros(2, 3, 3))
 
-
-# ---------------------------------------------------------------------------------------------
-# lambd = inf: S = 0 exactly, and no gradient path through tau (inf * 0 would give NaN).
-# ---------------------------------------------------------------------------------------------
 
 def _pap_grads(fn, k, v):
     k, v = k.clone().requires_grad_(True), v.clone().requires_grad_(True)
@@ -459,3 +344,4 @@ def test_infinite_lambda_gives_finite_gradients_of_plain_attention(threshold, fu
             torch.testing.assert_close(g, r, rtol=1e-12, atol=1e-12)
     state = RF.pap_decompose(k, v, n_iter=3, lambd=math.inf, **opts)
     assert torch.count_nonzero(state.sparse) == 0
+

@@ -1,0 +1,64 @@
+"""Float64 references for the kernel tests, written straight from the method
+(docs/method.md#the-loop): plain loops over (batch, head), one line per line of the definition."""
+
+import math
+
+import torch
+
+
+def ref_softmax_attention(q, k, v, scale, valid_keys=None, causal=False):
+    """softmax(scale q k^T) v for one head; q (N, d), k (M, d), v (M, dv)."""
+    scores = (q @ k.T) * scale
+    n, m = scores.shape
+    allowed = torch.ones(n, m, dtype=torch.bool)
+    if valid_keys is not None:
+        allowed &= valid_keys[None, :]
+    if causal:
+        allowed &= torch.ones(n, m, dtype=torch.bool).tril()
+    scores = scores.masked_fill(~allowed, float("-inf"))
+    return torch.softmax(scores, dim=-1) @ v
+
+
+def ref_shrink(x, t):
+    return torch.sign(x) * torch.clamp(x.abs() - t, min=0)
+
+
+def ref_pap(k, v, n_iter, lambd, C=None, threshold="lambda_mu", mu_mode="global", valid=None, causal=False):
+    """PAP for (B, H, N, d) float64 tensors, one (batch, head) at a time, as docs/method.md#the-loop writes it."""
+    B, H, N, d = k.shape
+    C = H * d if C is None else C
+    out = torch.zeros_like(v)
+    for b in range(B):
+        for h in range(H):
+            kk, vv = k[b, h], v[b, h]
+            vk = valid[b] if valid is not None else torch.ones(N, dtype=torch.bool)
+            width = d if mu_mode in ("head_dim", "causal_head_dim") else C
+            if mu_mode in ("causal", "causal_head_dim"):
+                mu = torch.zeros(N, 1, dtype=kk.dtype)
+                for i in range(N):
+                    sel = vk[: i + 1]
+                    count = int(sel.sum())
+                    total = float(kk[: i + 1][sel].abs().sum())
+                    mu[i] = max(count, 1) * width / (4 * max(total, 1e-6))
+            else:
+                count = int(vk.sum())
+                total = float(kk[vk].abs().sum())
+                mu = torch.tensor(count * width / (4 * max(total, 1e-6)), dtype=kk.dtype)
+            tau = lambd * mu if threshold == "lambda_mu" else lambd / mu
+            L = torch.zeros_like(kk)
+            Y = torch.zeros_like(kk)
+            for _ in range(n_iter - 1):
+                S = ref_shrink(kk - L + Y / mu, tau)
+                K2 = kk - S - Y / mu
+                L = ref_softmax_attention(K2, K2, vv, 1 / math.sqrt(d), vk, causal)
+                Y = Y + mu * (kk - L - S)
+            S = ref_shrink(kk - L + Y / mu, tau)
+            K2 = kk - S - Y / mu
+            out[b, h] = ref_softmax_attention(K2, K2, vv, 1 / math.sqrt(d), vk, causal)
+    return out
+
+
+def rand(*shape, seed=0, dtype=torch.float64):
+    g = torch.Generator().manual_seed(seed)
+    return torch.randn(*shape, generator=g, dtype=dtype)
+

@@ -1,0 +1,86 @@
+"""Softmax attention kernels (asymmetric, symmetric, scaled) against float64 references.
+
+Tolerances. Comparisons run in float64 unless a test is about a low-precision path. Float64 results of
+the same formula computed in a different order (batched vs per-head loops, fused vs explicit, other
+thread counts) differ by ~1e-15 (eps = 2.2e-16 on O(1) values); PAP's passes feed each pass's rounding
+into the next keys, so its comparisons allow atol=1e-10 and a single attention 1e-12: far above rounding
+on any CPU, far below any real discrepancy (a wrong step or mask moves outputs by >1e-3). Float32 and
+lower-precision tests derive their tolerance from the dtype's epsilon and the magnitudes involved.
+"""
+
+import math
+
+import pytest
+import torch
+
+from rpc_attention import functional as RF
+
+from .reference import rand, ref_pap, ref_shrink, ref_softmax_attention
+
+
+def test_symmetric_attention_matches_reference():
+    k, v = rand(2, 3, 8, 4, seed=9), rand(2, 3, 8, 5, seed=10)
+    out = RF.symmetric_attention(k, v)
+    for b in range(2):
+        for h in range(3):
+            ref = ref_softmax_attention(k[b, h], k[b, h], v[b, h], 0.5)
+            torch.testing.assert_close(out[b, h], ref, rtol=0, atol=1e-12)
+
+
+@pytest.mark.parametrize("fused", [True, False])
+def test_causal_with_fewer_queries_than_keys_is_end_aligned(fused):
+    """Query i of nq sees keys 0..nk-nq+i (a decoding step over a cache), in both paths."""
+    q, k, v = rand(2, 2, 3, 4, seed=43), rand(2, 2, 7, 4, seed=44), rand(2, 2, 7, 5, seed=45)
+    out = RF.attention(q, k, v, is_causal=True, fused=fused)
+    expected = torch.empty_like(out)
+    for b in range(2):
+        for h in range(2):
+            for i in range(3):
+                keys = slice(0, 7 - 3 + i + 1)
+                expected[b, h, i] = ref_softmax_attention(q[b, h, i:i + 1], k[b, h, keys], v[b, h, keys], 0.5)[0]
+    torch.testing.assert_close(out, expected, rtol=1e-10, atol=1e-12)
+
+
+def test_scaled_attention_s_matches_reference():
+    q, k, v = rand(2, 3, 6, 4, seed=33), rand(2, 3, 6, 4, seed=34), rand(2, 3, 6, 4, seed=35)
+    S = rand(3, 6, 6, seed=36) * 0.1
+    out = RF.scaled_attention_s(q, k, v, S)
+    eye = torch.eye(6, dtype=torch.float64)
+    for b in range(2):
+        for h in range(3):
+            ref = torch.softmax(q[b, h] @ k[b, h].T / 2, -1) @ (eye - S[h]) @ v[b, h]
+            torch.testing.assert_close(out[b, h], ref, rtol=0, atol=1e-12)
+    # S = 0 is plain attention
+    torch.testing.assert_close(RF.scaled_attention_s(q, k, v, torch.zeros(3, 6, 6, dtype=torch.float64)),
+                               RF.attention(q, k, v))
+
+
+def test_scaled_attention_alpha_matches_reference():
+    q, k, v = rand(2, 3, 6, 4, seed=37), rand(2, 3, 6, 4, seed=38), rand(2, 3, 6, 4, seed=39)
+    alpha = 0.7
+    out = RF.scaled_attention_alpha(q, k, v, torch.tensor(alpha, dtype=torch.float64))
+    eye = torch.eye(6, dtype=torch.float64)
+    for b in range(2):
+        for h in range(3):
+            kk = torch.softmax(k[b, h] @ k[b, h].T / 2, -1)
+            ref = torch.softmax(q[b, h] @ k[b, h].T / 2, -1) @ (eye - alpha * kk) @ v[b, h]
+            torch.testing.assert_close(out[b, h], ref, rtol=0, atol=1e-12)
+    torch.testing.assert_close(RF.scaled_attention_alpha(q, k, v, 0.0), RF.attention(q, k, v))
+
+
+
+def test_as_bool_mask_is_the_one_mask_normaliser():
+    """bool passes through; additive 0 / -inf (or the dtype minimum) becomes True / False; an
+    attention bias (any other value) is refused, naming the bool-mask fix."""
+    add = torch.tensor([[0.0, float("-inf")], [torch.finfo(torch.float32).min, 0.0]])
+    assert torch.equal(RF.as_bool_mask(add), torch.tensor([[True, False], [False, True]]))
+    b = torch.tensor([True, False])
+    assert RF.as_bool_mask(b) is b
+    assert RF.as_bool_mask(None) is None
+    with pytest.raises(ValueError, match="bool mask"):
+        RF.as_bool_mask(torch.tensor([0.0, -1.0]))
+    with pytest.raises(ValueError, match="bool"):
+        RF.as_bool_mask(torch.tensor([0, 1]))
+    k = rand(1, 1, 2, 3, seed=3)
+    torch.testing.assert_close(RF.symmetric_attention(k, k, attn_mask=add),
+                               RF.symmetric_attention(k, k, attn_mask=RF.as_bool_mask(add)), rtol=0, atol=0)
