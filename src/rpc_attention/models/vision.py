@@ -318,13 +318,14 @@ def _infer_num_heads(width: int, args: Dict[str, Any]) -> int:
                      f"show it); pass num_heads=... to load_official_checkpoint")
 
 
-def checkpoint_model_kwargs(state_dict: Dict[str, torch.Tensor], args: Optional[Dict[str, Any]] = None
-                            ) -> Dict[str, Any]:
+def checkpoint_model_kwargs(state_dict: Dict[str, torch.Tensor], args: Optional[Dict[str, Any]] = None,
+                            num_heads: Optional[int] = None) -> Dict[str, Any]:
     """The :class:`SymViT` arguments that fit a state dict of the official layout.
 
     Width, depth, patch size, input channels, classes, MLP ratio, qkv bias, token grid (``img_size``)
-    and attention type come from the tensors; the head count from ``args["num_heads"]``, else the size
-    word in ``args["model"]`` (``deit_small_...``), else :data:`OFFICIAL_HEADS_BY_WIDTH`.
+    and attention type come from the tensors; the head count from ``num_heads``, else
+    ``args["num_heads"]``, else the size word in ``args["model"]`` (``deit_small_...``), else
+    :data:`OFFICIAL_HEADS_BY_WIDTH`.
     """
     args = args or {}
     proj = state_dict.get("patch_embed.proj.weight")
@@ -339,7 +340,7 @@ def checkpoint_model_kwargs(state_dict: Dict[str, torch.Tensor], args: Optional[
         attention = "scaled_s"
     else:
         attention = "scaled_alpha" if "blocks.0.attn.alpha" in state_dict else "attn"
-    kwargs = dict(attention=attention, embed_dim=width, depth=depth, num_heads=_infer_num_heads(width, args),
+    kwargs = dict(attention=attention, embed_dim=width, depth=depth, num_heads=num_heads or _infer_num_heads(width, args),
                   patch_size=patch, in_chans=in_chans, qkv_bias="blocks.0.attn.qkv.bias" in state_dict,
                   mlp_ratio=state_dict["blocks.0.mlp.fc1.weight"].shape[0] / width,
                   class_token="cls_token" in state_dict)
@@ -425,7 +426,8 @@ def load_official_checkpoint(checkpoint: Union[str, Dict[str, Any], nn.Module],
     if model is None:
         import timm
 
-        kwargs = dict(checkpoint_model_kwargs(sd, _checkpoint_args(obj)), **model_kwargs)
+        inferred = checkpoint_model_kwargs(sd, _checkpoint_args(obj), num_heads=model_kwargs.get("num_heads"))
+        kwargs = dict(inferred, **model_kwargs)
         model = timm.create_model(variant or _default_variant(kwargs), **kwargs)
     elif variant is not None or model_kwargs:
         raise ValueError("variant= and model options only apply when load_official_checkpoint builds the model; "
