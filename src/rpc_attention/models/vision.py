@@ -19,7 +19,11 @@ in_chans, embed_dim, depth, num_heads, drop_path_rate, ...`` and the RPC options
 ``threshold``, ``mu_mode``, ``model_dim``, ``tol``. Weight init is timm's ViT init.
 
 State dicts have exactly the official SymViT / RPC-SymViT layout (timm ViT names; symmetric ``qkv`` is
-``[2C, C]`` keys-then-values), so official checkpoints load unchanged (:func:`load_official_checkpoint`).
+``[2C, C]`` keys-then-values). The official sizes are not always ours (the official ``deit_small`` is 348
+wide): :func:`load_official_checkpoint` builds the model that fits a checkpoint's tensors and loads it.
+Through timm, ``pretrained=True, pretrained_cfg_overlay=dict(file=path)`` loads local weights into the
+named model; ``features_only``, FX tracing and ``torch.jit.script`` work as for timm's own ViTs
+(:mod:`rpc_attention.models._timm`).
 """
 
 from __future__ import annotations
