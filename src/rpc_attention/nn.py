@@ -7,7 +7,7 @@ checkpoints: ``qkv`` (C -> 3C asymmetric, C -> 2C symmetric: keys then values) a
 """
 
 import re
-from typing import Any, Dict, Iterable, List, Optional, Union
+from typing import Iterable, List, Optional, Union
 
 import torch
 from torch import Tensor, nn
@@ -93,9 +93,13 @@ def _symmetric_attention(k: Tensor, v: Tensor, attn_mask: Optional[Tensor], is_c
 
 @torch.jit.ignore
 def _pap_attention(k: Tensor, v: Tensor, attn_mask: Optional[Tensor], is_causal: bool, dropout_p: float,
-                   scale: float, fused: bool, options: Dict[str, Any]) -> Tensor:
+                   scale: float, fused: bool, n_iter: int, lambd: float, model_dim: int, threshold: str,
+                   mu_mode: Optional[str], tol: Optional[float], checkpoint_iters: bool) -> Tensor:
+    # typed arguments, not an options dict: a traced graph is scripted too, and TorchScript cannot
+    # type a dict literal of mixed values
     return RF.pap_attention(k, v, attn_mask=attn_mask, is_causal=is_causal, dropout_p=dropout_p, scale=scale,
-                            fused=fused, **options)
+                            fused=fused, n_iter=n_iter, lambd=lambd, model_dim=model_dim, threshold=threshold,
+                            mu_mode=mu_mode, tol=tol, checkpoint_iters=checkpoint_iters)
 
 
 @torch.jit.ignore
@@ -255,21 +259,22 @@ class RPCAttention(SymmetricAttention):
             res = self._pap_keeping_state(k, v, attn_mask, is_causal)
         else:
             res = _pap_attention(k, v, attn_mask, is_causal, self._dropout_p, self.scale, self.fused_attn,
-                                 self._kernel_options())
+                                 self.n_iter, self.lambd, self._mu_width(), self.threshold, self.mu_mode, self.tol,
+                                 self.checkpoint_iters)
         return self._merge(res)
+
+    @torch.jit.ignore
+    def _mu_width(self) -> int:
+        return self.model_dim or self.dim
 
     @torch.jit.ignore
     def _pap_keeping_state(self, k: Tensor, v: Tensor, attn_mask: Optional[Tensor], is_causal: bool) -> Tensor:
         res, self.last_state = RF.pap_attention(
             k, v, attn_mask=attn_mask, is_causal=is_causal, dropout_p=self._dropout_p, scale=self.scale,
-            fused=self.fused_attn, return_state=True, **self._kernel_options())
+            fused=self.fused_attn, n_iter=self.n_iter, lambd=self.lambd, model_dim=self._mu_width(),
+            threshold=self.threshold, mu_mode=self.mu_mode, tol=self.tol, checkpoint_iters=self.checkpoint_iters,
+            return_state=True)
         return res
-
-    @torch.jit.ignore
-    def _kernel_options(self) -> Dict[str, Any]:
-        return {"n_iter": self.n_iter, "lambd": self.lambd, "model_dim": self.model_dim or self.dim,
-                "threshold": self.threshold, "mu_mode": self.mu_mode, "tol": self.tol,
-                "checkpoint_iters": self.checkpoint_iters}
 
     def extra_repr(self) -> str:
         return (f"dim={self.dim}, num_heads={self.num_heads}, n_iter={self.n_iter}, lambd={self.lambd}, "

@@ -135,11 +135,13 @@ def test_traced_graph_still_checks_the_input_width():
 
 
 @pytest.mark.parametrize("name", MODEL_NAMES)
-def test_torchscript(name):
+def test_torchscript_of_the_model_and_of_its_traced_graph(name):
     model = create(name, num_classes=5).eval()
     x = image()
-    scripted = torch.jit.script(model)
-    assert torch.equal(scripted(x), model(x))
+    ref = model(x)
+    assert torch.equal(torch.jit.script(model)(x), ref)
+    # timm also scripts the FX-traced graph, whose kernel calls carry the options as constants
+    assert torch.equal(torch.jit.script(symbolic_trace(model))(x), ref)
 
 
 def test_pretrained_cfg_overlay_reaches_both_cfgs_and_the_data_config():
