@@ -6,8 +6,6 @@ to ``(B, H, N, N)``) plus ``is_causal``. Parameter names follow timm / the offic
 checkpoints: ``qkv`` (C -> 3C asymmetric, C -> 2C symmetric: keys then values) and ``proj``.
 """
 
-from __future__ import annotations
-
 import re
 from typing import Iterable, List, Optional, Union
 
@@ -67,6 +65,59 @@ def parse_layers(spec: Union[None, str, int, Iterable[int]], depth: Optional[int
     return sorted(set(entries))
 
 
+# The kernels below are the modules' only calls into rpc_attention.functional. They validate their
+# inputs in Python (shape comparisons, isinstance), which neither torch.fx nor TorchScript can follow,
+# so each one is a leaf for both: torch.fx.wrap records it as one graph node that runs (and checks)
+# at call time, and torch.jit.ignore leaves it to Python inside a scripted model. A scripted model
+# therefore runs in Python only (torch.jit.save cannot export these calls).
+@torch.jit.ignore
+def _check_width(x: Tensor, dim: int) -> None:
+    if x.dim() != 3 or x.shape[-1] != dim:
+        raise ValueError(f"attention layer expects (batch, tokens, {dim}) input, got shape {tuple(x.shape)}; "
+                         f"its input width is fixed by the dim it was built with")
+
+
+@torch.jit.ignore
+def _softmax_attention(q: Tensor, k: Tensor, v: Tensor, attn_mask: Optional[Tensor], is_causal: bool,
+                       dropout_p: float, scale: float, fused: bool) -> Tensor:
+    return RF.attention(q, k, v, attn_mask=attn_mask, is_causal=is_causal, dropout_p=dropout_p, scale=scale,
+                        fused=fused)
+
+
+@torch.jit.ignore
+def _symmetric_attention(k: Tensor, v: Tensor, attn_mask: Optional[Tensor], is_causal: bool, dropout_p: float,
+                         scale: float, fused: bool) -> Tensor:
+    return RF.symmetric_attention(k, v, attn_mask=attn_mask, is_causal=is_causal, dropout_p=dropout_p,
+                                  scale=scale, fused=fused)
+
+
+@torch.jit.ignore
+def _pap_attention(k: Tensor, v: Tensor, attn_mask: Optional[Tensor], is_causal: bool, dropout_p: float,
+                   scale: float, fused: bool, n_iter: int, lambd: float, model_dim: int, threshold: str,
+                   mu_mode: Optional[str], tol: Optional[float], checkpoint_iters: bool) -> Tensor:
+    # typed arguments, not an options dict: a traced graph is scripted too, and TorchScript cannot
+    # type a dict literal of mixed values
+    return RF.pap_attention(k, v, attn_mask=attn_mask, is_causal=is_causal, dropout_p=dropout_p, scale=scale,
+                            fused=fused, n_iter=n_iter, lambd=lambd, model_dim=model_dim, threshold=threshold,
+                            mu_mode=mu_mode, tol=tol, checkpoint_iters=checkpoint_iters)
+
+
+@torch.jit.ignore
+def _scaled_attention(q: Tensor, k: Tensor, v: Tensor, mode: str, weight: Tensor, num_tokens: Optional[int],
+                      attn_mask: Optional[Tensor], is_causal: bool, dropout_p: float, scale: float,
+                      fused: bool) -> Tensor:
+    opts = dict(attn_mask=attn_mask, is_causal=is_causal, dropout_p=dropout_p, scale=scale, fused=fused)
+    if mode == "s":
+        if k.shape[2] != num_tokens:
+            raise ValueError(f"ScaledAttention(mode='s') was built for {num_tokens} tokens, got {k.shape[2]}")
+        return RF.scaled_attention_s(q, k, v, weight, **opts)
+    return RF.scaled_attention_alpha(q, k, v, weight, **opts)
+
+
+for _kernel in ("_check_width", "_softmax_attention", "_symmetric_attention", "_pap_attention", "_scaled_attention"):
+    torch.fx.wrap(_kernel)
+
+
 def _check_heads(dim: int, num_heads: int) -> int:
     if dim <= 0 or num_heads <= 0:
         raise ValueError(f"dim and num_heads must be positive, got dim={dim}, num_heads={num_heads}")
@@ -104,10 +155,9 @@ class _AttentionBase(nn.Module):
         self.proj_drop = nn.Dropout(proj_drop)
 
     def _split(self, x: Tensor):
-        b, n, c = x.shape
-        if c != self.dim:
-            raise ValueError(f"{type(self).__name__} expects input width {self.dim}, got shape {tuple(x.shape)}")
-        parts = self.qkv(x).reshape(b, n, self.n_proj, self.num_heads, self.head_dim).permute(2, 0, 3, 1, 4)
+        _check_width(x, self.dim)
+        b, n, _ = x.shape
+        parts = self.qkv(x).reshape(b, n, -1, self.num_heads, self.head_dim).permute(2, 0, 3, 1, 4)
         return parts.unbind(0)
 
     def _merge(self, out: Tensor) -> Tensor:
@@ -126,10 +176,7 @@ class Attention(_AttentionBase):
 
     def forward(self, x: Tensor, attn_mask: Optional[Tensor] = None, is_causal: bool = False) -> Tensor:
         q, k, v = self._split(x)
-        out = RF.attention(
-            q, k, v, attn_mask=attn_mask, is_causal=is_causal, dropout_p=self._dropout_p,
-            scale=self.scale, fused=self.fused_attn,
-        )
+        out = _softmax_attention(q, k, v, attn_mask, is_causal, self._dropout_p, self.scale, self.fused_attn)
         return self._merge(out)
 
 
@@ -143,10 +190,7 @@ class SymmetricAttention(_AttentionBase):
 
     def forward(self, x: Tensor, attn_mask: Optional[Tensor] = None, is_causal: bool = False) -> Tensor:
         k, v = self._split(x)
-        out = RF.symmetric_attention(
-            k, v, attn_mask=attn_mask, is_causal=is_causal, dropout_p=self._dropout_p,
-            scale=self.scale, fused=self.fused_attn,
-        )
+        out = _symmetric_attention(k, v, attn_mask, is_causal, self._dropout_p, self.scale, self.fused_attn)
         return self._merge(out)
 
 
@@ -211,15 +255,26 @@ class RPCAttention(SymmetricAttention):
 
     def forward(self, x: Tensor, attn_mask: Optional[Tensor] = None, is_causal: bool = False) -> Tensor:
         k, v = self._split(x)
-        res = RF.pap_attention(
-            k, v, n_iter=self.n_iter, lambd=self.lambd, attn_mask=attn_mask, is_causal=is_causal,
-            dropout_p=self._dropout_p, scale=self.scale, model_dim=self.model_dim or self.dim,
-            threshold=self.threshold, mu_mode=self.mu_mode, tol=self.tol,
-            return_state=self.keep_state, fused=self.fused_attn, checkpoint_iters=self.checkpoint_iters,
-        )
         if self.keep_state:
-            res, self.last_state = res
+            res = self._pap_keeping_state(k, v, attn_mask, is_causal)
+        else:
+            res = _pap_attention(k, v, attn_mask, is_causal, self._dropout_p, self.scale, self.fused_attn,
+                                 self.n_iter, self.lambd, self._mu_width(), self.threshold, self.mu_mode, self.tol,
+                                 self.checkpoint_iters)
         return self._merge(res)
+
+    @torch.jit.ignore
+    def _mu_width(self) -> int:
+        return self.model_dim or self.dim
+
+    @torch.jit.ignore
+    def _pap_keeping_state(self, k: Tensor, v: Tensor, attn_mask: Optional[Tensor], is_causal: bool) -> Tensor:
+        res, self.last_state = RF.pap_attention(
+            k, v, attn_mask=attn_mask, is_causal=is_causal, dropout_p=self._dropout_p, scale=self.scale,
+            fused=self.fused_attn, n_iter=self.n_iter, lambd=self.lambd, model_dim=self._mu_width(),
+            threshold=self.threshold, mu_mode=self.mu_mode, tol=self.tol, checkpoint_iters=self.checkpoint_iters,
+            return_state=True)
+        return res
 
     def extra_repr(self) -> str:
         return (f"dim={self.dim}, num_heads={self.num_heads}, n_iter={self.n_iter}, lambd={self.lambd}, "
@@ -264,14 +319,12 @@ class ScaledAttention(_AttentionBase):
 
     def forward(self, x: Tensor, attn_mask: Optional[Tensor] = None, is_causal: bool = False) -> Tensor:
         q, k, v = self._split(x)
-        kwargs = dict(attn_mask=attn_mask, is_causal=is_causal, dropout_p=self._dropout_p,
-                      scale=self.scale, fused=self.fused_attn)
-        if self.mode == "s":
-            if x.shape[1] != self.num_tokens:
-                raise ValueError(f"ScaledAttention(mode='s') was built for {self.num_tokens} tokens, got {x.shape[1]}")
-            out = RF.scaled_attention_s(q, k, v, self.s_matrix, **kwargs)
+        if hasattr(self, "s_matrix"):  # TorchScript resolves hasattr at compile time; only one exists
+            weight = self.s_matrix
         else:
-            out = RF.scaled_attention_alpha(q, k, v, self.alpha, **kwargs)
+            weight = self.alpha
+        out = _scaled_attention(q, k, v, self.mode, weight, self.num_tokens, attn_mask, is_causal, self._dropout_p,
+                                self.scale, self.fused_attn)
         return self._merge(out)
 
     def extra_repr(self) -> str:

@@ -19,11 +19,16 @@ in_chans, embed_dim, depth, num_heads, drop_path_rate, ...`` and the RPC options
 ``threshold``, ``mu_mode``, ``model_dim``, ``tol``. Weight init is timm's ViT init.
 
 State dicts have exactly the official SymViT / RPC-SymViT layout (timm ViT names; symmetric ``qkv`` is
-``[2C, C]`` keys-then-values), so official checkpoints load unchanged (:func:`load_official_checkpoint`).
+``[2C, C]`` keys-then-values). The official sizes are not always ours (the official ``deit_small`` is 348
+wide): :func:`load_official_checkpoint` builds the model that fits a checkpoint's tensors and loads it.
+Through timm, ``pretrained=True, pretrained_cfg_overlay=dict(file=path)`` loads local weights into the
+named model; ``features_only``, FX tracing and ``torch.jit.script`` work as for timm's own ViTs
+(:mod:`rpc_attention.models._timm`).
 """
 
 from __future__ import annotations
 
+import math
 from functools import partial
 from typing import Any, Dict, Iterable, List, Optional, Union
 
@@ -31,13 +36,15 @@ import torch
 from torch import nn
 
 from timm.layers import to_2tuple
-from timm.models import build_model_with_cfg, generate_default_cfgs, register_model
+from timm.models import generate_default_cfgs, register_model
 from timm.models.vision_transformer import Block, VisionTransformer
 
 from .. import functional as RF
 from ..nn import Attention, RPCAttention, ScaledAttention, SymmetricAttention, parse_layers
+from ._timm import build_timm_model
 
-__all__ = ["SymViT", "SymViTBlock", "MODEL_NAMES", "resolve_rpc_layers", "load_official_checkpoint"]
+__all__ = ["SymViT", "SymViTBlock", "MODEL_NAMES", "OFFICIAL_HEADS_BY_WIDTH", "resolve_rpc_layers", "load_official_checkpoint",
+           "checkpoint_model_kwargs", "read_checkpoint"]
 
 ATTENTION_TYPES = ("sym", "attn", "scaled_s", "scaled_alpha")
 
@@ -169,19 +176,8 @@ default_cfgs = generate_default_cfgs({name: _cfg() for name in MODEL_NAMES})
 
 
 def _create(variant: str, pretrained: bool = False, **kwargs) -> SymViT:
-    if pretrained:
-        raise ValueError(
-            f"{variant}: no pretrained weights are bundled; build the model and load an official SymViT / "
-            f"RPC-SymViT checkpoint with rpc_attention.models.load_official_checkpoint(model, path)")
-    kwargs.pop("pretrained_cfg_overlay", None)
-    kwargs.pop("cache_dir", None)
-    out_indices = kwargs.pop("out_indices", 3)
-    model = build_model_with_cfg(
-        SymViT, variant, pretrained=False,
-        feature_cfg=dict(out_indices=out_indices, feature_cls="getter"), **kwargs)
-    if isinstance(getattr(model, "pretrained_cfg", None), dict):
-        model.pretrained_cfg = dict(model.pretrained_cfg, rpc_cfg=model.rpc_cfg)
-    return model
+    return build_timm_model(SymViT, variant, pretrained, cfg_attrs=("rpc_cfg",),
+                            pretrained_filter_fn=_checkpoint_filter, **kwargs)
 
 
 _TINY = dict(patch_size=16, embed_dim=192, depth=12, num_heads=3)
@@ -201,7 +197,11 @@ def symvit_tiny_patch16_224(pretrained: bool = False, **kwargs) -> SymViT:
 
 @register_model
 def symvit_small_patch16_224(pretrained: bool = False, **kwargs) -> SymViT:
-    """SymViT-small: 384/12/6 (the official code's width 348 is a typo) with symmetric attention."""
+    """SymViT-small: DeiT-small's 384/12/6 with symmetric attention.
+
+    The official ``deit_small`` SymViT checkpoint is 348 wide (6 heads of 58): build that one with
+    :func:`load_official_checkpoint` (or ``embed_dim=348``).
+    """
     return _create("symvit_small_patch16_224", pretrained, **_merge(dict(_SMALL, attention="sym"), kwargs))
 
 
@@ -246,6 +246,14 @@ def scaled_alpha_vit_tiny_patch16_224(pretrained: bool = False, **kwargs) -> Sym
 
 
 # ------------------------------------------------------------------------------ official checkpoints
+# A symmetric qkv weight [2C, C] does not tell the head count, so the official KPCA_code models (DeiT
+# codebase) are recognised by width. Its "deit_small" SymViT is 348 wide with 6 heads of 58, not
+# DeiT-small's 384: no registered default matches it, load_official_checkpoint builds it.
+OFFICIAL_HEADS_BY_WIDTH: Dict[int, int] = {192: 3, 348: 6, 384: 6, 768: 12}
+_SIZE_BY_WIDTH = {192: "tiny", 348: "small", 384: "small", 768: "base"}
+_HEADS_BY_SIZE_WORD = {"tiny": 3, "small": 6, "base": 12}
+
+
 def _unwrap_state_dict(obj: Any, prefer_ema: bool = False) -> Dict[str, torch.Tensor]:
     if not isinstance(obj, dict):
         raise ValueError(f"checkpoint holds a {type(obj).__name__}, expected a state dict")
@@ -268,12 +276,7 @@ def _unwrap_state_dict(obj: Any, prefer_ema: bool = False) -> Dict[str, torch.Te
     return sd
 
 
-def read_checkpoint(path: str, prefer_ema: bool = False) -> Dict[str, torch.Tensor]:
-    """Read a state dict from ``.safetensors`` or a torch ``.pth`` (``weights_only=True``).
-
-    Official DeiT/SymViT ``.pth`` files wrap the weights as ``{"model": ..., "args": Namespace, ...}``;
-    ``argparse.Namespace`` is allow-listed for the safe unpickler.
-    """
+def _read_checkpoint_object(path: str) -> Any:
     import argparse
     import os
 
@@ -281,37 +284,159 @@ def read_checkpoint(path: str, prefer_ema: bool = False) -> Dict[str, torch.Tens
         raise FileNotFoundError(f"checkpoint not found: {path}")
     if str(path).endswith(".safetensors"):
         from safetensors.torch import load_file
-        return _unwrap_state_dict(load_file(path), prefer_ema)
+        return load_file(path)
     try:
         with torch.serialization.safe_globals([argparse.Namespace]):
-            obj = torch.load(path, map_location="cpu", weights_only=True)
+            return torch.load(path, map_location="cpu", weights_only=True)
     except Exception as exc:  # noqa: BLE001
         raise ValueError(f"cannot read checkpoint {path}: {str(exc).splitlines()[0]}") from None
-    return _unwrap_state_dict(obj, prefer_ema)
 
 
-def load_official_checkpoint(model: nn.Module, checkpoint: Union[str, Dict[str, torch.Tensor]],
-                             strict: bool = True, prefer_ema: bool = False):
-    """Load an official SymViT / RPC-SymViT checkpoint (or any state dict with the same layout).
+def read_checkpoint(path: str, prefer_ema: bool = False) -> Dict[str, torch.Tensor]:
+    """Read a state dict from ``.safetensors`` or a torch ``.pth`` (``weights_only=True``).
 
-    Accepts a path (``.pth`` / ``.safetensors``) or a state dict; unwraps ``{"model": ...}``, strips
-    ``module.`` prefixes, resamples ``pos_embed`` when the patch grid differs. Returns the
-    ``load_state_dict`` result.
+    Official DeiT/SymViT ``.pth`` files wrap the weights as ``{"model": ..., "args": Namespace, ...}``;
+    ``argparse.Namespace`` is allow-listed for the safe unpickler. ``"model"`` is preferred over
+    ``"model_ema"`` unless ``prefer_ema``.
     """
-    sd = checkpoint if isinstance(checkpoint, dict) and all(
-        isinstance(v, torch.Tensor) for v in checkpoint.values()) else None
-    if sd is None:
-        sd = _unwrap_state_dict(checkpoint, prefer_ema) if isinstance(checkpoint, dict) else read_checkpoint(
-            checkpoint, prefer_ema)
-    sd = dict(sd)
+    return _unwrap_state_dict(_read_checkpoint_object(path), prefer_ema)
+
+
+def _checkpoint_args(obj: Any) -> Dict[str, Any]:
+    args = obj.get("args") if isinstance(obj, dict) else None
+    if args is None or isinstance(args, torch.Tensor):
+        return {}
+    return dict(args) if isinstance(args, dict) else dict(vars(args))
+
+
+def _infer_num_heads(width: int, args: Dict[str, Any]) -> int:
+    if isinstance(args.get("num_heads"), int):
+        return args["num_heads"]
+    name = str(args.get("model", ""))
+    for word, heads in _HEADS_BY_SIZE_WORD.items():
+        if word in name and width % heads == 0:
+            return heads
+    if width in OFFICIAL_HEADS_BY_WIDTH:
+        return OFFICIAL_HEADS_BY_WIDTH[width]
+    raise ValueError(f"cannot tell the head count of a {width}-wide checkpoint (a symmetric qkv weight does not "
+                     f"show it); pass num_heads=... to load_official_checkpoint")
+
+
+def checkpoint_model_kwargs(state_dict: Dict[str, torch.Tensor], args: Optional[Dict[str, Any]] = None,
+                            num_heads: Optional[int] = None) -> Dict[str, Any]:
+    """The :class:`SymViT` arguments that fit a state dict of the official layout.
+
+    Width, depth, patch size, input channels, classes, MLP ratio, qkv bias, token grid (``img_size``)
+    and attention type come from the tensors; the head count from ``num_heads``, else
+    ``args["num_heads"]``, else the size word in ``args["model"]`` (``deit_small_...``), else
+    :data:`OFFICIAL_HEADS_BY_WIDTH`.
+    """
+    args = args or {}
+    proj = state_dict.get("patch_embed.proj.weight")
+    qkv = state_dict.get("blocks.0.attn.qkv.weight")
+    if proj is None or proj.dim() != 4 or qkv is None:
+        raise ValueError("not a ViT state dict: patch_embed.proj.weight or blocks.0.attn.qkv.weight is missing")
+    width, in_chans, patch = proj.shape[0], proj.shape[1], tuple(proj.shape[2:])
+    depth = len({k.split(".")[1] for k in state_dict if k.startswith("blocks.")})
+    if qkv.shape[0] == 2 * width:
+        attention = "sym"
+    elif "blocks.0.attn.s_matrix" in state_dict:
+        attention = "scaled_s"
+    else:
+        attention = "scaled_alpha" if "blocks.0.attn.alpha" in state_dict else "attn"
+    kwargs = dict(attention=attention, embed_dim=width, depth=depth, num_heads=num_heads or _infer_num_heads(width, args),
+                  patch_size=patch, in_chans=in_chans, qkv_bias="blocks.0.attn.qkv.bias" in state_dict,
+                  mlp_ratio=state_dict["blocks.0.mlp.fc1.weight"].shape[0] / width,
+                  class_token="cls_token" in state_dict)
+    head = state_dict.get("head.weight")
+    kwargs["num_classes"] = 0 if head is None else head.shape[0]
+    pos = state_dict.get("pos_embed")
+    if pos is not None:
+        grid = math.isqrt(pos.shape[1] - int(kwargs["class_token"]))
+        if grid * grid == pos.shape[1] - int(kwargs["class_token"]):
+            kwargs["img_size"] = (grid * patch[0], grid * patch[1])
+    return kwargs
+
+
+def _default_variant(kwargs: Dict[str, Any]) -> str:
+    attention = kwargs["attention"]
+    if attention == "scaled_s":
+        return "scaled_vit_tiny_patch16_224"
+    if attention == "scaled_alpha":
+        return "scaled_alpha_vit_tiny_patch16_224"
+    return f"symvit_{_SIZE_BY_WIDTH.get(kwargs['embed_dim'], 'tiny')}_patch16_224"
+
+
+def _check_fits(model: nn.Module, sd: Dict[str, torch.Tensor], skip: Iterable[str] = ()) -> None:
+    """Raise one ValueError naming the fix when a checkpoint's architecture differs from the model's."""
+    width = sd["patch_embed.proj.weight"].shape[0] if "patch_embed.proj.weight" in sd else None
+    depth = len({k.split(".")[1] for k in sd if k.startswith("blocks.")})
+    if width is not None and (width != model.embed_dim or depth != len(model.blocks)):
+        raise ValueError(
+            f"the checkpoint is a {width}-wide, {depth}-block model, this one is {model.embed_dim} wide with "
+            f"{len(model.blocks)} blocks; build the model from the checkpoint with "
+            f"rpc_attention.models.load_official_checkpoint(path) (or pass embed_dim={width}, depth={depth})")
+    own = model.state_dict()
+    skipped = tuple(skip)
+    for k, v in sd.items():
+        if k in own and own[k].shape != v.shape and not k.startswith(skipped):
+            raise ValueError(f"checkpoint tensor {k} has shape {tuple(v.shape)}, the model expects "
+                             f"{tuple(own[k].shape)}")
+
+
+def _resample_pos_embed(model: nn.Module, sd: Dict[str, torch.Tensor]) -> Dict[str, torch.Tensor]:
     pe = sd.get("pos_embed")
     if pe is not None and getattr(model, "pos_embed", None) is not None and pe.shape != model.pos_embed.shape:
         from timm.layers import resample_abs_pos_embed
         prefix = 0 if getattr(model, "no_embed_class", False) else model.num_prefix_tokens
-        sd["pos_embed"] = resample_abs_pos_embed(pe, model.patch_embed.grid_size, num_prefix_tokens=prefix)
-    own = model.state_dict()
-    for k, v in sd.items():
-        if k in own and own[k].shape != v.shape:
-            raise ValueError(f"checkpoint tensor {k} has shape {tuple(v.shape)}, the model expects "
-                             f"{tuple(own[k].shape)}")
-    return model.load_state_dict(sd, strict=strict)
+        sd = dict(sd, pos_embed=resample_abs_pos_embed(pe, model.patch_embed.grid_size, num_prefix_tokens=prefix))
+    return sd
+
+
+def _checkpoint_filter(state_dict: Dict[str, Any], model: nn.Module) -> Dict[str, torch.Tensor]:
+    """timm's ``pretrained_filter_fn`` for ``pretrained=True``: official layout, pos_embed resampled."""
+    sd = _unwrap_state_dict(state_dict)
+    sd = _resample_pos_embed(model, sd)
+    # timm itself adapts the classifier (other num_classes) and the patch conv (other in_chans) next
+    _check_fits(model, sd, skip=("head.", "patch_embed.proj."))
+    return sd
+
+
+def load_official_checkpoint(checkpoint: Union[str, Dict[str, Any], nn.Module],
+                             model: Union[None, nn.Module, str, Dict[str, Any]] = None, *,
+                             variant: Optional[str] = None, strict: bool = True, prefer_ema: bool = False,
+                             **model_kwargs: Any) -> nn.Module:
+    """Build the SymViT that fits an official SymViT / RPC-SymViT checkpoint and load it; return the model.
+
+    ``checkpoint`` is a path (``.pth`` / ``.safetensors``) or a (wrapped) state dict; ``{"model": ...}`` is
+    unwrapped (``model_ema`` with ``prefer_ema``), ``module.`` prefixes are stripped. The architecture
+    comes from the tensors (:func:`checkpoint_model_kwargs`: width, depth, patch, classes, ...; the head
+    count from the checkpoint's ``args`` or :data:`OFFICIAL_HEADS_BY_WIDTH`, e.g. the official
+    ``deit_small`` SymViT: width 348, 6 heads of 58). ``variant`` picks the registered name whose
+    defaults fill the rest (default ``symvit_{tiny,small,base}_patch16_224`` by width; pass e.g.
+    ``variant="rpc_symvit_tiny_patch16_224"`` or ``rpc_layers=..., n_iter=...`` for an RPC-SymViT run,
+    whose PAP settings are not in the weights); ``model_kwargs`` override anything (``num_heads``,
+    ``img_size``: ``pos_embed`` is resampled to the new grid).
+
+    In-place form: ``load_official_checkpoint(model, checkpoint)`` (or ``model=``) checks that the model
+    fits and loads into it. Raises ``ValueError`` naming the fix when it does not fit.
+    """
+    if isinstance(checkpoint, nn.Module):
+        checkpoint, model = model, checkpoint
+    if checkpoint is None:
+        raise ValueError("load_official_checkpoint needs a checkpoint path or state dict")
+    obj = checkpoint if isinstance(checkpoint, dict) else _read_checkpoint_object(str(checkpoint))
+    sd = _unwrap_state_dict(obj, prefer_ema)
+    if model is None:
+        import timm
+
+        inferred = checkpoint_model_kwargs(sd, _checkpoint_args(obj), num_heads=model_kwargs.get("num_heads"))
+        kwargs = dict(inferred, **model_kwargs)
+        model = timm.create_model(variant or _default_variant(kwargs), **kwargs)
+    elif variant is not None or model_kwargs:
+        raise ValueError("variant= and model options only apply when load_official_checkpoint builds the model; "
+                         "drop them or drop the model argument")
+    sd = _resample_pos_embed(model, sd)
+    _check_fits(model, sd)
+    model.load_state_dict(sd, strict=strict)
+    return model
