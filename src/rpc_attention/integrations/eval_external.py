@@ -166,7 +166,7 @@ def load_external(
     if timm_name:
         import timm
 
-        import rpc_attention  # noqa: F401  (registers our models in timm)
+        from .. import models  # noqa: F401  (registers our models in timm)
 
         if not checkpoint:
             raise ValueError("--timm needs --checkpoint FILE (no hub downloads)")
