@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from rpc_attention.cli import main
-from rpc_attention.integrations import eval_external as ext
+from rpc_attention.evaluate import external as ext
 from rpc_attention.nn import RPCAttention, SymmetricAttention
 
 FMNIST = os.environ.get("RPC_ATTENTION_FASHION_MNIST", "/usr/share/datasets/fashion-mnist")
