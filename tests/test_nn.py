@@ -128,17 +128,31 @@ def test_import_is_light():
     assert out.stdout.strip() == "", f"heavy modules imported by `import rpc_attention`: {out.stdout}"
 
 
-@pytest.mark.parametrize("imports", ["import rpc_attention, timm", "import timm, rpc_attention",
-                                     "import rpc_attention; import timm.layers",
-                                     "import rpc_attention, importlib.util; assert importlib.util.find_spec('timm')"])
-def test_models_are_in_timms_registry_whichever_is_imported_first(imports):
+SYMVIT_NAMES = sorted([
+    "rpc_symvit_base_patch16_224", "rpc_symvit_small_patch16_224", "rpc_symvit_tiny_patch16_224",
+    "scaled_alpha_vit_tiny_patch16_224", "scaled_vit_tiny_patch16_224", "symvit_base_patch16_224",
+    "symvit_small_patch16_224", "symvit_tiny_patch16_224"])
+
+
+def _registered_after(imports: str) -> str:
     code = (f"{imports}\nimport timm\n"
             "print(sorted(n for n in timm.list_models() if 'symvit' in n or n.startswith('scaled')))\n")
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip()
+
+
+@pytest.mark.parametrize("imports", ["import rpc_attention.models, timm", "import timm, rpc_attention.models",
+                                     "import timm; from rpc_attention.models import vision"])
+def test_importing_models_registers_them_in_timm(imports):
+    assert _registered_after(imports) == str(SYMVIT_NAMES)
+
+
+def test_importing_the_package_alone_registers_nothing():
+    """No import hook: `import rpc_attention` then `import timm` leaves timm's registry untouched
+    (registration is `import rpc_attention.models`, as for any timm extension)."""
+    assert _registered_after("import rpc_attention") == "[]"
+    code = "import sys, rpc_attention\nprint([type(f).__name__ for f in sys.meta_path if 'rpc' in type(f).__module__])"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
-    assert out.stdout.strip() == str(sorted([
-        "rpc_symvit_base_patch16_224", "rpc_symvit_small_patch16_224", "rpc_symvit_tiny_patch16_224",
-        "scaled_alpha_vit_tiny_patch16_224", "scaled_vit_tiny_patch16_224", "symvit_base_patch16_224",
-        "symvit_small_patch16_224", "symvit_tiny_patch16_224"]))
+    assert out.stdout.strip() == "[]"
 
 
 def test_parse_layers_is_the_one_layer_spec():

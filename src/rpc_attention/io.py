@@ -1,4 +1,5 @@
-"""Atomic file output, used for every result, checkpoint, cache and figure the package writes.
+"""Atomic file output, used for every result, checkpoint, cache and figure the package writes (and
+the one YAML-mapping reader: configs and presets).
 
 A file is written under a temporary name in its own folder and renamed into place with
 ``os.replace``, so a crash or a kill never leaves a half-written file behind and never destroys the
@@ -14,7 +15,7 @@ from pathlib import Path
 from typing import Any, Callable, Union
 
 __all__ = ["atomic_write", "atomic_write_bytes", "atomic_write_text", "atomic_write_json", "atomic_savefig",
-           "json_default"]
+           "json_default", "read_yaml_mapping"]
 
 PathLike = Union[str, os.PathLike]
 
@@ -83,3 +84,19 @@ def atomic_savefig(fig, path: PathLike, **kwargs: Any) -> Path:
     """``fig.savefig(path, **kwargs)`` atomically; the format comes from ``path``'s suffix."""
     kwargs.setdefault("format", Path(path).suffix.lstrip(".") or "png")  # tmp's own suffix is ".tmp.png"
     return atomic_write(path, lambda tmp: fig.savefig(tmp, **kwargs))
+
+
+def read_yaml_mapping(path: PathLike) -> dict:
+    """The mapping in YAML file ``path``; FileNotFoundError / ValueError with one-line messages."""
+    import yaml
+
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"config file not found: {path}")
+    try:
+        cfg = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as exc:
+        raise ValueError(f"{path} is not valid YAML: {str(exc).splitlines()[0]}") from None
+    if not isinstance(cfg, dict):
+        raise ValueError(f"{path} must hold a YAML mapping (task:, model:, data:, ...)")
+    return cfg

@@ -28,7 +28,7 @@ def tiny_cfg():
 def build_tiny(cfg=None):
     import timm
 
-    import rpc_attention  # noqa: F401  (registers the models)
+    import rpc_attention.models  # noqa: F401  (registers the models in timm)
 
     cfg = cfg or tiny_cfg()
     return timm.create_model(cfg["model"]["name"], **cfg["model"]["kwargs"])

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from rpc_attention.cli import main
-from rpc_attention.integrations import eval_external as ext
+from rpc_attention.evaluate import external as ext
 from rpc_attention.nn import RPCAttention, SymmetricAttention
 
 FMNIST = os.environ.get("RPC_ATTENTION_FASHION_MNIST", "/usr/share/datasets/fashion-mnist")
@@ -35,7 +35,7 @@ def _tiny_run(tmp_path, preset):
 def test_apply_to_symmetric_and_hf_models():
     import timm
 
-    import rpc_attention  # noqa: F401
+    import rpc_attention.models  # noqa: F401  (registers the models in timm)
 
     sym = timm.create_model("symvit_tiny_patch16_224", img_size=28, in_chans=1, patch_size=7, embed_dim=32, depth=2,
                             num_heads=2, num_classes=10)

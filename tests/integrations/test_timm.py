@@ -8,7 +8,7 @@ import pytest
 import timm
 import torch
 
-import rpc_attention  # noqa: F401  (registers the symvit models)
+import rpc_attention.models  # noqa: F401  (registers the symvit models in timm)
 from rpc_attention import functional as RF
 from rpc_attention.integrations import timm as rpc_timm
 from rpc_attention.nn import RPCAttention, SymmetricAttention

@@ -6,7 +6,7 @@ import pytest
 import timm
 import torch
 
-import rpc_attention  # noqa: F401  (registers the models)
+import rpc_attention.models  # noqa: F401  (registers the models in timm)
 from rpc_attention.models import MODEL_NAMES, load_official_checkpoint
 from rpc_attention.models.vision import SymViT, resolve_rpc_layers
 from rpc_attention.nn import Attention, RPCAttention, ScaledAttention, SymmetricAttention

@@ -6,26 +6,31 @@ Each sub-command lives in its own module ``rpc_attention.cli.<name>`` defining::
     def add_arguments(parser: argparse.ArgumentParser) -> None: ...
     def run(args: argparse.Namespace) -> int: ...
 
-Modules are discovered at start-up; a module is imported only to build its parser, so keep heavy
-imports inside ``run``. Errors meant for users raise :class:`UserError` (one line, exit code 2).
+and is listed in :func:`commands`. Every module is imported to build the parser, so keep heavy imports
+inside ``run``. A command holds argument handling and printing only; what it does is a library
+function a study stage can call too. Errors meant for users raise :class:`UserError` (one line, exit
+code 2).
 """
 
 from __future__ import annotations
 
 import argparse
-import importlib
-import pkgutil
 import sys
-from typing import List, Optional
+from types import ModuleType
+from typing import List, Optional, Tuple
 
 
 class UserError(Exception):
     """A problem with the user's input: printed as one line, exit code 2, no traceback."""
 
 
-def _commands():
-    names = sorted(m.name for m in pkgutil.iter_modules(__path__) if not m.name.startswith("_"))
-    return [(name.replace("_", "-"), importlib.import_module(f"{__name__}.{name}")) for name in names]
+def commands() -> List[Tuple[str, ModuleType]]:
+    """``(command name, module)`` of every sub-command, in the order ``--help`` lists them."""
+    from . import analyze, bench, compare, eval, eval_external, generate, pap_demo, presets, reproduce, train
+
+    return [("analyze", analyze), ("bench", bench), ("compare", compare), ("eval", eval),
+            ("eval-external", eval_external), ("generate", generate), ("pap-demo", pap_demo),
+            ("presets", presets), ("reproduce", reproduce), ("train", train)]
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -37,7 +42,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--version", action="version", version=f"rpc-attention {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
-    for name, module in _commands():
+    for name, module in commands():
         p = sub.add_parser(name, help=getattr(module, "HELP", ""), description=getattr(module, "HELP", None))
         module.add_arguments(p)
         p.set_defaults(_run=module.run)

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import argparse
 
+from ..kpca.options import add_analysis_arguments
+
 HELP = "Kernel-PCA analysis (J_proj, Gram eigenvectors, value alignment, PAP sparse part) of a model"
 
 
@@ -18,18 +20,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--timm-kwarg", action="append", default=[], metavar="KEY=VALUE",
                         help="extra timm.create_model keyword (repeatable), e.g. img_size=64")
     parser.add_argument("--out", required=True, metavar="DIR", help="output directory (kpca.json, summary.md, *.png)")
-    parser.add_argument("--protocol", choices=("paper", "exact", "both"), default="both",
-                        help="paper: per-token standardised q,k (the paper's measurement); exact: the definitions")
-    parser.add_argument("--limit", type=int, default=8, help="examples in the probe batch (default 8)")
-    parser.add_argument("--ema", action="store_true", help="--run: use the EMA weights")
     parser.add_argument("--seq-len", type=int, default=128, help="--hf text models: random sequence length")
-    parser.add_argument("--fgsm-eps", type=float, default=2.0, help="FGSM budget in 1/255 pixel units (RPC study)")
-    parser.add_argument("--noise-sigma", type=float, default=0.1, help="Gaussian noise std in pixel units (RPC study)")
-    parser.add_argument("--perturb", type=float, default=0.01, help="relative noise of the perturbed-eigenvector control")
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--no-figures", action="store_true")
-    parser.add_argument("--device", default="cpu")
-    parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
+    add_analysis_arguments(parser)
 
 
 def _kwarg(item: str):
@@ -50,29 +42,29 @@ def run(args: argparse.Namespace) -> int:
 
     from . import UserError
     from ..kpca import sources
+    from ..kpca.options import options_from_namespace
     from ..kpca.report import run_analysis
 
-    if args.threads:
-        torch.set_num_threads(args.threads)
-    if args.limit < 1:
-        raise UserError("--limit must be >= 1")
+    try:
+        opts = options_from_namespace(args)
+    except ValueError as exc:
+        raise UserError(str(exc)) from None
+    if opts.threads:
+        torch.set_num_threads(opts.threads)
     try:
         if args.run:
-            probe = sources.probe_from_run(args.run, limit=args.limit, device=args.device, ema=args.ema)
+            probe = sources.probe_from_run(args.run, limit=opts.limit, device=opts.device, ema=opts.ema)
         elif args.timm:
             kw = dict(_kwarg(i) for i in args.timm_kwarg)
-            probe = sources.probe_from_timm(args.timm, checkpoint=args.checkpoint, limit=args.limit, seed=args.seed,
-                                            device=args.device, **kw)
+            probe = sources.probe_from_timm(args.timm, checkpoint=args.checkpoint, limit=opts.limit, seed=opts.seed,
+                                            device=opts.device, **kw)
         else:
-            probe = sources.probe_from_hf(args.hf, limit=args.limit, seed=args.seed, seq_len=args.seq_len,
-                                          device=args.device)
+            probe = sources.probe_from_hf(args.hf, limit=opts.limit, seed=opts.seed, seq_len=args.seq_len,
+                                          device=opts.device)
     except (FileNotFoundError, ValueError) as exc:
         raise UserError(str(exc).splitlines()[0]) from None
-    protocols = ("paper", "exact") if args.protocol == "both" else (args.protocol,)
     try:
-        result = run_analysis(probe, args.out, protocols=protocols, perturb=args.perturb,
-                              fgsm_eps=args.fgsm_eps / 255.0, noise_sigma=args.noise_sigma, seed=args.seed,
-                              figures=not args.no_figures)
+        result = run_analysis(probe, args.out, **opts.analysis_kwargs())
     except ValueError as exc:
         raise UserError(str(exc).splitlines()[0]) from None
     for proto, res in result["protocols"].items():

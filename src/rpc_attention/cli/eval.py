@@ -3,9 +3,8 @@
 from __future__ import annotations
 
 import argparse
-import os
 import sys
-from typing import Any, Dict, List, Mapping, Optional, Tuple
+from typing import Dict, List
 
 from . import UserError
 
@@ -34,80 +33,60 @@ def _parse_sets(items: List[str]) -> Dict[str, str]:
     return sets
 
 
-def load_model(args: argparse.Namespace, device: str = "cpu") -> Tuple[Any, Mapping[str, Any], Optional[str], Dict[str, Any]]:
-    """The ONE place that turns command-line arguments into ``(model, cfg, run_dir, source)``.
+def run_model_loader(args: argparse.Namespace):
+    """The loader of ``--run DIR`` (``--ema``): ``load(device) -> (model, cfg, run_dir, source)``."""
+    from ..train import run_loader
 
-    ``model`` is a plain classifier ``nn.Module`` (eval mode) on normalised inputs and ``cfg`` a
-    config with at least ``data.mean``/``data.std`` (and ``data.name``).  Other model sources
-    (``--timm NAME --checkpoint FILE``, ``--hf``) plug in here.
-    """
-    if not args.run:
-        raise UserError("give --run DIR (a training run directory)")
-    run_dir = args.run
-    if not os.path.isdir(run_dir):
-        raise UserError(f"run directory {run_dir!r} does not exist")
-    try:
-        from ..train import load_run
-    except ImportError as exc:  # pragma: no cover - trainer missing from the install
-        raise UserError(f"cannot import the run loader: {exc}") from None
-    try:
-        model, cfg = load_run(run_dir, device=device, ema=bool(getattr(args, "ema", False)))
-    except (FileNotFoundError, ValueError, KeyError) as exc:
-        raise UserError(str(exc).splitlines()[0] if str(exc) else repr(exc)) from None
-    return model, cfg, run_dir, {"kind": "run", "run_dir": os.path.abspath(run_dir), "ema": bool(args.ema)}
+    def load(device: str):
+        if not args.run:
+            raise UserError("give --run DIR (a training run directory)")
+        return run_loader(args.run, ema=bool(getattr(args, "ema", False)))(device)
+
+    return load
 
 
-def _default_out(args: argparse.Namespace, run_dir: Optional[str]) -> str:
-    if args.out:
-        return args.out
-    if run_dir:
-        return os.path.join(run_dir, "eval")
-    raise UserError("give --out DIR")
-
-
-def run(args: argparse.Namespace) -> int:
+def _print_suites() -> int:
     from ..evaluate import suites as S
+
+    for n in S.list_suites():
+        print(f"{n:14s} {S.get_suite(n).description}")
+    return 0
+
+
+def run_with_loader(args: argparse.Namespace, load) -> int:
+    """``rpc-attention eval`` with the model from ``load(device) -> (model, cfg, run_dir, source)``."""
+    from ..evaluate import suites as S
+    from ..evaluate.runner import evaluate_model, select_suites
 
     names = [n.strip() for n in str(args.suite).split(",") if n.strip()]
     if names == ["list"]:
-        for n in S.list_suites():
-            print(f"{n:14s} {S.get_suite(n).description}")
-        return 0
+        return _print_suites()
     if not names:
         raise UserError("--suite is empty")
-    try:
-        suites = [S.get_suite(n) for n in dict.fromkeys(names)]
-    except ValueError as exc:
-        raise UserError(str(exc)) from None
     sets = _parse_sets(args.sets)
-    if args.limit is not None and args.limit <= 0:
-        raise UserError(f"--limit must be positive, got {args.limit}")
     try:
-        S.check_set_keys(suites, sets)
-        opts = {s.name: S.resolve_options(s, sets, args.limit) for s in suites}
+        select_suites(names, sets, args.limit)  # option errors before any model is loaded
     except ValueError as exc:
         raise UserError(str(exc)) from None
-    device = next(iter(opts.values()))["device"]
 
-    model, cfg, run_dir, source = load_model(args, device=device)
-    task = str(cfg.get("task") or "classification")
-    for s in suites:
-        if task not in s.tasks:
-            raise UserError(f"suite {s.name!r} does not apply to task {task!r} (it handles: {', '.join(s.tasks)})")
-        if s.check is not None:
-            try:
-                s.check(cfg, opts[s.name])
-            except (ValueError, FileNotFoundError) as exc:
-                raise UserError(f"{s.name}: {exc}") from None
-    out_dir = _default_out(args, run_dir)
-
-    for s in suites:
-        print(f"[eval] {s.name} ...", file=sys.stderr, flush=True)
+    def load_or_explain(device: str):
         try:
-            record = S.run_suite(s, model, cfg, run_dir, opts[s.name], source=source)
-        except (ValueError, FileNotFoundError) as exc:
-            raise UserError(f"{s.name}: {exc}") from None
-        jpath, _ = S.write_result(record, out_dir)  # written only once the suite has succeeded
-        print(S.render_markdown(record))
-        print(f"[eval] {s.name}: {record['wall_time_s']:.1f} s -> {jpath}", file=sys.stderr, flush=True)
+            return load(device)
+        except (FileNotFoundError, ValueError, KeyError) as exc:
+            raise UserError(str(exc).splitlines()[0] if str(exc) else repr(exc)) from None
+
+    def log(msg: str) -> None:
+        print(msg, file=sys.stderr, flush=True)
+
+    try:
+        evaluate_model(names, load_or_explain, sets, args.limit, args.out, log=log,
+                       on_result=lambda record, path: print(S.render_markdown(record)))
+    except (ValueError, FileNotFoundError) as exc:
+        raise UserError(str(exc)) from None
     return 0
+
+
+def run(args: argparse.Namespace) -> int:
+    if str(args.suite).strip() == "list":
+        return _print_suites()
+    return run_with_loader(args, run_model_loader(args))

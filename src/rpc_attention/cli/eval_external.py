@@ -13,19 +13,15 @@ import argparse
 import os
 
 from . import UserError
+from . import eval as base
 
 HELP = "eval with test-time RPC (--rpc-layers) and/or an external model (--timm NAME --checkpoint FILE, --hf PATH)"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    from ..integrations.eval_external import add_arguments as add_external
+    from ..evaluate.external import add_arguments as add_external
 
-    try:
-        from . import eval as base
-    except ImportError:  # pragma: no cover - `rpc-attention eval` missing from this install
-        base = None
-    if base is not None:
-        base.add_arguments(parser)
+    base.add_arguments(parser)
     add_external(parser)
 
 
@@ -45,11 +41,7 @@ def _tag(opts, symmetric: str = "rpc") -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    try:
-        from . import eval as base
-    except ImportError as exc:  # pragma: no cover
-        raise UserError(f"rpc-attention eval is not available: {exc}") from None
-    from ..integrations import eval_external as ext
+    from ..evaluate import external as ext
 
     try:
         rpc = ext.rpc_options_from_args(args)
@@ -67,28 +59,24 @@ def run(args: argparse.Namespace) -> int:
         if args.run and rpc is not None:
             args.out = os.path.join(args.run, _tag(rpc, args.rpc_symmetric))
 
-    original = base.load_model
+    base_load = base.run_model_loader(args)
 
-    def load_model(a, device="cpu"):
+    def load(device: str):
         if external:
             try:
-                model, cfg, source = ext.load_external(timm_name=a.timm, checkpoint=a.checkpoint,
-                                                       model_kwargs=model_kwargs, hf=a.hf,
-                                                       data_config=a.data_config, device=device)
+                model, cfg, source = ext.load_external(timm_name=args.timm, checkpoint=args.checkpoint,
+                                                       model_kwargs=model_kwargs, hf=args.hf,
+                                                       data_config=args.data_config, device=device)
             except (ValueError, FileNotFoundError, OSError) as exc:
                 raise UserError(str(exc).splitlines()[0]) from None
             run_dir = None
         else:
-            model, cfg, run_dir, source = original(a, device=device)
+            model, cfg, run_dir, source = base_load(device)
         if rpc is not None:
             try:
-                source = dict(source, test_time_rpc=ext.apply_test_time_rpc(model, rpc, a.rpc_symmetric))
+                source = dict(source, test_time_rpc=ext.apply_test_time_rpc(model, rpc, args.rpc_symmetric))
             except ValueError as exc:
                 raise UserError(str(exc)) from None
         return model, cfg, run_dir, source
 
-    base.load_model = load_model
-    try:
-        return base.run(args)
-    finally:
-        base.load_model = original
+    return base.run_with_loader(args, load)

@@ -35,7 +35,7 @@ def run(args: argparse.Namespace) -> int:
 
     from ..reproduce import StageSelectionError, StudyError, run_study
     from ..reproduce.studies import list_studies
-    from ..reproduce.pipeline import format_seconds
+    from ..report.render import format_seconds
 
     if args.list:
         for name, desc, defaults in list_studies():

@@ -32,6 +32,7 @@ def run(args: argparse.Namespace) -> int:
     if args.resume and args.out and args.out != args.resume:
         raise UserError("--resume DIR continues DIR in place; do not also give a different --out")
 
+    from .. import kpca  # noqa: F401  (registers the jproj epoch-end callback)
     from ..train.checkpoint import CheckpointError
     from ..train.config import dump_config, resolve_config
     from ..train.trainer import RunExistsError, TrainingDiverged, run_training

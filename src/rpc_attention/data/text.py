@@ -44,7 +44,7 @@ from ..io import atomic_write_bytes
 __all__ = [
     "EOS", "UNK", "SPLITS", "WIKITEXT_FILES", "Vocab", "Corpus", "wiki_tokenize", "detokenize",
     "embedded_corpus_path", "read_embedded_lines", "read_wikitext_lines", "read_lines",
-    "prepare_corpus", "corpus_fingerprint", "stopwords", "word_swap", "LMWindows", "encode_lines",
+    "prepare_corpus", "text_cache_dir", "corpus_fingerprint", "stopwords", "word_swap", "LMWindows", "encode_lines",
 ]
 
 log = logging.getLogger(__name__)
@@ -387,6 +387,25 @@ def _verify_cache(cache: Path, fingerprint: str) -> Optional[str]:
         if _sha256_file(p) != info.get("sha256"):
             return f"{split}.npy does not match its recorded hash (corrupt or replaced)"
     return None
+
+
+def text_cache_dir(cfg: Mapping, run_dir: Optional[os.PathLike] = None) -> Path:
+    """Where the encoded corpus of ``cfg`` is cached.
+
+    ``data.cache_dir`` when set (the trainer records the resolved path in ``config.yaml``);
+    otherwise ``<parent of run_dir>/text-cache/<fingerprint>`` or, without a run directory,
+    ``$RPC_ATTENTION_CACHE`` / ``~/.cache/rpc-attention`` ``/text-cache/<fingerprint>``. The
+    fingerprint covers the source files and settings, so runs on the same corpus share one cache.
+    """
+    data = cfg["data"]
+    if data.get("cache_dir"):
+        return Path(data["cache_dir"]).expanduser()
+    fp, _ = corpus_fingerprint(data)
+    if run_dir is not None:
+        base = Path(run_dir).expanduser().resolve().parent
+    else:
+        base = Path(os.environ.get("RPC_ATTENTION_CACHE") or Path.home() / ".cache" / "rpc-attention")
+    return base / "text-cache" / fp[:16]
 
 
 def prepare_corpus(data_cfg: Mapping, cache_dir: Optional[os.PathLike] = None) -> Corpus:

@@ -2,8 +2,8 @@
 
 Use the registry in :mod:`rpc_attention.evaluate.suites` (``register_suite``, ``get_suite``,
 ``list_suites``, ``run_suite``, ``write_result``); suite modules in this package (``classification``,
-``corruptions``, ``ood``, and the LM / segmentation engineers' ``lm``, ``segmentation``) are
-discovered and imported on first use of the registry.  Importing this package is cheap: torchattacks
+``corruptions``, ``ood``, ``lm``, ``segmentation``) are listed in the registry and imported on its
+first use.  Importing this package is cheap: torchattacks
 and imagecorruptions are imported only when an attack or corruption runs.
 """
 

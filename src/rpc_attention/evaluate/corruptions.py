@@ -27,7 +27,7 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
-from ._imagecorruptions_compat import CORRUPTIONS
+from ._imagecorruptions_compat import CORRUPTIONS, available as imagecorruptions_available
 from .common import Normalized, cfg_value, chunks, data_name, load_eval_data, norm_stats, progress, topk_correct
 from .suites import register_suite
 
@@ -148,7 +148,7 @@ def _check(cfg: Mapping[str, Any], opts: Dict[str, Any]) -> None:
     names = _names(opts)
     if opts.get("root"):
         _check_tree(str(opts["root"]), names)
-    elif not __import__("rpc_attention.evaluate._imagecorruptions_compat", fromlist=["available"]).available():
+    elif not imagecorruptions_available():
         raise FileNotFoundError("imagecorruptions is not installed and no corruptions.root was given")
     if opts.get("baseline"):
         b = str(opts["baseline"])

@@ -112,8 +112,7 @@ def perplexity(model, tokens: np.ndarray, protocol: str = "sliding", **kw) -> fl
 
 def corpus_for_run(cfg: Mapping[str, Any], run_dir: Optional[str] = None):
     """The run's encoded corpus (from its cache, rebuilt if missing or not matching)."""
-    from ..data.text import prepare_corpus
-    from ..train.task_lm import text_cache_dir
+    from ..data.text import prepare_corpus, text_cache_dir
 
     return prepare_corpus(cfg["data"], text_cache_dir(cfg, run_dir))
 

@@ -32,7 +32,7 @@ from ._imagecorruptions_compat import CORRUPTIONS
 from .suites import register_suite
 
 __all__ = [
-    "IGNORE_INDEX", "confusion_matrix", "metrics_from_confusion", "predict_logits", "SegEvaluator",
+    "IGNORE_INDEX", "confusion_matrix", "metrics_from_confusion", "window_of", "predict_logits", "SegEvaluator",
     "evaluate_loader", "seg_suite", "seg_corruptions_suite", "colorize", "save_examples",
 ]
 
@@ -79,7 +79,7 @@ def metrics_from_confusion(cm: Tensor) -> Dict[str, Any]:
 
 
 # ------------------------------------------------------------------------------------------ inference
-def _window_of(cfg: Mapping[str, Any]) -> Optional[Tuple[int, int]]:
+def window_of(cfg: Mapping[str, Any]) -> Optional[Tuple[int, int]]:
     """Sliding-window (size, stride) of a run config, or None for whole-image inference."""
     ev = cfg.get("eval") or {}
     data = cfg.get("data") or {}
@@ -307,7 +307,7 @@ def seg_suite(model: nn.Module, cfg: Mapping[str, Any], run_dir, opts: Dict[str,
     ds = build_eval_dataset(dict(cfg), split=split, normalize=False)
     limit = opts.get("limit")
     n_total = len(ds) if limit is None else min(len(ds), int(limit))
-    window = _window_of(cfg)
+    window = window_of(cfg)
     n_save = int(opts.get("save_examples") or 0)
     out_dir = os.path.join(str(run_dir) if run_dir else ".", "eval", "seg_examples")
     from .common import progress
@@ -374,7 +374,7 @@ def seg_corruptions_suite(model: nn.Module, cfg: Mapping[str, Any], run_dir, opt
     seed = int(opts.get("seed") or 0)
     ds = build_eval_dataset(dict(cfg), split=split, normalize=False)
     limit = opts.get("limit")
-    window = _window_of(cfg)
+    window = window_of(cfg)
     bs = int(opts.get("batch_size") or 32)
 
     def run(transform) -> Dict[str, Any]:

@@ -13,17 +13,16 @@ sentence) and ``settings`` (resolved settings worth recording beyond ``opts``). 
 (:func:`run_suite`) adds the model description, every option, the seed, number of examples and wall
 time, and :func:`write_result` writes ``<out>/<suite>.json`` and ``<out>/<suite>.md`` atomically.
 
-Suite modules are discovered: every public module of :mod:`rpc_attention.evaluate` (``lm.py``,
-``segmentation.py``, ...) is imported on first use of the registry and registers its suites on
-import.  Keep heavy imports (torchattacks, imagecorruptions, ...) inside the suite functions.
+The built-in suite modules are listed in :func:`_register_builtin_suites` and imported on first use of
+the registry; each registers its suites on import.  A new suite module is one more name in that list
+(or a ``register_suite`` call of your own).  Keep heavy imports (torchattacks, imagecorruptions, ...)
+inside the suite functions.
 """
 
 from __future__ import annotations
 
-import importlib
 import json
 import os
-import pkgutil
 import time
 from dataclasses import dataclass, field
 from fractions import Fraction
@@ -52,7 +51,7 @@ class Suite:
 
 
 _SUITES: Dict[str, Suite] = {}
-_DISCOVERED = False
+_BUILTINS_REGISTERED = False
 
 
 def register_suite(
@@ -78,25 +77,22 @@ def register_suite(
     return suite
 
 
-def _discover() -> None:
-    global _DISCOVERED
-    if _DISCOVERED:
+def _register_builtin_suites() -> None:
+    """Import the built-in suite modules (each registers its suites on import); idempotent."""
+    global _BUILTINS_REGISTERED
+    if _BUILTINS_REGISTERED:
         return
-    _DISCOVERED = True
-    package = importlib.import_module(__package__)
-    for mod in sorted(pkgutil.iter_modules(package.__path__), key=lambda m: m.name):
-        if mod.name.startswith("_") or mod.name == "suites":
-            continue
-        importlib.import_module(f"{__package__}.{mod.name}")
+    _BUILTINS_REGISTERED = True
+    from . import classification, corruptions, lm, ood, segmentation  # noqa: F401
 
 
 def list_suites(task: Optional[str] = None) -> List[str]:
-    _discover()
+    _register_builtin_suites()
     return sorted(n for n, s in _SUITES.items() if task is None or task in s.tasks)
 
 
 def get_suite(name: str) -> Suite:
-    _discover()
+    _register_builtin_suites()
     if name not in _SUITES:
         raise ValueError(f"unknown suite {name!r}; available: {', '.join(list_suites())}")
     return _SUITES[name]

@@ -5,6 +5,8 @@
 
 Both use the asymmetric extension of PAP defined in :mod:`rpc_attention.integrations._core`
 (:func:`asymmetric_rpc_attention`). Neither submodule is imported here (transformers is optional).
+Test-time RPC for evaluation (loading external models, its command-line options) lives a floor above,
+in :mod:`rpc_attention.evaluate.external`.
 """
 
 from ._core import DEFAULT_OPTIONS, KEY_MODES, asymmetric_rpc_attention

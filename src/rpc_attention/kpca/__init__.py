@@ -6,11 +6,13 @@
   attention modules via forward hooks.
 * :mod:`.analysis` -- per-layer / model-level aggregation under the ``paper`` and ``exact`` protocols.
 * :mod:`.sources`, :mod:`.report`, :mod:`.plots` -- probes (run / timm / HF), JSON + figures + summary.
-* :mod:`.callbacks` -- the ``jproj`` trainer callback (J_proj on a fixed probe batch every epoch).
+* :mod:`.callbacks` -- the ``jproj`` trainer callback (J_proj on a fixed probe batch every epoch),
+  registered with the trainer when this package is imported.
 
 Heavy dependencies (scipy, matplotlib, transformers) are imported lazily.
 """
 
+from . import callbacks  # noqa: F401  (registers the ``jproj`` trainer callback)
 from .analysis import PROTOCOLS, analyze_captures, chance_baselines, pap_stats
 from .hooks import AttentionCapture, LayerCapture, find_attention_modules
 

@@ -1,6 +1,7 @@
 """Trainer callback ``jproj``: J_proj and its two terms on a fixed probe batch at every epoch end.
 
-Enable with ``--set train.callbacks=[jproj]`` (``train.jproj_examples``, default 8, sets the probe size).
+Importing this module (``import rpc_attention.kpca`` does) registers it; enable it with
+``--set train.callbacks=[jproj]`` (``train.jproj_examples``, default 8, sets the probe size).
 Each call appends one record to ``DIR/metrics.jsonl``::
 
     {"epoch": E, "split": "jproj", "jproj/<protocol>/model/<term>": ..., "jproj/<protocol>/<layer>/<term>": ...}
@@ -18,6 +19,7 @@ from typing import Any, Dict, List
 
 import torch
 
+from ..train.callbacks import register_callback
 from .analysis import PROTOCOLS
 from .hooks import AttentionCapture
 from . import metrics as M
@@ -97,7 +99,4 @@ def jproj_callback(model, cfg, epoch, run_dir, logger) -> None:
     logger.log(rec)
 
 
-def register() -> None:
-    from ..train.callbacks import register_callback
-
-    register_callback("jproj", jproj_callback, overwrite=True)
+register_callback("jproj", jproj_callback, overwrite=True)

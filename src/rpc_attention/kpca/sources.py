@@ -125,6 +125,8 @@ def probe_from_timm(name: str, checkpoint: Optional[str] = None, limit: int = 8,
     (uniform [0, 1], normalised with the model's own mean/std)."""
     import timm
 
+    from .. import models  # noqa: F401  (registers the SymViT family in timm)
+
     try:
         model = timm.create_model(name, pretrained=False, **kwargs)
     except RuntimeError as exc:

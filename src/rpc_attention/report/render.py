@@ -7,11 +7,21 @@ import html
 import math
 import re
 from pathlib import Path
-from typing import Any, Dict, List
+from typing import Any, Dict, List, Optional
 
-from ..reproduce.pipeline import format_seconds
+__all__ = ["render_markdown", "render_html", "fmt", "format_seconds"]
 
-__all__ = ["render_markdown", "render_html", "fmt"]
+
+def format_seconds(s: Optional[float]) -> str:
+    """``42s``, ``3m05s``, ``2h07m``; ``-`` for None (stage timings in plans and reports)."""
+    if s is None:
+        return "-"
+    s = float(s)
+    if s < 60:
+        return f"{s:.0f}s"
+    if s < 3600:
+        return f"{int(s // 60)}m{int(round(s % 60)):02d}s"
+    return f"{int(s // 3600)}h{int(round((s % 3600) / 60)):02d}m"
 
 
 def fmt(x: Any, digits: int = 2) -> str:

@@ -34,6 +34,7 @@ from pathlib import Path
 from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence
 
 from ..io import atomic_write_bytes, atomic_write_json, atomic_write_text, json_default  # re-exported for stages
+from ..report.render import format_seconds
 
 __all__ = [
     "Stage", "StageContext", "StageSkipped", "Pipeline", "PlanEntry", "atomic_write_text",
@@ -57,17 +58,6 @@ def read_json(path) -> Optional[dict]:
             return json.load(f)
     except (FileNotFoundError, json.JSONDecodeError):
         return None
-
-
-def format_seconds(s: Optional[float]) -> str:
-    if s is None:
-        return "-"
-    s = float(s)
-    if s < 60:
-        return f"{s:.0f}s"
-    if s < 3600:
-        return f"{int(s // 60)}m{int(round(s % 60)):02d}s"
-    return f"{int(s // 3600)}h{int(round((s % 3600) / 60)):02d}m"
 
 
 # ---------------------------------------------------------------------------------------------- stages

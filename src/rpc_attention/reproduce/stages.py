@@ -1,89 +1,44 @@
 """Stage functions of a study: train, eval, analyze, compare, report.
 
-Each calls the owning component's public API (or its CLI ``main([...])`` in process); none
-re-implements training, evaluation or analysis. A component that is not installed (module or preset
-missing, data not found) makes the stage raise :class:`StageSkipped` with the reason, which the report
-shows as skipped.
+Each calls the owning package's library function (the same one its command calls): the trainer's
+``run_training``, ``evaluate.runner.evaluate_model``, ``kpca.options.analyze_run``,
+``report.compare.compare_runs`` and ``report.build_report``; none re-implements training, evaluation or
+analysis, and none goes through the command line. What a stage prints goes to ``logs/<stage>.log``. A
+component that is not installed (a trainer preset or an evaluation suite) makes the stage raise
+:class:`StageSkipped` with the reason, which the report shows as skipped.
 """
 
 from __future__ import annotations
 
 import contextlib
-import importlib
-import importlib.util
-import io
 import json
 import shutil
 import sys
 from pathlib import Path
-from typing import Optional, Sequence
+from typing import Iterator, Optional
 
 from .pipeline import StageContext, StageSkipped, read_json
 
-__all__ = ["train_stage", "eval_stage", "analyze_stage", "compare_stage", "report_stage", "run_cli",
-           "require_module", "run_dir_of"]
-
-
-def require_module(name: str, what: str) -> None:
-    try:
-        found = importlib.util.find_spec(name) is not None
-    except ModuleNotFoundError:
-        found = False
-    if not found:
-        raise StageSkipped(f"{what} is not installed (module {name} missing)")
+__all__ = ["train_stage", "eval_stage", "analyze_stage", "compare_stage", "report_stage", "run_dir_of",
+           "output_to_log"]
 
 
 def run_dir_of(out_dir: Path, run: str) -> Path:
     return Path(out_dir) / "runs" / run
 
 
-class _Tee(io.TextIOBase):
-    def __init__(self, *streams):
-        self.streams = streams
-
-    def write(self, s):
-        for st in self.streams:
-            st.write(s)
-        return len(s)
-
-    def flush(self):
-        for st in self.streams:
-            with contextlib.suppress(Exception):
-                st.flush()
-
-
-def run_cli(argv: Sequence[str], log_path: Optional[Path] = None) -> str:
-    """Run ``rpc-attention ARGV`` in this process; returns its stderr; raises on a non-zero exit.
-
-    Its stdout and stderr go to ``log_path`` (appended) when given, else to the console. A
-    sub-command that is not installed raises :class:`StageSkipped`."""
-    from ..cli import _commands, main
-
-    name = argv[0]
-    if name not in {n for n, _ in _commands()}:
-        raise StageSkipped(f"the `rpc-attention {name}` command is not installed")
-    err = io.StringIO()
-    log = None
-    if log_path is not None:
-        Path(log_path).parent.mkdir(parents=True, exist_ok=True)
-        log = open(log_path, "a", encoding="utf-8")
-        log.write("$ rpc-attention " + " ".join(argv) + "\n")
-    try:
-        out_stream = log if log is not None else sys.stdout
-        err_stream = _Tee(log, err) if log is not None else _Tee(sys.stderr, err)
-        with contextlib.redirect_stdout(out_stream), contextlib.redirect_stderr(err_stream):
-            try:
-                rc = main(list(argv))
-            except SystemExit as exc:  # argparse errors
-                rc = exc.code if isinstance(exc.code, int) else 2
-    finally:
-        if log is not None:
-            log.close()
-    if rc:
-        last = [ln for ln in err.getvalue().strip().splitlines() if ln.strip()]
-        where = f" (log: {log_path})" if log_path else ""
-        raise RuntimeError(f"rpc-attention {' '.join(argv)} exited {rc}: {last[-1] if last else ''}{where}")
-    return err.getvalue()
+@contextlib.contextmanager
+def output_to_log(log_path: Optional[Path], title: str) -> Iterator[None]:
+    """Send what is printed inside the block to ``log_path`` (appended, after a ``$ title`` line), or
+    leave it on the console when ``log_path`` is None."""
+    if log_path is None:
+        yield
+        return
+    Path(log_path).parent.mkdir(parents=True, exist_ok=True)
+    with open(log_path, "a", encoding="utf-8") as log:
+        log.write(f"$ {title}\n")
+        with contextlib.redirect_stdout(log), contextlib.redirect_stderr(log):
+            yield
 
 
 def _log_path(ctx: StageContext) -> Path:
@@ -93,13 +48,11 @@ def _log_path(ctx: StageContext) -> Path:
 # ------------------------------------------------------------------------------------------- train
 def train_stage(ctx: StageContext) -> dict:
     """params: run, preset, overrides (list of "a.b=v"), seed, task (vision/lm/seg), label."""
-    p = ctx.params
-    require_module("rpc_attention.train", "the trainer (rpc_attention.train)")
-    train = importlib.import_module("rpc_attention.train")
-    if not hasattr(train, "run_training"):
-        raise StageSkipped("rpc_attention.train.run_training is not available yet")
+    from .. import kpca  # noqa: F401  (registers the jproj epoch-end callback the studies ask for)
+    from .. import train
     from ..train.config import list_presets, resolve_config
 
+    p = ctx.params
     if p["preset"] not in {n for n, _ in list_presets()}:
         raise StageSkipped(f"trainer preset {p['preset']!r} is not installed")
     overrides = list(p.get("overrides", [])) + [f"train.seed={int(p['seed'])}"]
@@ -146,12 +99,24 @@ def train_stage(ctx: StageContext) -> dict:
 
 
 # -------------------------------------------------------------------------------------------- eval
-def eval_stage(ctx: StageContext) -> dict:
-    """params: run, suite, sets (list of "k=v"), limit, device."""
-    p = ctx.params
-    require_module("rpc_attention.evaluate", "the evaluation suites (rpc_attention.evaluate)")
-    from ..evaluate import suites as S
+def _suite_options(items, out_dir: Path) -> dict:
+    """``["pgd.eps=1:6/255", "corruptions.baseline={out}/runs/x"]`` -> dict, ``{out}`` = the study folder."""
+    sets = {}
+    for item in items:
+        key, eq, value = str(item).partition("=")
+        if not eq or not key:
+            raise ValueError(f"suite option {item!r} is not KEY=VALUE")
+        sets[key] = value.replace("{out}", str(out_dir))
+    return sets
 
+
+def eval_stage(ctx: StageContext) -> dict:
+    """params: run, suite, sets (list of "k=v"; ``{out}`` is the study folder), limit."""
+    from ..evaluate import suites as S
+    from ..evaluate.runner import evaluate_model
+    from ..train import run_loader
+
+    p = ctx.params
     try:
         S.get_suite(p["suite"])
     except ValueError:
@@ -160,16 +125,17 @@ def eval_stage(ctx: StageContext) -> dict:
     out = run_dir / "eval" / f"{p['suite']}.json"
     if ctx.fresh and out.exists():
         out.unlink()
-    argv = ["eval", "--run", str(run_dir), "--suite", p["suite"]]
-    if p.get("limit"):
-        argv += ["--limit", str(int(p["limit"]))]
-    for kv in p.get("sets", []):
-        argv += ["--set", kv.replace("{out}", str(ctx.out_dir))]
-    ctx.log(" ".join(argv[1:]))
-    run_cli(argv, _log_path(ctx))
+    sets = _suite_options(p.get("sets", []), ctx.out_dir)
+    limit = int(p["limit"]) if p.get("limit") else None
+    ctx.log(f"--run {run_dir} --suite {p['suite']}" + (f" --limit {limit}" if limit else "")
+            + "".join(f" --set {k}={v}" for k, v in sets.items()))
+    with output_to_log(_log_path(ctx), f"eval {p['suite']} on {run_dir}"):
+        evaluate_model([p["suite"]], run_loader(run_dir), sets, limit, str(run_dir / "eval"),
+                       log=lambda msg: print(msg, file=sys.stderr, flush=True),
+                       on_result=lambda record, path: print(S.render_markdown(record)))
     rec = read_json(out)
     if rec is None:
-        raise RuntimeError(f"rpc-attention eval finished but {out} is missing or unreadable")
+        raise RuntimeError(f"the evaluation finished but {out} is missing or unreadable")
     shown = [(k, v) for k, v in (rec.get("metrics") or {}).items() if isinstance(v, (int, float))][:5]
     ctx.log(", ".join(f"{k}={v:.4g}" for k, v in shown) + f"  (full output: logs/{ctx.stage.name}.log)")
     return {"outputs": {"json": str(out)}, "result": {"metrics": rec.get("metrics", {})}}
@@ -177,30 +143,33 @@ def eval_stage(ctx: StageContext) -> dict:
 
 # ----------------------------------------------------------------------------------------- analyze
 def analyze_stage(ctx: StageContext) -> dict:
-    """params: run, args (extra CLI args), out (relative output folder)."""
+    """params: run, args (``rpc-attention analyze`` options, e.g. ``["--limit", "8"]``), out (relative folder)."""
+    from ..kpca.options import analyze_run, parse_analysis_args
+
     p = ctx.params
-    require_module("rpc_attention.kpca", "the KPCA analysis (rpc_attention.kpca)")
+    options = parse_analysis_args(p.get("args", []))
     run_dir = run_dir_of(ctx.out_dir, p["run"])
     out = ctx.out_dir / p["out"]
     if ctx.fresh and out.exists():
         shutil.rmtree(out)
-    argv = ["analyze", "--run", str(run_dir), "--out", str(out)] + list(p.get("args", []))
-    ctx.log(" ".join(argv[1:]))
-    run_cli(argv, _log_path(ctx))
+    ctx.log(" ".join(["--run", str(run_dir), "--out", str(out)] + list(p.get("args", []))))
+    with output_to_log(_log_path(ctx), f"analyze {run_dir} -> {out}"):
+        analyze_run(run_dir, out, options)
     return {"outputs": {"dir": str(out)}, "result": {}}
 
 
 def compare_stage(ctx: StageContext) -> dict:
-    """params: runs (list), args, out."""
+    """params: runs (list), out, metrics (optional list), split (default ``val``)."""
+    from ..report.compare import compare_runs
+
     p = ctx.params
-    require_module("rpc_attention.kpca", "the KPCA analysis (rpc_attention.kpca)")
     out = ctx.out_dir / p["out"]
     if ctx.fresh and out.exists():
         shutil.rmtree(out)
-    argv = ["compare"] + [str(run_dir_of(ctx.out_dir, r)) for r in p["runs"]] + ["--out", str(out)] \
-        + list(p.get("args", []))
-    ctx.log(" ".join(argv[1:]))
-    run_cli(argv, _log_path(ctx))
+    runs = [str(run_dir_of(ctx.out_dir, r)) for r in p["runs"]]
+    ctx.log(" ".join(runs) + f" --out {out}")
+    with output_to_log(_log_path(ctx), f"compare {' '.join(runs)} -> {out}"):
+        compare_runs(runs, out, metrics=p.get("metrics") or None, split=p.get("split") or "val")
     return {"outputs": {"dir": str(out)}, "result": {}}
 
 

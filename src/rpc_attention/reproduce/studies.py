@@ -74,7 +74,7 @@ class Study:
     models: List[ModelSpec]
     evals: List[EvalSpec] = field(default_factory=list)
     analyses: List[Dict[str, Any]] = field(default_factory=list)   # {"model": key, "args": [...]}
-    compare: Optional[Dict[str, Any]] = None                        # {"models": [keys], "args": [...]}
+    compare: Optional[Dict[str, Any]] = None                        # {"models": [keys], "metrics": [...], "split": "val"}
     claims: List[ClaimSpec] = field(default_factory=list)
     settings: Dict[str, Any] = field(default_factory=dict)
     notes: List[str] = field(default_factory=list)
@@ -546,7 +546,8 @@ def build_stages(study: Study, device: Optional[str] = None) -> List[Stage]:
     if study.compare:
         runs = [r for k in study.compare["models"] for r in study.model(k).runs()]
         stages.append(Stage("compare", "compare", S.compare_stage, deps=[train_names[r] for r in runs], params={
-            "runs": runs, "args": list(study.compare.get("args", [])), "out": "analysis/compare"},
+            "runs": runs, "metrics": list(study.compare.get("metrics") or []), "split": study.compare.get("split", "val"),
+            "out": "analysis/compare"},
             estimate_s=E.COMPARE_S, description="compare the models' KPCA statistics"))
     stages.append(Stage("report", "report", S.report_stage, after=[s.name for s in stages],
                         params={"study": study.name}, estimate_s=E.REPORT_S,

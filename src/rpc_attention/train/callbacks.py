@@ -3,20 +3,20 @@
 ``register_callback(name, fn)`` with ``fn(model, cfg, epoch, run_dir, logger)``; ``model`` is the
 unwrapped model (eval mode during the call), ``epoch`` counts from 1, ``logger`` is a
 :class:`rpc_attention.train.trainer.MetricsLogger` (``logger.log({...})`` appends to metrics.jsonl and
-TensorBoard). Callbacks run on rank 0 only. Modules ``rpc_attention.train.callback_*`` are imported on
-first lookup (same discovery as tasks).
+TensorBoard). Callbacks run on rank 0 only.
+
+The registry holds what was registered, nothing else: a callback registers when the module that owns it
+is imported. The package's own ``jproj`` callback belongs to the analysis toolkit, a floor above the
+trainer, so ``import rpc_attention.kpca`` registers it (the ``train`` and ``reproduce`` commands do).
 """
 
 from __future__ import annotations
 
-import importlib
-import pkgutil
 from typing import Callable, Dict, List
 
 __all__ = ["register_callback", "get_callback", "list_callbacks"]
 
 _CALLBACKS: Dict[str, Callable] = {}
-_DISCOVERED = False
 
 
 def register_callback(name: str, fn: Callable, overwrite: bool = False) -> Callable:
@@ -28,25 +28,13 @@ def register_callback(name: str, fn: Callable, overwrite: bool = False) -> Calla
     return fn
 
 
-def _discover() -> None:
-    global _DISCOVERED
-    if _DISCOVERED:
-        return
-    _DISCOVERED = True
-    from . import __path__ as pkg_path
-
-    for mod in sorted(m.name for m in pkgutil.iter_modules(pkg_path)):
-        if mod.startswith("callback_"):
-            importlib.import_module(f"{__package__}.{mod}")
-
-
 def get_callback(name: str) -> Callable:
-    _discover()
     if name not in _CALLBACKS:
-        raise ValueError(f"unknown callback {name!r}; registered: {', '.join(sorted(_CALLBACKS)) or '(none)'}")
+        hint = " (import rpc_attention.kpca to register it)" if name == "jproj" else ""
+        raise ValueError(f"unknown callback {name!r}{hint}; registered: {', '.join(sorted(_CALLBACKS)) or '(none)'}; "
+                         "register your own with rpc_attention.train.register_callback(name, fn)")
     return _CALLBACKS[name]
 
 
 def list_callbacks() -> List[str]:
-    _discover()
     return sorted(_CALLBACKS)

@@ -18,6 +18,8 @@ from typing import Any, Dict, Iterable, List, Optional, Tuple
 
 import yaml
 
+from ..io import read_yaml_mapping
+
 __all__ = [
     "DEFAULTS", "OPEN_SECTIONS", "PRESET_DIR", "list_presets", "load_preset", "parse_overrides",
     "apply_overrides", "resolve_config", "deep_merge", "dump_config", "load_config_file",
@@ -76,16 +78,8 @@ def list_presets() -> List[Tuple[str, str]]:
 
 
 def load_config_file(path: os.PathLike) -> Dict[str, Any]:
-    path = Path(path)
-    if not path.is_file():
-        raise FileNotFoundError(f"config file not found: {path}")
-    try:
-        cfg = yaml.safe_load(path.read_text())
-    except yaml.YAMLError as exc:
-        raise ValueError(f"{path} is not valid YAML: {str(exc).splitlines()[0]}") from None
-    if not isinstance(cfg, dict):
-        raise ValueError(f"{path} must hold a YAML mapping (task:, model:, data:, ...)")
-    return cfg
+    """The run config (or preset) in YAML file ``path``."""
+    return read_yaml_mapping(path)
 
 
 def load_preset(name: str) -> Dict[str, Any]:

@@ -1,15 +1,16 @@
-"""Load a finished (or interrupted) run: ``load_run(run_dir) -> (model, cfg)``."""
+"""Load a finished (or interrupted) run: ``load_run(run_dir) -> (model, cfg)``; ``run_loader(run_dir)``
+gives the model loader that :func:`rpc_attention.evaluate.runner.evaluate_model` takes."""
 
 from __future__ import annotations
 
 import os
 import sys
 from pathlib import Path
-from typing import Any, Dict, Tuple
+from typing import Any, Callable, Dict, Optional, Tuple
 
 import torch
 
-__all__ = ["load_run"]
+__all__ = ["load_run", "run_loader"]
 
 
 def load_run(run_dir: os.PathLike, device: Any = "cpu", ema: bool = False) -> Tuple[torch.nn.Module, Dict[str, Any]]:
@@ -50,3 +51,19 @@ def load_run(run_dir: os.PathLike, device: Any = "cpu", ema: bool = False) -> Tu
     except RuntimeError as exc:
         raise ValueError(f"{path} does not match the model in {cfg_path}: {str(exc).splitlines()[0]}") from None
     return model.to(device).eval(), cfg
+
+
+RunModel = Tuple[torch.nn.Module, Dict[str, Any], Optional[str], Dict[str, Any]]
+
+
+def run_loader(run_dir: os.PathLike, ema: bool = False) -> Callable[[Any], RunModel]:
+    """``load(device) -> (model, cfg, run_dir, source)`` for the run in ``run_dir``, loaded when called
+    (errors as :func:`load_run`'s); ``source`` records the run and the weights used."""
+
+    def load(device: Any = "cpu") -> RunModel:
+        if not os.path.isdir(run_dir):
+            raise FileNotFoundError(f"run directory {str(run_dir)!r} does not exist")
+        model, cfg = load_run(run_dir, device=device, ema=ema)
+        return model, cfg, str(run_dir), {"kind": "run", "run_dir": os.path.abspath(run_dir), "ema": bool(ema)}
+
+    return load

@@ -9,7 +9,7 @@ Config keys it reads:
 - ``data.source``: ``embedded`` (Wikipedia lead paragraphs, default) or ``wikitext`` with
   ``data.root`` (a directory with ``wiki.{train,valid,test}.tokens``); ``data.min_freq`` (default 3 embedded, 1 WikiText),
   ``data.split_seed``; ``data.cache_dir`` (encoded corpus cache; default: a ``text-cache/<hash>``
-  directory in ``runs/`` next to the run directories, see :func:`text_cache_dir`).
+  directory in ``runs/`` next to the run directories, see :func:`rpc_attention.data.text.text_cache_dir`).
 
 ``train.steps`` (optional) sets the number of optimizer steps (``train.epochs`` and
 ``train.max_steps`` are derived) and ``schedule.warmup_steps`` the warm-up length in steps
@@ -24,35 +24,14 @@ from __future__ import annotations
 
 import math
 import os
-from pathlib import Path
 from typing import Any, Dict, Optional
 
 import torch
 
+from ..data.text import text_cache_dir
 from .tasks import register_task
 
-__all__ = ["LMTask", "text_cache_dir"]
-
-
-def text_cache_dir(cfg: Dict[str, Any], run_dir: Optional[os.PathLike] = None) -> Path:
-    """Where the encoded corpus of ``cfg`` is cached.
-
-    ``data.cache_dir`` when set (the trainer records the resolved path in ``config.yaml``);
-    otherwise ``<parent of run_dir>/text-cache/<fingerprint>`` or, without a run directory,
-    ``$RPC_ATTENTION_CACHE`` / ``~/.cache/rpc-attention`` ``/text-cache/<fingerprint>``. The
-    fingerprint covers the source files and settings, so runs on the same corpus share one cache.
-    """
-    from ..data.text import corpus_fingerprint
-
-    data = cfg["data"]
-    if data.get("cache_dir"):
-        return Path(data["cache_dir"]).expanduser()
-    fp, _ = corpus_fingerprint(data)
-    if run_dir is not None:
-        base = Path(run_dir).expanduser().resolve().parent
-    else:
-        base = Path(os.environ.get("RPC_ATTENTION_CACHE") or Path.home() / ".cache" / "rpc-attention")
-    return base / "text-cache" / fp[:16]
+__all__ = ["LMTask"]
 
 
 def _run_dir_of(cfg: Dict[str, Any]) -> Optional[str]:

@@ -135,9 +135,9 @@ class SegmentationTask:
 
     @torch.no_grad()
     def evaluate(self, model, loader, cfg: Dict[str, Any]) -> Dict[str, float]:
-        from ..evaluate.segmentation import _window_of, evaluate_loader
+        from ..evaluate.segmentation import window_of, evaluate_loader
 
-        res = evaluate_loader(model, loader, int(cfg["model"]["num_classes"]), _window_of(cfg))
+        res = evaluate_loader(model, loader, int(cfg["model"]["num_classes"]), window_of(cfg))
         return {"loss": res["loss"], "pixel_acc": res["pixel_acc"], "mean_acc": res["mean_acc"],
                 "miou": res["miou"], "n": res["n"]}
 

@@ -21,21 +21,21 @@ and optionally
 * ``setup(cfg, device)``: called once per run before training (e.g. to build Mixup)
 * ``primary_metric``: name of the metric shown in the progress bar / summary (default ``"acc"``)
 
-Register with :func:`register_task`. Task modules ``rpc_attention.train.task_*`` (any module in this
-package whose name starts with ``task_``) are imported on first lookup, so adding a task is adding a
-file ``src/rpc_attention/train/task_<name>.py`` that calls ``register_task``.
+Register with :func:`register_task`. The built-in tasks (``classification``, ``lm``, ``segmentation``)
+are listed in :func:`_register_builtin_tasks` and imported on first lookup (their modules import models
+and data sets, which ``import rpc_attention.train`` should not pay for). A new built-in task is a module
+``task_<name>.py`` that calls ``register_task`` plus one line in that list; a task of your own is a
+``register_task`` call before training.
 """
 
 from __future__ import annotations
 
-import importlib
-import pkgutil
 from typing import Any, Dict, List
 
-__all__ = ["register_task", "get_task", "list_tasks", "discover_tasks"]
+__all__ = ["register_task", "get_task", "list_tasks"]
 
 _TASKS: Dict[str, Any] = {}
-_DISCOVERED = False
+_BUILTINS_REGISTERED = False
 
 _REQUIRED = ("build_model", "build_datasets", "loss", "evaluate")
 
@@ -53,26 +53,22 @@ def register_task(name: str, task: Any, overwrite: bool = False) -> Any:
     return task
 
 
-def discover_tasks() -> None:
-    """Import every ``rpc_attention.train.task_*`` module (each registers its tasks)."""
-    global _DISCOVERED
-    if _DISCOVERED:
+def _register_builtin_tasks() -> None:
+    """Import the built-in task modules (each registers its task on import); idempotent."""
+    global _BUILTINS_REGISTERED
+    if _BUILTINS_REGISTERED:
         return
-    _DISCOVERED = True
-    from . import __path__ as pkg_path
-
-    for mod in sorted(m.name for m in pkgutil.iter_modules(pkg_path)):
-        if mod.startswith("task_"):
-            importlib.import_module(f"{__package__}.{mod}")
+    _BUILTINS_REGISTERED = True
+    from . import task_classification, task_lm, task_segmentation  # noqa: F401
 
 
 def get_task(name: str) -> Any:
-    discover_tasks()
+    _register_builtin_tasks()
     if name not in _TASKS:
         raise ValueError(f"unknown task {name!r}; registered tasks: {', '.join(sorted(_TASKS)) or '(none)'}")
     return _TASKS[name]
 
 
 def list_tasks() -> List[str]:
-    discover_tasks()
+    _register_builtin_tasks()
     return sorted(_TASKS)

@@ -18,7 +18,7 @@ from typing import Any, Dict, Mapping, Optional, Tuple
 import torch
 from torch import nn
 
-from ._core import DEFAULT_OPTIONS, check_options
+from ..integrations._core import DEFAULT_OPTIONS, check_options
 
 __all__ = ["add_arguments", "rpc_options_from_args", "apply_test_time_rpc", "load_external", "HFClassifier"]
 
@@ -94,13 +94,13 @@ def apply_test_time_rpc(model: nn.Module, options: Mapping[str, Any], symmetric:
     record = {k: (list(v) if isinstance(v, tuple) else v) for k, v in opts.items()}
     target = model.hf if isinstance(model, HFClassifier) else model
     if _is_hf(target):
-        from . import transformers as rpc_hf
+        from ..integrations import transformers as rpc_hf
 
         rpc_hf.configure(target, **opts)
         record["via"] = "transformers attn_implementation='rpc'"
         return record
     if hasattr(target, "blocks"):
-        from . import timm as rpc_timm
+        from ..integrations import timm as rpc_timm
 
         rpc_timm.convert(target, symmetric=symmetric, **opts)
         record["via"] = "rpc_attention.integrations.timm.convert"
@@ -133,12 +133,12 @@ def _read_state_dict(path: str) -> Dict[str, torch.Tensor]:
 def _data_cfg(path: Optional[str]) -> Dict[str, Any]:
     if not path:
         raise ValueError("--timm/--hf need --data-config RUN_DIR_OR_YAML (its 'data' section names the evaluation data)")
-    from ..train.config import load_config_file
+    from ..io import read_yaml_mapping
 
     cfg_path = os.path.join(path, "config.yaml") if os.path.isdir(path) else path
     if not os.path.isfile(cfg_path):
         raise FileNotFoundError(f"data config {cfg_path!r} does not exist")
-    cfg = load_config_file(cfg_path)
+    cfg = read_yaml_mapping(cfg_path)
     if not isinstance(cfg.get("data"), dict):
         raise ValueError(f"{cfg_path} has no 'data' section")
     return cfg
@@ -166,7 +166,7 @@ def load_external(
     if timm_name:
         import timm
 
-        import rpc_attention  # noqa: F401  (registers our models in timm)
+        from .. import models  # noqa: F401  (registers our models in timm)
 
         if not checkpoint:
             raise ValueError("--timm needs --checkpoint FILE (no hub downloads)")

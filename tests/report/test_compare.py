@@ -5,7 +5,7 @@ import json
 import pytest
 
 from rpc_attention.cli import main
-from rpc_attention.cli.compare import compare_runs, lower_is_better, read_curves
+from rpc_attention.report.compare import compare_runs, lower_is_better, read_curves
 
 
 def _write(run, recs):

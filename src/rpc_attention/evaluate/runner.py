@@ -1,0 +1,78 @@
+"""Run evaluation suites on one model and write ``<out>/<suite>.json/.md``: what ``rpc-attention eval``
+does, as a function a study stage calls too.
+
+Where the model comes from is an argument: a *loader* ``load(device) -> (model, cfg, run_dir, source)``
+(``rpc_attention.train.run_loader`` for a training run; ``rpc-attention eval-external`` passes its own
+for timm / Hugging Face models or test-time RPC). ``run_dir`` may be ``None`` and ``source`` is the
+JSON-able description recorded in every result.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
+
+from . import suites as S
+
+__all__ = ["ModelLoader", "select_suites", "evaluate_model"]
+
+ModelLoader = Callable[[str], Tuple[Any, Mapping[str, Any], Optional[str], Dict[str, Any]]]
+
+
+def select_suites(names: Sequence[str], sets: Mapping[str, str],
+                  limit: Optional[int] = None) -> Tuple[List[S.Suite], Dict[str, Dict[str, Any]]]:
+    """The suites called ``names`` (duplicates dropped) and their resolved options; raises ValueError
+    for an unknown suite, an empty selection, a ``--set`` key no selected suite has or a bad value."""
+    if not names:
+        raise ValueError("no suite selected")
+    if limit is not None and limit <= 0:
+        raise ValueError(f"--limit must be positive, got {limit}")
+    suites = [S.get_suite(n) for n in dict.fromkeys(names)]
+    S.check_set_keys(suites, sets)
+    return suites, {s.name: S.resolve_options(s, sets, limit) for s in suites}
+
+
+def _with_suite_name(suite: S.Suite, exc: Exception) -> Exception:
+    return type(exc)(f"{suite.name}: {exc}")
+
+
+def evaluate_model(names: Sequence[str], load: ModelLoader, sets: Optional[Mapping[str, str]] = None,
+                   limit: Optional[int] = None, out_dir: Optional[str] = None,
+                   log: Callable[[str], None] = lambda msg: None,
+                   on_result: Callable[[Dict[str, Any], str], None] = lambda record, path: None) -> List[str]:
+    """Run the suites ``names`` on the model ``load`` gives and write each result once it succeeded.
+
+    ``sets`` are the suite options (``{"pgd.eps": "1:6/255", "device": "cuda"}``), ``limit`` the number
+    of examples, ``out_dir`` the output folder (default ``<run_dir>/eval``). Every check (options, task,
+    the suites' own ``check`` of data and settings) runs before the first suite starts. ``log`` gets
+    progress lines, ``on_result(record, json_path)`` each finished result. Returns the JSON paths.
+    Raises ValueError / FileNotFoundError (prefixed with the suite's name where one suite is at fault).
+    """
+    suites, opts = select_suites(names, dict(sets or {}), limit)
+    device = next(iter(opts.values()))["device"]
+    model, cfg, run_dir, source = load(device)
+    task = str(cfg.get("task") or "classification")
+    for s in suites:
+        if task not in s.tasks:
+            raise ValueError(f"suite {s.name!r} does not apply to task {task!r} (it handles: {', '.join(s.tasks)})")
+        if s.check is not None:
+            try:
+                s.check(cfg, opts[s.name])
+            except (ValueError, FileNotFoundError) as exc:
+                raise _with_suite_name(s, exc) from exc
+    if out_dir is None:
+        if run_dir is None:
+            raise ValueError("no output directory: give out_dir (--out DIR)")
+        out_dir = os.path.join(run_dir, "eval")
+    paths = []
+    for s in suites:
+        log(f"[eval] {s.name} ...")
+        try:
+            record = S.run_suite(s, model, cfg, run_dir, opts[s.name], source=source)
+        except (ValueError, FileNotFoundError) as exc:
+            raise _with_suite_name(s, exc) from exc
+        jpath, _ = S.write_result(record, out_dir)  # written only once the suite has succeeded
+        on_result(record, jpath)
+        log(f"[eval] {s.name}: {record['wall_time_s']:.1f} s -> {jpath}")
+        paths.append(jpath)
+    return paths

@@ -1,0 +1,151 @@
+"""The package's structure: the floors contract (import-linter), explicit wiring (no import hooks, no
+discovery of modules by file name, no monkeypatching: an AST scan of src/) and explicit registration."""
+
+import ast
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import List, Set, Tuple
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+SRC = ROOT / "src" / "rpc_attention"
+
+# The one deliberate exception: a compatibility shim that lets the third-party imagecorruptions 1.1.2
+# run on NumPy 2 / scikit-image >= 0.25 / setuptools without pkg_resources. It imports that library by
+# name, puts a stand-in pkg_resources in sys.modules while the import runs, and swaps two names inside
+# imagecorruptions' own namespace while a corruption runs, restoring them afterwards.
+ALLOWED = {"evaluate/_imagecorruptions_compat.py": {"dynamic-import", "sys-modules", "monkeypatch"}}
+
+
+def test_floors_contract_is_kept():
+    """`lint-imports` with the contracts in pyproject.toml: no package imports a higher floor, no cycles."""
+    code = "import sys; from importlinter.cli import lint_imports_command; sys.exit(lint_imports_command())"
+    env = dict(os.environ, PYTHONPATH=str(ROOT / "src"))
+    out = subprocess.run([sys.executable, "-c", code, "--config", str(ROOT / "pyproject.toml"), "--no-cache"],
+                         capture_output=True, text=True, cwd=ROOT, env=env)
+    assert "No module named 'importlinter'" not in out.stderr, "install the dev extra: pip install -e '.[dev]'"
+    assert out.returncode == 0, out.stdout[-4000:] + out.stderr[-2000:]
+    assert "2 kept, 0 broken" in out.stdout
+
+
+def _dotted(node: ast.AST) -> str:
+    parts = []
+    while isinstance(node, ast.Attribute):
+        parts.append(node.attr)
+        node = node.value
+    if isinstance(node, ast.Name):
+        parts.append(node.id)
+    return ".".join(reversed(parts))
+
+
+def _module_names(tree: ast.Module, package: List[str]) -> Set[str]:
+    """Names bound to modules: ``import x [as y]``, ``from <this package> import <submodule>`` and
+    ``m = importlib.import_module(...)``."""
+    names = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            names.update((a.asname or a.name).split(".")[0] for a in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.level:
+            base = package[: len(package) - node.level + 1] + (node.module.split(".") if node.module else [])
+            for a in node.names:
+                folder = SRC.joinpath(*base[1:], a.name)
+                if folder.with_suffix(".py").is_file() or (folder / "__init__.py").is_file():
+                    names.add(a.asname or a.name)
+        elif isinstance(node, ast.Assign) and isinstance(node.value, ast.Call):
+            if _dotted(node.value.func) in ("importlib.import_module", "__import__"):
+                names.update(t.id for t in node.targets if isinstance(t, ast.Name))
+    return names
+
+
+def wiring_findings(source: str, package: List[str] = ("rpc_attention",)) -> List[Tuple[str, int]]:
+    """``(kind, line)`` of every import hook, file-name discovery, dynamic import and monkeypatch."""
+    tree = ast.parse(source)
+    modules = _module_names(tree, list(package))
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Attribute) and _dotted(node) in ("sys.meta_path", "sys.path_hooks"):
+            found.append(("import-hook", node.lineno))
+        elif isinstance(node, ast.Attribute) and _dotted(node).startswith("importlib.abc"):
+            found.append(("import-hook", node.lineno))
+        elif isinstance(node, ast.Attribute) and node.attr == "exec_module" and isinstance(node.ctx, ast.Store):
+            found.append(("import-hook", node.lineno))
+        elif isinstance(node, ast.Call):
+            func = _dotted(node.func)
+            if func.startswith("pkgutil.") or func.endswith(("iter_modules", "walk_packages")):
+                found.append(("module-discovery", node.lineno))
+            elif func in ("importlib.import_module", "__import__"):
+                found.append(("dynamic-import", node.lineno))
+            elif func.endswith("glob") and any(isinstance(a, ast.Constant) and ".py" in str(a.value).replace(".pyc", "")
+                                               and not str(a.value).endswith((".yaml", ".pyi")) for a in node.args):
+                found.append(("module-discovery", node.lineno))
+            elif func == "setattr" and node.args and isinstance(node.args[0], ast.Name) and node.args[0].id in modules:
+                found.append(("monkeypatch", node.lineno))
+        elif isinstance(node, (ast.Assign, ast.AugAssign)):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            for t in targets:
+                if isinstance(t, ast.Attribute) and isinstance(t.value, ast.Name) and t.value.id in modules:
+                    found.append(("monkeypatch", node.lineno))
+                if isinstance(t, ast.Subscript) and _dotted(t.value) == "sys.modules":
+                    found.append(("sys-modules", node.lineno))
+    return found
+
+
+@pytest.mark.parametrize("snippet,kind", [
+    ("import sys\nsys.meta_path.insert(0, object())", "import-hook"),
+    ("import importlib.abc\nclass F(importlib.abc.MetaPathFinder): pass", "import-hook"),
+    ("def f(spec):\n    spec.loader.exec_module = print", "import-hook"),
+    ("import pkgutil\nnames = [m.name for m in pkgutil.iter_modules(__path__)]", "module-discovery"),
+    ("from pathlib import Path\nmods = Path(__file__).parent.glob('task_*.py')", "module-discovery"),
+    ("import importlib\nm = importlib.import_module('rpc_attention.train.task_lm')", "dynamic-import"),
+    ("from . import eval as base\nbase.load_model = print", "monkeypatch"),
+    ("import torch\nsetattr(torch, 'compile', print)", "monkeypatch"),
+    ("import sys, types\nsys.modules['pkg_resources'] = types.ModuleType('pkg_resources')", "sys-modules"),
+])
+def test_scanner_flags_each_kind(snippet, kind):
+    assert kind in [k for k, _ in wiring_findings(snippet, ["rpc_attention", "cli"])]
+
+
+def test_scanner_leaves_ordinary_code_alone():
+    code = ("import torch\nfrom torch import nn\nm = nn.Linear(2, 2)\nm.weight = nn.Parameter(torch.zeros(2, 2))\n"
+            "setattr(m, 'bias', None)\nfrom pathlib import Path\npresets = Path('.').glob('*.yaml')\n")
+    assert wiring_findings(code) == []
+
+
+def test_src_has_no_import_hooks_discovery_or_monkeypatching():
+    problems = []
+    for path in sorted(SRC.rglob("*.py")):
+        rel = path.relative_to(SRC).as_posix()
+        package = ["rpc_attention"] + list(path.relative_to(SRC).parent.parts)
+        for kind, line in wiring_findings(path.read_text(encoding="utf-8"), package):
+            if kind not in ALLOWED.get(rel, ()):
+                problems.append(f"{rel}:{line}: {kind}")
+    assert not problems, "\n".join(problems)
+
+
+def _run(code: str) -> str:
+    env = dict(os.environ, PYTHONPATH=str(ROOT / "src"))
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, env=env).stdout
+
+
+def test_registries_are_filled_by_explicit_imports():
+    """Tasks and suites come from the listed built-in modules; the jproj callback from importing kpca
+    (its owner); the CLI lists its commands. A trainer config naming jproj without kpca says how to fix it."""
+    out = _run(
+        "from rpc_attention.train import callbacks, tasks\n"
+        "from rpc_attention.evaluate import suites\n"
+        "from rpc_attention.cli import commands\n"
+        "print(tasks.list_tasks())\n"
+        "print(all(n in suites.list_suites() for n in ('clean', 'pgd', 'corruptions', 'ood', 'ppl', 'seg')))\n"
+        "try:\n    callbacks.get_callback('jproj')\nexcept ValueError as e:\n    print(e)\n"
+        "import rpc_attention.kpca\nprint(callbacks.list_callbacks())\n"
+        "print([n for n, _ in commands()])\n")
+    lines = out.splitlines()
+    assert lines[0] == "['classification', 'lm', 'segmentation']"
+    assert lines[1] == "True"
+    assert "unknown callback 'jproj'" in lines[2] and "import rpc_attention.kpca" in lines[2]
+    assert lines[3] == "['jproj']"
+    assert lines[4] == str(["analyze", "bench", "compare", "eval", "eval-external", "generate", "pap-demo", "presets",
+                            "reproduce", "train"])
