@@ -17,7 +17,12 @@ SRC = ROOT / "src" / "rpc_attention"
 # run on NumPy 2 / scikit-image >= 0.25 / setuptools without pkg_resources. It imports that library by
 # name, puts a stand-in pkg_resources in sys.modules while the import runs, and swaps two names inside
 # imagecorruptions' own namespace while a corruption runs, restoring them afterwards.
-ALLOWED = {"evaluate/_imagecorruptions_compat.py": {"dynamic-import", "sys-modules", "monkeypatch"}}
+# The second: transformers offers no hook at model creation for a custom attention backend, and issue
+# 14 asks for bad rpc_* settings to fail when a model is created, not at its first forward. The
+# explicit rpc_hf.register() call wraps PreTrainedModel.post_init / set_attn_implementation to run
+# rpc_hf.prepare(model) for models that use "rpc"; rpc_hf.unregister() restores both.
+ALLOWED = {"evaluate/_imagecorruptions_compat.py": {"dynamic-import", "sys-modules", "monkeypatch"},
+           "integrations/transformers.py": {"monkeypatch"}}
 
 
 def test_floors_contract_is_kept():
@@ -42,11 +47,14 @@ def _dotted(node: ast.AST) -> str:
 
 
 def _module_names(tree: ast.Module, package: List[str]) -> Set[str]:
-    """Names bound to modules: ``import x [as y]``, ``from <this package> import <submodule>`` and
+    """Names bound to other modules or to what they define: ``import x [as y]``, ``from <another
+    package> import <anything>``, ``from <this package> import <submodule>`` and
     ``m = importlib.import_module(...)``."""
     names = set()
     for node in ast.walk(tree):
-        if isinstance(node, ast.Import):
+        if isinstance(node, ast.ImportFrom) and not node.level and node.module.split(".")[0] != package[0]:
+            names.update(a.asname or a.name for a in node.names)
+        elif isinstance(node, ast.Import):
             names.update((a.asname or a.name).split(".")[0] for a in node.names)
         elif isinstance(node, ast.ImportFrom) and node.level:
             base = package[: len(package) - node.level + 1] + (node.module.split(".") if node.module else [])
@@ -102,6 +110,8 @@ def wiring_findings(source: str, package: List[str] = ("rpc_attention",)) -> Lis
     ("import importlib\nm = importlib.import_module('rpc_attention.train.task_lm')", "dynamic-import"),
     ("from . import eval as base\nbase.load_model = print", "monkeypatch"),
     ("import torch\nsetattr(torch, 'compile', print)", "monkeypatch"),
+    ("from transformers import PreTrainedModel\nsetattr(PreTrainedModel, 'post_init', print)", "monkeypatch"),
+    ("def f():\n    from torch.nn import Linear\n    Linear.forward = print", "monkeypatch"),
     ("import sys, types\nsys.modules['pkg_resources'] = types.ModuleType('pkg_resources')", "sys-modules"),
 ])
 def test_scanner_flags_each_kind(snippet, kind):
