@@ -2,7 +2,7 @@
 
 ``register_callback(name, fn)`` with ``fn(model, cfg, epoch, run_dir, logger)``; ``model`` is the
 unwrapped model (eval mode during the call), ``epoch`` counts from 1, ``logger`` is a
-:class:`rpc_attention.train.trainer.MetricsLogger` (``logger.log({...})`` appends to metrics.jsonl and
+:class:`rpc_attention.train.rundir.MetricsLogger` (``logger.log({...})`` appends to metrics.jsonl and
 TensorBoard). Callbacks run on rank 0 only.
 
 The registry holds what was registered, nothing else: a callback registers when the module that owns it
