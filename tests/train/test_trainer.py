@@ -152,6 +152,22 @@ def test_nan_loss_stops_and_keeps_last_good_checkpoint(tmp_path, tiny_cfg):
     assert all(torch.isfinite(v).all() for v in w.values())
 
 
+def test_nan_between_logs_is_found_at_the_next_log_and_named_by_its_step(tmp_path, tiny_cfg):
+    """Losses are tested only when the trainer logs (no host sync per step), yet the error names the
+    first bad step and nothing computed after it is logged or saved."""
+    cfg = tiny_cfg(epochs=2, save_every=0, log_every=4)
+    cfg["task"] = "slow_classification"
+    slowtask.TASK.calls, slowtask.TASK.nan_from = 0, 5
+    try:
+        with pytest.raises(TrainingDiverged, match=r"loss is nan at step 5 \(epoch 1\).*no checkpoint was saved"):
+            run_training(cfg, tmp_path / "run")
+    finally:
+        slowtask.TASK.nan_from = None
+    run = tmp_path / "run"
+    assert [r["step"] for r in _records(run)] == [4] and list_checkpoints(run / "checkpoints") == []
+    assert slowtask.TASK.calls == 8  # it ran to the next log point (step 8), not beyond
+
+
 def test_resume_with_longer_schedule(tmp_path, tiny_cfg):
     run = run_training(tiny_cfg(epochs=1, save_every=0), tmp_path / "run")
     run_training(None, run, resume=True, overrides=["train.epochs=2"])

@@ -64,18 +64,9 @@ def write_json_atomic(path: Path, obj: Any) -> None:
 
 def load_history(run_dir: Path) -> List[Dict[str, Any]]:
     """The ``jproj/...`` records the ``jproj`` callback logged in ``run_dir/metrics.jsonl``."""
-    path = Path(run_dir) / "metrics.jsonl"
-    out = []
-    if not path.is_file():
-        return out
-    for line in path.read_text().splitlines():
-        try:
-            rec = json.loads(line)
-        except json.JSONDecodeError:
-            continue
-        if isinstance(rec, dict) and any(str(k).startswith("jproj/") for k in rec):
-            out.append(rec)
-    return out
+    from ..train.rundir import RunDir
+
+    return [rec for rec in RunDir(run_dir).read_metrics(missing_ok=True) if any(str(k).startswith("jproj/") for k in rec)]
 
 
 # ------------------------------------------------------------------ the analysis

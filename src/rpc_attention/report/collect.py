@@ -120,32 +120,21 @@ def setup_info(study, pipeline) -> Dict[str, Any]:
 
 
 def _train_info(run_dir: Path) -> Dict[str, Any]:
-    out: Dict[str, Any] = {"run_dir": str(run_dir)}
-    cfg_path = run_dir / "config.yaml"
-    if cfg_path.is_file():
-        try:
-            import yaml
+    from ..train.rundir import RunDir
 
-            cfg = yaml.safe_load(cfg_path.read_text()) or {}
-            d = cfg.get("data") or {}
-            out["data"] = {k: d.get(k) for k in ("name", "source", "train_subset", "test_subset", "val_size",
-                                                 "img_size", "root") if d.get(k) is not None}
-            out["model"] = cfg.get("model")
-            t = cfg.get("train") or {}
-            out["schedule"] = {k: t.get(k) for k in ("epochs", "max_steps", "batch_size", "seed") if k in t}
-            out["optim"] = {k: (cfg.get("optim") or {}).get(k) for k in ("name", "lr", "weight_decay")}
-        except Exception:  # noqa: BLE001
-            pass
-    curve: List[Dict[str, Any]] = []
-    mpath = run_dir / "metrics.jsonl"
-    if mpath.is_file():
-        for line in mpath.read_text().splitlines():
-            try:
-                rec = json.loads(line)
-            except json.JSONDecodeError:
-                continue
-            if isinstance(rec, dict):
-                curve.append({k: v for k, v in rec.items() if isinstance(v, (int, float, str)) and not isinstance(v, bool)})
+    run = RunDir(run_dir)
+    out: Dict[str, Any] = {"run_dir": str(run_dir)}
+    if run.is_run():
+        cfg = run.read_config()
+        d = cfg.get("data") or {}
+        out["data"] = {k: d.get(k) for k in ("name", "source", "train_subset", "test_subset", "val_size",
+                                             "img_size", "root") if d.get(k) is not None}
+        out["model"] = cfg.get("model")
+        t = cfg.get("train") or {}
+        out["schedule"] = {k: t.get(k) for k in ("epochs", "max_steps", "batch_size", "seed") if k in t}
+        out["optim"] = {k: (cfg.get("optim") or {}).get(k) for k in ("name", "lr", "weight_decay")}
+    curve = [{k: v for k, v in rec.items() if isinstance(v, (int, float, str)) and not isinstance(v, bool)}
+             for rec in run.read_metrics(missing_ok=True)]
     train_recs = [r for r in curve if any("loss" in k for k in r)]
     if len(train_recs) > 300:  # keep the file small: subsample the step records evenly
         keep = set(range(0, len(train_recs), max(1, len(train_recs) // 300)))

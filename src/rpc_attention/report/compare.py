@@ -19,22 +19,10 @@ def read_curves(run_dir, split: str = "val"):
     """``(curve records, final records)`` from ``run_dir/metrics.jsonl``: curve records are the
     ``split`` records (``final`` not set) in file order, de-duplicated by epoch (last wins, as a
     resumed run rewrites them); final records are those with ``final: true``."""
-    import json
-    from pathlib import Path
+    from ..train.rundir import RunDir
 
-    path = Path(run_dir) / "metrics.jsonl"
-    if not path.is_file():
-        raise FileNotFoundError(f"{run_dir}: no metrics.jsonl (is it a training run directory?)")
     by_epoch, finals = {}, []
-    for i, line in enumerate(path.read_text().splitlines(), 1):
-        if not line.strip():
-            continue
-        try:
-            rec = json.loads(line)
-        except json.JSONDecodeError:
-            raise ValueError(f"{path}:{i}: not a JSON line") from None
-        if not isinstance(rec, dict):
-            continue
+    for rec in RunDir(run_dir).read_metrics():
         if rec.get("final"):
             finals.append(rec)
         elif rec.get("split") == split and "epoch" in rec:
