@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from rpc_attention import functional as RF
+import rpc_attention.models  # noqa: F401  (registers our models in timm)
 from rpc_attention import nn as rnn
 from rpc_attention.kpca.hooks import AttentionCapture, find_attention_modules
 
@@ -129,8 +130,6 @@ def test_timm_vit_hooks_match_forward():
 
 def test_our_vision_models_are_found():
     import timm
-
-    import rpc_attention.models  # noqa: F401  (registers them in timm; the test passed alone only after others)
 
     m = timm.create_model("rpc_symvit_tiny_patch16_224", img_size=16, patch_size=4, embed_dim=32, depth=2,
                           num_heads=2, num_classes=3, rpc_layers=[0], n_iter=2).eval()
