@@ -3,7 +3,6 @@ a markdown summary whose verdicts follow stated rules (see :data:`RULES`)."""
 
 from __future__ import annotations
 
-import json
 import math
 import platform
 import time
@@ -12,12 +11,12 @@ from typing import Any, Dict, List, Optional, Sequence
 
 import torch
 
-from ..io import atomic_write_text
+from ..io import atomic_write_json, atomic_write_text
 from .analysis import ALIGN_METRICS, analyze_captures, chance_baselines, pap_stats
 from .hooks import AttentionCapture
 from .sources import Probe
 
-__all__ = ["run_analysis", "load_history", "write_json_atomic", "summary_markdown", "RULES"]
+__all__ = ["run_analysis", "load_history", "summary_markdown", "RULES"]
 
 RULES = {
     "alignment": ("A metric supports 'the learned values are the KPCA value matrix V_hat' when it reaches 0.8 "
@@ -35,31 +34,6 @@ RULES = {
     "pap": ("For RPC layers, the sparse part S 'grows under perturbation' when ||S||_F/||K||_F under FGSM or "
             "noise exceeds the clean value by more than 5% relative; otherwise it is 'unchanged'."),
 }
-
-
-# ------------------------------------------------------------------ io helpers
-
-def _json_default(o):
-    if isinstance(o, torch.Tensor):
-        return o.tolist()
-    if isinstance(o, Path):
-        return str(o)
-    return str(o)
-
-
-def _clean(o):
-    """Non-finite floats -> None so the JSON is standard."""
-    if isinstance(o, float):
-        return o if math.isfinite(o) else None
-    if isinstance(o, dict):
-        return {k: _clean(v) for k, v in o.items()}
-    if isinstance(o, (list, tuple)):
-        return [_clean(v) for v in o]
-    return o
-
-
-def write_json_atomic(path: Path, obj: Any) -> None:
-    atomic_write_text(path, json.dumps(_clean(obj), indent=2, default=_json_default) + "\n")
 
 
 def load_history(run_dir: Path) -> List[Dict[str, Any]]:
@@ -164,7 +138,7 @@ def run_analysis(
             result["figures"] = make_figures(result, out_dir)
         except Exception as exc:
             result["failures"].append({"stage": "figures", "error": f"{type(exc).__name__}: {exc}"})
-    write_json_atomic(out_dir / "kpca.json", result)
+    atomic_write_json(out_dir / "kpca.json", result, sort_keys=False, default=str)
     atomic_write_text(out_dir / "summary.md", summary_markdown(result))
     return result
 

@@ -43,8 +43,7 @@ def compare_runs(runs, out_dir, metrics=None, labels=None, split: str = "val"):
     """Read the runs, write compare.json / compare.md / compare.png in ``out_dir``; returns the table dict."""
     from pathlib import Path
 
-    from ..io import atomic_write_text
-    from ..kpca.report import write_json_atomic
+    from ..io import atomic_write_json, atomic_write_text
 
     if labels is not None and len(labels) != len(runs):
         raise ValueError(f"{len(labels)} --label given for {len(runs)} runs")
@@ -73,7 +72,7 @@ def compare_runs(runs, out_dir, metrics=None, labels=None, split: str = "val"):
         table["runs"].append(row)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    write_json_atomic(out / "compare.json", table)
+    atomic_write_json(out / "compare.json", table, sort_keys=False, default=str)
     lines = [f"# Run comparison ({split})", ""]
     head = ["run", "epochs"]
     for m in metrics:
