@@ -7,7 +7,9 @@ from typing import Any, Dict, List
 
 from ..io import atomic_savefig
 
-__all__ = ["make_figures"]
+__all__ = ["make_figures", "plot_jproj_history"]
+
+JPROJ_HISTORY_TERMS = (("jproj", "|J_proj|", "k"), ("phi2", "||varphi(q)||^2", "C0"), ("h2", "||h||^2", "C1"))
 
 
 def _plt():
@@ -58,15 +60,7 @@ def make_figures(result: Dict[str, Any], out_dir: Path) -> List[str]:
         fig, axes = plt.subplots(1, len(protos), figsize=(5.5 * len(protos), 3.8), squeeze=False)
         any_plotted = False
         for ax, proto in zip(axes[0], protos):
-            for t, color in (("jproj", "k"), ("phi2", "C0"), ("h2", "C1")):
-                key = f"jproj/{proto}/model/{t}"
-                pts = [(r.get("epoch"), r[key]) for r in hist if r.get(key) is not None and r.get("epoch") is not None]
-                if pts:
-                    any_plotted = True
-                    ax.plot([p[0] for p in pts], [abs(p[1]) for p in pts], marker="o", ms=3, color=color,
-                            label={"jproj": "|J_proj|", "phi2": "||varphi(q)||^2", "h2": "||h||^2"}[t])
-            ax.set_yscale("log")
-            ax.set_xlabel("epoch")
+            any_plotted |= plot_jproj_history(ax, hist, proto)
             ax.set_title(f"J_proj and its terms over training [{proto}]")
             ax.legend(fontsize=8)
         if any_plotted:
@@ -141,3 +135,20 @@ def make_figures(result: Dict[str, Any], out_dir: Path) -> List[str]:
         files.append(_save(fig, out_dir / "pap_sparse.png"))
         plt.close(fig)
     return files
+
+
+def plot_jproj_history(ax, history: List[Dict[str, Any]], protocol: str) -> bool:
+    """Draw |J_proj| and its two terms (the model means the ``jproj`` callback logged at each epoch end,
+    ``history`` as :func:`rpc_attention.kpca.report.load_history` returns it) on ``ax``, log scale.
+    Returns whether any point was drawn; the caller titles the axes."""
+    drawn = False
+    for term, label, color in JPROJ_HISTORY_TERMS:
+        key = f"jproj/{protocol}/model/{term}"
+        pts = [(r["epoch"], r[key]) for r in history
+               if isinstance(r.get(key), (int, float)) and r.get("epoch") is not None]
+        if pts:
+            drawn = True
+            ax.plot([p[0] for p in pts], [abs(p[1]) for p in pts], marker="o", ms=3, color=color, label=label)
+    ax.set_yscale("log")
+    ax.set_xlabel("epoch")
+    return drawn

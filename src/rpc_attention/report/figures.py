@@ -304,16 +304,11 @@ def kpca_figures(res: Dict[str, Any], out_dir: Path) -> List[dict]:
             "of the same shapes (chance). Dashed: 0.8.")})
         hist = a.get("history") or []
         if len(hist) >= 2:
+            from ..kpca.plots import plot_jproj_history
+
             fig, ax = plt.subplots(figsize=(5.5, 3.6))
             proto = next((pr for pr in protos if any(f"jproj/{pr}/model/jproj" in r for r in hist)), next(iter(protos)))
-            for term in ("jproj", "phi2", "h2"):
-                k = f"jproj/{proto}/model/{term}"
-                pts = [(r.get("epoch", i + 1), r[k]) for i, r in enumerate(hist) if isinstance(r.get(k), (int, float))]
-                if pts:
-                    lab = {"jproj": "|J_proj|", "phi2": "||varphi(q)||^2", "h2": "||h||^2"}[term]
-                    ax.plot([p[0] for p in pts], [abs(p[1]) for p in pts], marker="o", label=lab)
-            ax.set_yscale("log")
-            ax.set_xlabel("epoch")
+            plot_jproj_history(ax, hist, proto)
             ax.set_title(f"J_proj during training ({proto})")
             ax.legend(fontsize=7)
             ax.grid(alpha=0.3)
