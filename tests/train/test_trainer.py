@@ -135,16 +135,20 @@ def test_corrupt_checkpoint_falls_back_to_previous(tmp_path, tiny_cfg, capsys):
         run_training(None, run, resume=True)
 
 
-def test_nan_loss_stops_and_keeps_last_good_checkpoint(tmp_path, tiny_cfg):
-    cfg = tiny_cfg(epochs=2, save_every=2)
+def _diverging_run(cfg, run, nan_from, message):
+    """Train ``cfg`` with the loss NaN from the ``nan_from``-th step on; expect TrainingDiverged(``message``)."""
     cfg["task"] = "slow_classification"
-    slowtask.TASK.calls, slowtask.TASK.nan_from = 0, 5
+    slowtask.TASK.calls, slowtask.TASK.nan_from = 0, nan_from
     try:
-        with pytest.raises(TrainingDiverged, match=r"step 5 \(epoch 1\).*step_00000004"):
-            run_training(cfg, tmp_path / "run")
+        with pytest.raises(TrainingDiverged, match=message):
+            run_training(cfg, run)
     finally:
         slowtask.TASK.nan_from = None
+
+
+def test_nan_loss_stops_and_keeps_last_good_checkpoint(tmp_path, tiny_cfg):
     run = tmp_path / "run"
+    _diverging_run(tiny_cfg(epochs=2, save_every=2), run, 5, r"step 5 \(epoch 1\).*step_00000004")
     assert [p.name for p in list_checkpoints(run / "checkpoints")] == ["step_00000002", "step_00000004"]
     verify_checkpoint(run / "checkpoints" / "step_00000004")
     assert not (run / "model.safetensors").exists()
@@ -155,15 +159,9 @@ def test_nan_loss_stops_and_keeps_last_good_checkpoint(tmp_path, tiny_cfg):
 def test_nan_between_logs_is_found_at_the_next_log_and_named_by_its_step(tmp_path, tiny_cfg):
     """Losses are tested only when the trainer logs (no host sync per step), yet the error names the
     first bad step and nothing computed after it is logged or saved."""
-    cfg = tiny_cfg(epochs=2, save_every=0, log_every=4)
-    cfg["task"] = "slow_classification"
-    slowtask.TASK.calls, slowtask.TASK.nan_from = 0, 5
-    try:
-        with pytest.raises(TrainingDiverged, match=r"loss is nan at step 5 \(epoch 1\).*no checkpoint was saved"):
-            run_training(cfg, tmp_path / "run")
-    finally:
-        slowtask.TASK.nan_from = None
     run = tmp_path / "run"
+    _diverging_run(tiny_cfg(epochs=2, save_every=0, log_every=4), run, 5,
+                   r"loss is nan at step 5 \(epoch 1\).*no checkpoint was saved")
     assert [r["step"] for r in _records(run)] == [4] and list_checkpoints(run / "checkpoints") == []
     assert slowtask.TASK.calls == 8  # it ran to the next log point (step 8), not beyond
 
