@@ -32,11 +32,20 @@ def _short(name: str) -> str:
 
 
 def make_figures(result: Dict[str, Any], out_dir: Path) -> List[str]:
+    """Write the analysis figures into ``out_dir``; returns the file names written (a figure with
+    nothing to show is skipped)."""
     plt = _plt()
     out_dir = Path(out_dir)
-    files = []
     protos = list(result["protocols"])
-    # ---- J_proj terms per layer
+    files = []
+    for figure in (_jproj_terms, _jproj_history, _gamma_axes, _alignment_layers, _pap_sparse):
+        files.extend(figure(plt, result, protos, out_dir))
+    return files
+
+
+def _jproj_terms(plt, result: Dict[str, Any], protos: List[str], out_dir: Path) -> List[str]:
+    """J_proj terms per layer."""
+    files = []
     fig, axes = plt.subplots(1, len(protos), figsize=(5.5 * len(protos), 3.8), squeeze=False)
     for ax, proto in zip(axes[0], protos):
         layers = result["protocols"][proto]["layers"]
@@ -54,7 +63,12 @@ def make_figures(result: Dict[str, Any], out_dir: Path) -> List[str]:
     fig.tight_layout()
     files.append(_save(fig, out_dir / "jproj_terms.png"))
     plt.close(fig)
-    # ---- J_proj history over epochs
+    return files
+
+
+def _jproj_history(plt, result: Dict[str, Any], protos: List[str], out_dir: Path) -> List[str]:
+    """J_proj history over epochs."""
+    files = []
     hist = result.get("history")
     if hist:
         fig, axes = plt.subplots(1, len(protos), figsize=(5.5 * len(protos), 3.8), squeeze=False)
@@ -67,7 +81,12 @@ def make_figures(result: Dict[str, Any], out_dir: Path) -> List[str]:
             fig.tight_layout()
             files.append(_save(fig, out_dir / "jproj_history.png"))
         plt.close(fig)
-    # ---- gamma differences per axis with controls
+    return files
+
+
+def _gamma_axes(plt, result: Dict[str, Any], protos: List[str], out_dir: Path) -> List[str]:
+    """Gamma differences per axis with controls."""
+    files = []
     fig, axes = plt.subplots(1, len(protos), figsize=(5.5 * len(protos), 3.8), squeeze=False)
     plotted = False
     for ax, proto in zip(axes[0], protos):
@@ -88,7 +107,12 @@ def make_figures(result: Dict[str, Any], out_dir: Path) -> List[str]:
         fig.tight_layout()
         files.append(_save(fig, out_dir / "gamma_axes.png"))
     plt.close(fig)
-    # ---- alignment per layer next to chance
+    return files
+
+
+def _alignment_layers(plt, result: Dict[str, Any], protos: List[str], out_dir: Path) -> List[str]:
+    """Alignment per layer next to chance."""
+    files = []
     metrics = ("optimal_cosine", "linear_cka", "rbf_cka", "direct_cosine")
     chance = result.get("chance", {})
     fig, axes = plt.subplots(len(protos), len(metrics), figsize=(3.4 * len(metrics), 3.0 * len(protos)), squeeze=False)
@@ -116,7 +140,12 @@ def make_figures(result: Dict[str, Any], out_dir: Path) -> List[str]:
         fig.tight_layout()
         files.append(_save(fig, out_dir / "alignment_layers.png"))
     plt.close(fig)
-    # ---- PAP sparse part
+    return files
+
+
+def _pap_sparse(plt, result: Dict[str, Any], protos: List[str], out_dir: Path) -> List[str]:
+    """PAP sparse part."""
+    files = []
     pap = result.get("pap")
     if pap and pap.get("clean"):
         names = list(pap["clean"])

@@ -193,6 +193,15 @@ def gamma_verdict(gm: dict) -> str:
 
 
 def summary_markdown(result: dict) -> str:
+    """The analysis as Markdown: the summary table, one paragraph a claim (with its rule), failures."""
+    chance = {k: _pooled_chance(result, k) for k in ALIGN_METRICS}
+    lines = (_md_table(result, chance) + _md_alignment(result, chance) + _md_gamma(result) + _md_jproj(result)
+             + _md_pap(result) + _md_failures(result))
+    # "||x||" would break markdown tables: use the norm sign
+    return ("\n".join(lines) + "\n").replace("||", "\u2016")
+
+
+def _md_table(result: dict, cm: dict) -> List[str]:
     meta = result["meta"]
     lines = [f"# Kernel-PCA analysis: {meta.get('model') or meta.get('run') or 'model'}", ""]
     lines.append(f"Source: {meta.get('source')}; weights: {meta.get('weights', meta.get('run', 'n/a'))}; "
@@ -210,11 +219,14 @@ def summary_markdown(result: dict) -> str:
             f"{_fmt(_m(mo.get('h2')))} | {_fmt(mo.get('log_mean_jproj'))} | {_fmt(_m(mo.get('optimal_cosine')))} | "
             f"{_fmt(_m(mo.get('linear_cka')))} | {_fmt(_m(mo.get('rbf_cka')))} | {_fmt(_m(mo.get('direct_cosine')))} | "
             f"{_fmt(_m(g.get('learned')))} / {_fmt(_m(g.get('perturbed')))} / {_fmt(_m(g.get('random')))} |")
-    cm = {k: _pooled_chance(result, k) for k in ALIGN_METRICS}
     lines.append(f"| chance (random matrices) | | | | | {_fmt(cm['optimal_cosine'][0])} | {_fmt(cm['linear_cka'][0])} | "
                  f"{_fmt(cm['rbf_cka'][0])} | {_fmt(cm['direct_cosine'][0])} | |")
     lines.append("")
-    # --- paragraphs
+    return lines
+
+
+def _md_alignment(result: dict, cm: dict) -> List[str]:
+    lines = []
     lines.append("## Value vectors vs. the KPCA value matrix (claim 2, reproduction-study metrics)")
     lines.append("")
     parts = []
@@ -236,6 +248,11 @@ def summary_markdown(result: dict) -> str:
         parts.append(f"Under `{proto}`: {desc}; {concl}.")
     lines.append(" ".join(parts) + " Rule: " + RULES["alignment"])
     lines.append("")
+    return lines
+
+
+def _md_gamma(result: dict) -> List[str]:
+    lines = []
     lines.append("## Constant gamma (value columns as Gram eigenvectors)")
     lines.append("")
     parts = []
@@ -249,6 +266,11 @@ def summary_markdown(result: dict) -> str:
             f"{gamma_verdict(g)}.")
     lines.append(" ".join(parts) + " Rule: " + RULES["gamma"])
     lines.append("")
+    return lines
+
+
+def _md_jproj(result: dict) -> List[str]:
+    lines = []
     lines.append("## Projection loss J_proj (claim 1)")
     lines.append("")
     parts = []
@@ -281,6 +303,11 @@ def summary_markdown(result: dict) -> str:
                      "so nothing is said about how training changes J_proj.")
     lines.append(" ".join(parts) + " Rule: " + RULES["jproj"])
     lines.append("")
+    return lines
+
+
+def _md_pap(result: dict) -> List[str]:
+    lines = []
     pap = result.get("pap")
     if pap:
         lines.append("## RPC layers: the sparse part S of PAP")
@@ -299,6 +326,11 @@ def summary_markdown(result: dict) -> str:
             parts.append(pap["note"] + ".")
         lines.append(" ".join(parts) + " Rule: " + RULES["pap"])
         lines.append("")
+    return lines
+
+
+def _md_failures(result: dict) -> List[str]:
+    lines = []
     if result.get("failures"):
         lines.append(f"## Failures ({len(result['failures'])}, all listed in kpca.json)")
         lines.append("")
@@ -314,5 +346,4 @@ def summary_markdown(result: dict) -> str:
             where = f" in {', '.join(layers[:6])}{' ...' if len(layers) > 6 else ''}" if layers else ""
             lines.append(f"- {proto + ' ' if proto else ''}{stage}: {err} ({n}x{where})")
         lines.append("")
-    # "||x||" would break markdown tables: use the norm sign
-    return ("\n".join(lines) + "\n").replace("||", "\u2016")
+    return lines
