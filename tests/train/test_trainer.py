@@ -3,6 +3,7 @@ checkpoints, NaN stop."""
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -133,6 +134,23 @@ def test_corrupt_checkpoint_falls_back_to_previous(tmp_path, tiny_cfg, capsys):
         (p / "state.pt").write_bytes(b"junk")
     with pytest.raises(CheckpointError, match="no usable checkpoint"):
         run_training(None, run, resume=True)
+
+
+def test_resume_before_the_first_checkpoint_equals_a_fresh_start(tmp_path, tiny_cfg):
+    """A run killed before its first checkpoint leaves only config.yaml (and metrics lines); resuming it
+    starts from step 0 seeded exactly as a fresh start, so it ends with the fresh run's weights."""
+    cfg = tiny_cfg(epochs=1, save_every=0)
+    cfg["model"]["kwargs"]["drop_path_rate"] = 0.1  # the training RNG matters
+    ref = run_training(cfg, tmp_path / "ref")
+    for name in ("checkpoints", "model.safetensors", "final_metrics.json", "tb"):
+        if (ref / name).is_dir():
+            shutil.rmtree(ref / name)
+        else:
+            (ref / name).unlink()
+    fresh = run_training(cfg, tmp_path / "fresh")
+    run_training(None, ref, resume=True)
+    assert _same(_weights(fresh / "model.safetensors"), _weights(ref / "model.safetensors"))
+    assert [r["loss"] for r in _records(ref)] == [r["loss"] for r in _records(fresh)]
 
 
 def _diverging_run(cfg, run, nan_from, message):
