@@ -51,29 +51,14 @@ class RunDir:
 
     def __init__(self, path: os.PathLike) -> None:
         self.path = Path(path)
+        self.config = self.path / CONFIG
+        self.metrics = self.path / METRICS
+        self.checkpoints = self.path / CHECKPOINTS
+        self.final_metrics = self.path / FINAL_METRICS
+        self.tensorboard = self.path / TENSORBOARD
 
     def __repr__(self) -> str:
         return f"RunDir({str(self.path)!r})"
-
-    @property
-    def config(self) -> Path:
-        return self.path / CONFIG
-
-    @property
-    def metrics(self) -> Path:
-        return self.path / METRICS
-
-    @property
-    def checkpoints(self) -> Path:
-        return self.path / CHECKPOINTS
-
-    @property
-    def final_metrics(self) -> Path:
-        return self.path / FINAL_METRICS
-
-    @property
-    def tensorboard(self) -> Path:
-        return self.path / TENSORBOARD
 
     def weights(self, ema: bool = False) -> Path:
         """The final weights (``ema=True``: the EMA weights)."""
