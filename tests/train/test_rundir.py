@@ -94,11 +94,11 @@ def test_prepare_refuses_an_existing_run_and_force_clears_it(tmp_path):
     run = _run(tmp_path, [json.dumps(RECORDS[0])])
     (run.path / "notes.txt").write_text("mine")
     with pytest.raises(RunExistsError, match="--resume .* or --force"):
-        run.prepare(resume=False, force=False)
-    run.prepare(resume=False, force=True)
+        run.prepare()
+    run.prepare(force=True)
     assert not run.holds_files() and (run.path / "notes.txt").read_text() == "mine"
     with pytest.raises(FileNotFoundError, match="cannot resume"):
-        run.prepare(resume=True, force=False)
+        run.require_run("resume")
 
 
 def test_every_metrics_reader_goes_through_the_run_directory(tmp_path):

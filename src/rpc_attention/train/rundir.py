@@ -126,12 +126,9 @@ class RunDir:
             raise ValueError(f"{self.final_metrics} is not valid JSON: {exc}") from None
 
     # ----------------------------------------------------------------------------------- writes
-    def prepare(self, resume: bool, force: bool) -> None:
-        """Make the directory ready to train into: a resume needs a run there; a fresh start needs
-        none (``force``: delete the old run's files first)."""
-        if resume:
-            self.require_run("resume")
-            return
+    def prepare(self, force: bool = False) -> None:
+        """Make the directory ready for a fresh run: it must hold none (``force``: delete the old run's
+        files first; other files stay). A resume needs no preparing, only :meth:`require_run`."""
         if self.path.exists() and self.holds_files():
             if not force:
                 raise RunExistsError(f"{self.path} already holds a run; use --resume {self.path} to continue it "

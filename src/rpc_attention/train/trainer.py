@@ -282,7 +282,7 @@ def _prepare_on_rank0(run: RunDir, force: bool, rank: int, world: int) -> None:
     err: Optional[BaseException] = None
     if rank == 0:
         try:
-            run.prepare(resume=False, force=force)
+            run.prepare(force=force)
         except BaseException as exc:  # noqa: BLE001
             err = exc
     if world > 1:
@@ -361,7 +361,8 @@ class Trainer:
             run.write_config(dump_config(cfg))
         self.global_step, self.elapsed_before = 0, 0.0
         self.last_checkpoint: Optional[Path] = None
-        self.train_model: torch.nn.Module = self.model
+        self.train_model: torch.nn.Module = self.model  # DDP / compiled wrapper, set by fit
+        self.callbacks: List[Tuple[str, Any]] = []  # (name, fn), looked up by fit
         self.window = _Window(1)
         self._t_start = time.time()
 
