@@ -27,7 +27,8 @@ Memory (documented in ``docs/performance.md``):
   CUDA: ``torch.cuda.max_memory_allocated``. CPU: the process's peak resident set (``VmHWM``, reset
   through ``/proc/self/clear_refs``) after ``malloc_trim(0)`` returned free heap pages, with glibc's
   mmap threshold pinned to 64 KiB so that large buffers are mapped on allocation and unmapped on
-  free; measured after all timings.
+  free; measured after all timings. The heap settings are the runner's (``benchmarks/run.py`` passes a
+  :class:`HeapControl`); without one, CPU peak is not measured.
 * ``saved``: bytes of the distinct tensors autograd keeps for backward (``saved_tensors_hooks``),
   excluding the inputs themselves: the activation memory a forward leaves behind.
 """
@@ -35,7 +36,6 @@ Memory (documented in ``docs/performance.md``):
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import datetime as _dt
 import functools
 import json
@@ -46,10 +46,11 @@ import statistics
 import sys
 import time
 from dataclasses import dataclass, field
-from typing import Callable, Dict, List, Optional, Sequence
+from typing import Callable, Dict, List, Optional, Protocol, Sequence
 
 import torch
 import torch.nn.functional as F
+from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from . import functional as RF
 from .io import atomic_write_text
@@ -211,38 +212,19 @@ def _time(fn: Callable[[], object], min_run_time: float) -> float:
     return float(timer.blocked_autorange(min_run_time=min_run_time).median)
 
 
-class _Malloc:
-    """glibc: pin the mmap threshold so freed tensor buffers go back to the OS (RSS tracks live memory)."""
+class HeapControl(Protocol):
+    """Control of the C heap that CPU peak memory needs (``benchmarks/glibc_heap.py`` has glibc's).
 
-    done = False
+    ``pin`` makes freed tensor buffers go back to the OS so that RSS tracks live memory (True when it
+    worked), ``trim`` hands free heap pages back before a measurement, ``unpin`` restores the
+    allocator's usual behaviour once the memory measurements are done.
+    """
 
-    @classmethod
-    def pin(cls) -> bool:
-        if cls.done:
-            return True
-        try:
-            libc = ctypes.CDLL("libc.so.6")
-            cls.done = bool(libc.mallopt(-3, 64 * 1024))  # M_MMAP_THRESHOLD
-        except OSError:
-            cls.done = False
-        return cls.done
+    def pin(self) -> bool: ...
 
-    @staticmethod
-    def trim() -> None:
-        try:
-            ctypes.CDLL("libc.so.6").malloc_trim(0)
-        except (OSError, AttributeError):
-            pass
+    def trim(self) -> None: ...
 
-    @classmethod
-    def unpin(cls) -> None:
-        """Leave the threshold fixed at glibc's dynamic maximum (32 MiB): large buffers are reused again."""
-        if cls.done:
-            try:
-                ctypes.CDLL("libc.so.6").mallopt(-3, 32 * 1024 * 1024)
-            except OSError:
-                pass
-            cls.done = False
+    def unpin(self) -> None: ...
 
 
 def _rss_status() -> Dict[str, int]:
@@ -255,8 +237,8 @@ def _rss_status() -> Dict[str, int]:
     return out
 
 
-def _cpu_peak_supported() -> bool:
-    if not sys.platform.startswith("linux") or not _Malloc.pin():
+def _cpu_peak_supported(heap: Optional[HeapControl]) -> bool:
+    if heap is None or not sys.platform.startswith("linux") or not heap.pin():
         return False
     try:
         with open("/proc/self/clear_refs", "w") as f:
@@ -267,8 +249,10 @@ def _cpu_peak_supported() -> bool:
         return False
 
 
-def peak_bytes(fn: Callable[[], object], device: torch.device) -> Optional[int]:
-    """Extra memory at the high-water mark of ``fn()`` over what was live before (see module doc)."""
+def peak_bytes(fn: Callable[[], object], device: torch.device, heap: Optional[HeapControl] = None) -> Optional[int]:
+    """Extra memory at the high-water mark of ``fn()`` over what was live before (see module doc).
+
+    On CPU it needs ``heap`` (without one, or off Linux, the result is None)."""
     if device.type == "cuda":
         _sync(device)
         torch.cuda.reset_peak_memory_stats(device)
@@ -276,10 +260,10 @@ def peak_bytes(fn: Callable[[], object], device: torch.device) -> Optional[int]:
         fn()
         _sync(device)
         return int(torch.cuda.max_memory_allocated(device) - base)
-    if not _cpu_peak_supported():
+    if not _cpu_peak_supported(heap):
         return None
     fn()  # warm: first-call allocations (thread buffers, kernels) are not the operator's
-    _Malloc.trim()  # give free heap pages back: reusing them during the call shows up in RSS again
+    heap.trim()  # give free heap pages back: reusing them during the call shows up in RSS again
     base = _rss_status()["VmRSS"]
     with open("/proc/self/clear_refs", "w") as f:
         f.write("5")
@@ -321,12 +305,7 @@ def _autocast(device: torch.device):
 
 def _sdpa_backend(device: torch.device):
     if device.type == "cuda":
-        try:
-            from torch.nn.attention import SDPBackend, sdpa_kernel
-
-            return sdpa_kernel([SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH])
-        except ImportError:  # pragma: no cover - old torch
-            pass
+        return sdpa_kernel([SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH])
     return contextlib.nullcontext()
 
 
@@ -396,7 +375,7 @@ def _op_inputs(shape: OpShape, device: torch.device, seed: int = 0):
 
 
 def bench_ops(cfg: Config, device: torch.device, progress: bool = True) -> List[dict]:
-    compile_ok = cfg.compile and hasattr(torch, "compile")
+    compile_ok = cfg.compile
     compiled: dict = {}
     groups = []
     for shape in cfg.shapes:
@@ -438,7 +417,7 @@ def bench_ops(cfg: Config, device: torch.device, progress: bool = True) -> List[
     return groups
 
 
-def _op_memory(groups: List[dict], device: torch.device, progress: bool) -> None:
+def _op_memory(groups: List[dict], device: torch.device, progress: bool, heap: Optional[HeapControl]) -> None:
     for grp in groups:
         if grp["mode"] != "fwd+bwd":
             continue
@@ -448,7 +427,7 @@ def _op_memory(groups: List[dict], device: torch.device, progress: bool) -> None
             if "error" in row or row.get("option") == "compile":
                 continue
             try:
-                row["peak_bytes"] = peak_bytes(row["_run"], device)
+                row["peak_bytes"] = peak_bytes(row["_run"], device, heap)
                 fwd = _op_forward(row, k, v, device)
                 row["saved_bytes"] = saved_bytes(fwd, exclude=(k, v))
             except RuntimeError as exc:  # e.g. out of memory
@@ -629,14 +608,14 @@ def bench_models(cfg: Config, device: torch.device, progress: bool = True) -> Li
     return families
 
 
-def _model_memory(families: List[dict], device: torch.device, progress: bool) -> None:
+def _model_memory(families: List[dict], device: torch.device, progress: bool, heap: Optional[HeapControl]) -> None:
     for fam in families:
         _progress(f"[bench] memory models ({fam['family']})", progress)
         for row in fam["rows"]:
             if "error" in row:
                 continue
             try:
-                row["train_peak_bytes"] = peak_bytes(row["_train"], device)
+                row["train_peak_bytes"] = peak_bytes(row["_train"], device, heap)
             except RuntimeError as exc:
                 row["mem_error"] = f"{type(exc).__name__}: {str(exc).splitlines()[0][:200]}"
 
@@ -712,8 +691,12 @@ def targets(results: dict) -> List[dict]:
     return out
 
 
-def run_suite(cfg: Config, device="cpu", progress: bool = True, ops: bool = True, models: bool = True) -> dict:
-    """Run the benchmark suite and return a JSON-serialisable result dict."""
+def run_suite(cfg: Config, device="cpu", progress: bool = True, ops: bool = True, models: bool = True,
+              heap: Optional[HeapControl] = None) -> dict:
+    """Run the benchmark suite and return a JSON-serialisable result dict.
+
+    ``heap``: the C-heap control CPU peak memory needs (``benchmarks/run.py`` passes glibc's); without
+    it CPU rows get saved-tensor bytes only."""
     device = torch.device(device)
     if device.type == "cuda" and not torch.cuda.is_available():
         raise ValueError("--device cuda asked for, but torch sees no CUDA device")
@@ -726,16 +709,19 @@ def run_suite(cfg: Config, device="cpu", progress: bool = True, ops: bool = True
     if cfg.memory:
         if device.type == "cuda":
             mem_method = "torch.cuda.max_memory_allocated over the call, minus memory allocated before"
-        elif _cpu_peak_supported():
+        elif _cpu_peak_supported(heap):
             mem_method = ("peak RSS (VmHWM reset via /proc/self/clear_refs) over the call minus RSS before, "
                           "after malloc_trim(0), glibc mmap threshold pinned to 64 KiB; measured after all timings")
+        elif heap is None:
+            mem_method = "peak not measured (CPU peak needs benchmarks/run.py's heap control); saved-tensor bytes only"
         else:
             mem_method = "unavailable on this platform (peak); saved-tensor bytes only"
         try:
-            _op_memory(groups, device, progress)
-            _model_memory(fams, device, progress)
+            _op_memory(groups, device, progress, heap)
+            _model_memory(fams, device, progress, heap)
         finally:
-            _Malloc.unpin()
+            if heap is not None:
+                heap.unpin()
     _finish_ops(groups)
     _finish_models(fams)
     results["ops"] = groups

@@ -136,14 +136,13 @@ class SymViT(VisionTransformer):
         rpc_set = set(layers)
 
         def attn_factory(index: int, **akw):
-            fused = True
             if attention == "attn":
-                return Attention(fused_attn=fused, **akw)
+                return Attention(**akw)
             if attention in ("scaled_s", "scaled_alpha"):
-                return ScaledAttention(mode=attention.split("_", 1)[1], num_tokens=num_tokens, fused_attn=fused, **akw)
+                return ScaledAttention(mode=attention.split("_", 1)[1], num_tokens=num_tokens, **akw)
             if index in rpc_set:
-                return RPCAttention(fused_attn=fused, **pap, **akw)
-            return SymmetricAttention(fused_attn=fused, **akw)
+                return RPCAttention(**pap, **akw)
+            return SymmetricAttention(**akw)
 
         kwargs.setdefault("norm_layer", partial(nn.LayerNorm, eps=1e-6))
         super().__init__(block_fn=partial(SymViTBlock, attn_factory=attn_factory), **kwargs)
