@@ -73,6 +73,7 @@ class SymViTBlock(Block):
     def __init__(self, dim: int, num_heads: int, *, attn_factory, depth: int = 0, qkv_bias: bool = False,
                  attn_drop: float = 0.0, proj_drop: float = 0.0, attn_layer=None, device=None, dtype=None,
                  **kwargs) -> None:
+        # attn_layer: timm's VisionTransformer passes one to every block; ``attn_factory`` replaces it
         super().__init__(dim, num_heads, qkv_bias=qkv_bias, attn_drop=attn_drop, proj_drop=proj_drop,
                          attn_layer=_NoAttention, depth=depth, device=device, dtype=dtype, **kwargs)
         self.attn = attn_factory(depth, dim=dim, num_heads=num_heads, qkv_bias=qkv_bias, attn_drop=attn_drop,

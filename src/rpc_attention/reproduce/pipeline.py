@@ -92,9 +92,6 @@ class StageContext:
     def params(self) -> Dict[str, Any]:
         return self.stage.params
 
-    def dep_marker(self, name: str) -> Optional[dict]:
-        return self.pipeline.marker(name)
-
     def log(self, msg: str) -> None:
         self.pipeline.log(f"  [{self.stage.name}] {msg}")
 
