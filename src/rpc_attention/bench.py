@@ -54,6 +54,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from . import functional as RF
 from .io import atomic_write_text
+from .markdown import markdown_table
 
 __all__ = ["official_pap", "OpShape", "Config", "config", "run_suite", "to_markdown", "write_results"]
 
@@ -759,7 +760,83 @@ def _mib(b):
     return "-" if b is None else f"{b / 2**20:.1f}"
 
 
+def _targets_markdown(targets: List[dict]) -> List[str]:
+    rows = []
+    for t in targets:
+        val = "-" if t["measured"] is None else f"{t['measured']:.2f}"
+        met = "n/a" if t["met"] is None else ("yes" if t["met"] else "**no**")
+        rows.append([t["target"], t["goal"], val, met])
+    return ["## Targets", ""] + markdown_table(["target", "goal", "measured", "met"], rows) + [""]
+
+
+def _op_row(case: str, rf: dict, rb: dict) -> List[str]:
+    """One operator table row: the forward and forward+backward measurements of ``case``."""
+    notes = []
+    for r in (rf, rb):
+        if r.get("error"):
+            notes.append(r["error"])
+        if r.get("mem_error"):
+            notes.append(r["mem_error"])
+    if rf.get("n_iter_run") is not None:
+        notes.append(f"stopped after {rf['n_iter_run']} iterations (tol 1e-2)")
+    if rf.get("compile_s") is not None:
+        notes.append(f"compile {rf['compile_s']:.0f} s")
+    ratios_b = rb.get("ratios", {})
+    if ratios_b.get("pap_peak_over_official") is not None:
+        notes.append(f"pap/official peak {ratios_b['pap_peak_over_official']:.2f}")
+    if ratios_b.get("saved_vs_pap1") is not None and case != "pap 1":
+        notes.append(f"saved vs pap 1: {ratios_b['saved_vs_pap1']:.2f}")
+    return [case, _range_ms(rf.get("time")), _ratio(rf.get("ratios", {}).get("vs_n_sdpa")),
+            _range_ms(rb.get("time")), _ratio(ratios_b.get("vs_n_sdpa")), _ratio(ratios_b.get("official_over_pap")),
+            _mib(rb.get("peak_bytes")), _mib(rb.get("saved_bytes")), "; ".join(notes)]
+
+
+def _ops_markdown(groups: List[dict]) -> List[str]:
+    by_shape: Dict[str, List[dict]] = {}
+    for g in groups:
+        by_shape.setdefault(g["shape"], []).append(g)
+    lines = ["## Operator level", ""] if by_shape else []
+    header = ["case", "fwd ms", "fwd x n*sdpa", "fwd+bwd ms", "fwd+bwd x n*sdpa", "official/pap (fwd+bwd)",
+              "peak MiB", "saved MiB", "note"]
+    for shape, grps in by_shape.items():
+        g0 = grps[0]
+        lines += [f"### {shape}: B={g0['b']} H={g0['h']} N={g0['n']} d={g0['d']}" + (" causal" if g0["causal"] else ""), ""]
+        fwd = {r["case"]: r for g in grps if g["mode"] == "fwd" for r in g["rows"]}
+        bwd = {r["case"]: r for g in grps if g["mode"] == "fwd+bwd" for r in g["rows"]}
+        cases = list(dict.fromkeys(list(fwd) + list(bwd)))
+        lines += markdown_table(header, [_op_row(c, fwd.get(c, {}), bwd.get(c, {})) for c in cases]) + [""]
+    return lines
+
+
+def _models_markdown(families: List[dict]) -> List[str]:
+    lines = []
+    for fam in families:
+        unit = fam["unit"]
+        lines += [f"## Model level ({fam['family']})", ""]
+        if fam.get("note"):
+            lines += [f"Note: {fam['note']}", ""]
+        header = ["model", "params (M)", "train step ms", "train x base", f"train {unit}/s", "inference ms",
+                  "infer x base", f"infer {unit}/s", "train peak MiB", "peak x base"]
+        rows = []
+        for r in fam["rows"]:
+            rat = r.get("ratios", {})
+            tp = "-" if r.get("train_throughput") is None else f"{r['train_throughput']:.1f}"
+            ip = "-" if r.get("infer_throughput") is None else f"{r['infer_throughput']:.1f}"
+            err = f" ({r['error']})" if r.get("error") else ""
+            rows.append([f"{r['model']}{err}", f"{r['params'] / 1e6:.2f}", _range_ms(r.get("train")),
+                         _ratio(rat.get("train_vs_base")), tp, _range_ms(r.get("infer")), _ratio(rat.get("infer_vs_base")),
+                         ip, _mib(r.get("train_peak_bytes")), _ratio(rat.get("train_peak_vs_base"))])
+        lines += markdown_table(header, rows)
+        first = fam["rows"][0] if fam["rows"] else None
+        if first:
+            lines += ["", f"Train batch {first['train_batch_items']} {unit}, inference batch "
+                          f"{first['infer_batch_items']} {unit} per call."]
+        lines.append("")
+    return lines
+
+
 def to_markdown(results: dict) -> str:
+    """The Markdown report of a suite run: environment, targets, operator and model tables."""
     env = results["env"]
     lines = [f"# rpc-attention benchmark ({results['config']}, {env['device']})", ""]
     lines.append(
@@ -778,76 +855,9 @@ def to_markdown(results: dict) -> str:
                  "`saved`: MiB autograd keeps for backward (inputs excluded).")
     lines.append("")
     if results.get("targets"):
-        lines += ["## Targets", "", "| target | goal | measured | met |", "|---|---|---|---|"]
-        for t in results["targets"]:
-            val = "-" if t["measured"] is None else f"{t['measured']:.2f}"
-            met = "n/a" if t["met"] is None else ("yes" if t["met"] else "**no**")
-            lines.append(f"| {t['target']} | {t['goal']} | {val} | {met} |")
-        lines.append("")
-    by_shape: Dict[str, List[dict]] = {}
-    for g in results.get("ops", []):
-        by_shape.setdefault(g["shape"], []).append(g)
-    if by_shape:
-        lines += ["## Operator level", ""]
-    for shape, grps in by_shape.items():
-        g0 = grps[0]
-        lines.append(f"### {shape}: B={g0['b']} H={g0['h']} N={g0['n']} d={g0['d']}"
-                     + (" causal" if g0["causal"] else ""))
-        lines.append("")
-        lines.append("| case | fwd ms | fwd x n*sdpa | fwd+bwd ms | fwd+bwd x n*sdpa | official/pap (fwd+bwd) "
-                     "| peak MiB | saved MiB | note |")
-        lines.append("|---|---|---|---|---|---|---|---|---|")
-        fwd = {r["case"]: r for g in grps if g["mode"] == "fwd" for r in g["rows"]}
-        bwd = {r["case"]: r for g in grps if g["mode"] == "fwd+bwd" for r in g["rows"]}
-        for case in list(dict.fromkeys(list(fwd) + list(bwd))):
-            rf, rb = fwd.get(case, {}), bwd.get(case, {})
-            notes = []
-            for r in (rf, rb):
-                if r.get("error"):
-                    notes.append(r["error"])
-                if r.get("mem_error"):
-                    notes.append(r["mem_error"])
-            if rf.get("n_iter_run") is not None:
-                notes.append(f"stopped after {rf['n_iter_run']} iterations (tol 1e-2)")
-            if rf.get("compile_s") is not None:
-                notes.append(f"compile {rf['compile_s']:.0f} s")
-            mem_note = []
-            if rb.get("ratios", {}).get("pap_peak_over_official") is not None:
-                mem_note.append(f"pap/official peak {rb['ratios']['pap_peak_over_official']:.2f}")
-            if rb.get("ratios", {}).get("saved_vs_pap1") is not None and case != "pap 1":
-                mem_note.append(f"saved vs pap 1: {rb['ratios']['saved_vs_pap1']:.2f}")
-            lines.append(
-                f"| {case} | {_range_ms(rf.get('time'))} | {_ratio(rf.get('ratios', {}).get('vs_n_sdpa'))} "
-                f"| {_range_ms(rb.get('time'))} | {_ratio(rb.get('ratios', {}).get('vs_n_sdpa'))} "
-                f"| {_ratio(rb.get('ratios', {}).get('official_over_pap'))} "
-                f"| {_mib(rb.get('peak_bytes'))} | {_mib(rb.get('saved_bytes'))} | {'; '.join(notes + mem_note)} |"
-            )
-        lines.append("")
-    for fam in results.get("models", []):
-        unit = fam["unit"]
-        lines += [f"## Model level ({fam['family']})", ""]
-        if fam.get("note"):
-            lines += [f"Note: {fam['note']}", ""]
-        lines.append(f"| model | params (M) | train step ms | train x base | train {unit}/s | inference ms "
-                     f"| infer x base | infer {unit}/s | train peak MiB | peak x base |")
-        lines.append("|---|---|---|---|---|---|---|---|---|---|")
-        for r in fam["rows"]:
-            rat = r.get("ratios", {})
-            tp = "-" if r.get("train_throughput") is None else f"{r['train_throughput']:.1f}"
-            ip = "-" if r.get("infer_throughput") is None else f"{r['infer_throughput']:.1f}"
-            err = f" ({r['error']})" if r.get("error") else ""
-            lines.append(
-                f"| {r['model']}{err} | {r['params'] / 1e6:.2f} | {_range_ms(r.get('train'))} "
-                f"| {_ratio(rat.get('train_vs_base'))} | {tp} | {_range_ms(r.get('infer'))} "
-                f"| {_ratio(rat.get('infer_vs_base'))} | {ip} | {_mib(r.get('train_peak_bytes'))} "
-                f"| {_ratio(rat.get('train_peak_vs_base'))} |"
-            )
-        first = fam["rows"][0] if fam["rows"] else None
-        if first:
-            lines.append("")
-            lines.append(f"Train batch {first['train_batch_items']} {unit}, inference batch "
-                         f"{first['infer_batch_items']} {unit} per call.")
-        lines.append("")
+        lines += _targets_markdown(results["targets"])
+    lines += _ops_markdown(results.get("ops", []))
+    lines += _models_markdown(results.get("models", []))
     return "\n".join(lines) + "\n"
 
 

@@ -9,6 +9,8 @@ import re
 from pathlib import Path
 from typing import Any, Dict, List, Optional
 
+from ..markdown import markdown_table
+
 __all__ = ["render_markdown", "render_html", "fmt", "format_seconds"]
 
 
@@ -50,15 +52,8 @@ def _cell_text(c: Dict[str, Any]) -> str:
     return s
 
 
-def _esc(s: Any) -> str:
-    return str(s).replace("|", "\\|").replace("\n", " ")
-
-
 def _table(header: List[str], rows: List[List[Any]]) -> List[str]:
-    out = ["| " + " | ".join(_esc(h) for h in header) + " |", "|" + "|".join("---" for _ in header) + "|"]
-    for r in rows:
-        out.append("| " + " | ".join(_esc(x) for x in r) + " |")
-    return out + [""]
+    return markdown_table(header, rows) + [""]
 
 
 def _figs(res: Dict[str, Any], section: str) -> List[str]:
