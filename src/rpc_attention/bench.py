@@ -39,6 +39,7 @@ import contextlib
 import datetime as _dt
 import functools
 import json
+import logging
 import math
 import os
 import platform
@@ -55,6 +56,8 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 from . import functional as RF
 from .io import atomic_write_text
 from .markdown import markdown_table
+
+logger = logging.getLogger(__name__)
 
 __all__ = ["official_pap", "OpShape", "Config", "config", "run_suite", "to_markdown", "write_results"]
 
@@ -312,7 +315,7 @@ def _sdpa_backend(device: torch.device):
 
 def _progress(msg: str, enabled: bool) -> None:
     if enabled:
-        print(msg, file=sys.stderr, flush=True)
+        logger.info(msg)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -3,7 +3,7 @@
 Each calls the owning package's library function (the same one its command calls): the trainer's
 ``run_training``, ``evaluate.runner.evaluate_model``, ``kpca.options.analyze_run``,
 ``report.compare.compare_runs`` and ``report.build_report``; none re-implements training, evaluation or
-analysis, and none goes through the command line. What a stage prints goes to ``logs/<stage>.log``. Presets,
+analysis, and none goes through the command line. What a stage prints or logs goes to ``logs/<stage>.log``. Presets,
 suites and callbacks are this package's own: an unknown name is an error of the owning registry
 (with its "did you mean"), not a skipped stage.
 """
@@ -12,12 +12,14 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import shutil
-import sys
 from pathlib import Path
 from typing import Iterator, Optional
 
 from .pipeline import StageContext, read_json
+
+logger = logging.getLogger(__name__)
 
 __all__ = ["train_stage", "eval_stage", "analyze_stage", "compare_stage", "report_stage", "run_dir_of",
            "output_to_log"]
@@ -29,8 +31,9 @@ def run_dir_of(out_dir: Path, run: str) -> Path:
 
 @contextlib.contextmanager
 def output_to_log(log_path: Optional[Path], title: str) -> Iterator[None]:
-    """Send what is printed inside the block to ``log_path`` (appended, after a ``$ title`` line), or
-    leave it on the console when ``log_path`` is None."""
+    """Send what is printed or logged inside the block to ``log_path`` (appended, after a ``$ title``
+    line), or leave it on the console when ``log_path`` is None. Log records reach the file because the
+    command line's handler writes to whatever ``sys.stderr`` is when a record is emitted."""
     if log_path is None:
         yield
         return
@@ -120,8 +123,7 @@ def eval_stage(ctx: StageContext) -> dict:
             + "".join(f" --set {k}={v}" for k, v in sets.items()))
     with output_to_log(_log_path(ctx), f"eval {p['suite']} on {run_dir}"):
         evaluate_model([p["suite"]], run_loader(run_dir), sets, limit, str(run_dir / "eval"),
-                       log=lambda msg: print(msg, file=sys.stderr, flush=True),
-                       on_result=lambda record, path: print(S.render_markdown(record)))
+                       log=logger.info, on_result=lambda record, path: logger.info(S.render_markdown(record)))
     rec = read_json(out)
     if rec is None:
         raise RuntimeError(f"the evaluation finished but {out} is missing or unreadable")
