@@ -50,7 +50,9 @@ def test_apply_to_symmetric_and_hf_models():
     ref = hf(x)
     rec = ext.apply_test_time_rpc(hf, dict(rpc_layers="all", lambd=float("inf")))
     assert hf.hf.config._attn_implementation == "rpc" and "transformers" in rec["via"]
-    torch.testing.assert_close(hf(x), ref, rtol=0, atol=1e-5)
+    # lambd = inf: the same attention on sdpa vs through the RPC backend in float32 (different kernels
+    # and summation order): rounding of a few eps per layer on logits of this size
+    torch.testing.assert_close(hf(x), ref, rtol=0, atol=64 * torch.finfo(torch.float32).eps * float(ref.abs().max()))
     with pytest.raises(ValueError, match="does not know"):
         ext.apply_test_time_rpc(torch.nn.Linear(2, 2), dict(rpc_layers="all"))
 
