@@ -59,7 +59,7 @@ def test_usage_errors(tmp_path, capsys):
     assert main(["train", "--resume", str(tmp_path / "missing")]) == 2
     assert "config.yaml" in _err(capsys)
     assert main(["train", "--preset", "fmnist-symvit"]) == 2
-    assert "--out" in _err(capsys)
+    assert "--run DIR is required" in _err(capsys)
 
 
 def test_existing_run_refused_without_resume_or_force(tmp_path, capsys):
