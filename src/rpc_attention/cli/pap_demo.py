@@ -11,14 +11,14 @@ HELP = "Short PAP demonstration: plain vs RPC attention on keys with injected sp
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--tokens", type=int, default=197, help="sequence length N (default: DeiT's 197)")
-    parser.add_argument("--heads", type=int, default=3)
-    parser.add_argument("--head-dim", type=int, default=64)
+    parser.add_argument("--heads", type=int, default=3, help="attention heads (default 3)")
+    parser.add_argument("--head-dim", type=int, default=64, help="width of each head (default 64)")
     parser.add_argument("--rank", type=int, default=4, help="rank of the clean keys")
     parser.add_argument("--fraction", type=float, default=0.05, help="fraction of key entries corrupted")
     parser.add_argument("--magnitude", type=float, default=5.0, help="corruption size in key standard deviations")
-    parser.add_argument("--lambd", type=float, default=4.0)
-    parser.add_argument("--trials", type=int, default=8)
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--lambd", type=float, default=4.0, help="PAP sparsity weight lambda (default 4)")
+    parser.add_argument("--trials", type=int, default=8, help="random draws averaged (default 8)")
+    parser.add_argument("--seed", type=int, default=0, help="seed of the draws (default 0)")
 
 
 def corruption_table(args: argparse.Namespace):

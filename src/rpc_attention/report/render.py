@@ -154,7 +154,7 @@ def _claim_row(c: Dict[str, Any]) -> List[Any]:
 def render_markdown(res: Dict[str, Any]) -> str:
     L: List[str] = [f"# Reproduction report: `{res['study']}` study", ""]
     L += [res.get("description", ""), "",
-          f"Generated {res['generated']} by `rpc-attention reproduce --preset {res['study']}` in `{res['out_dir']}`. "
+          f"Generated {res['generated']} by `rpc-attention reproduce --study {res['study']}` in `{res['out_dir']}`. "
           "Every number below is also in `results.json`; verdicts are computed by the rules stated at the end, "
           "never written by hand.", ""]
     # ---- verdict summary

@@ -96,13 +96,9 @@ def train_stage(ctx: StageContext) -> dict:
 # -------------------------------------------------------------------------------------------- eval
 def _suite_options(items, out_dir: Path) -> dict:
     """``["pgd.eps=1:6/255", "corruptions.baseline={out}/runs/x"]`` -> dict, ``{out}`` = the study folder."""
-    sets = {}
-    for item in items:
-        key, eq, value = str(item).partition("=")
-        if not eq or not key:
-            raise ValueError(f"suite option {item!r} is not KEY=VALUE")
-        sets[key] = value.replace("{out}", str(out_dir))
-    return sets
+    from ..evaluate.suites import parse_sets
+
+    return parse_sets([str(item).replace("{out}", str(out_dir)) for item in items])
 
 
 def eval_stage(ctx: StageContext) -> dict:
@@ -134,16 +130,16 @@ def eval_stage(ctx: StageContext) -> dict:
 
 # ----------------------------------------------------------------------------------------- analyze
 def analyze_stage(ctx: StageContext) -> dict:
-    """params: run, args (``rpc-attention analyze`` options, e.g. ``["--limit", "8"]``), out (relative folder)."""
-    from ..kpca.options import analyze_run, parse_analysis_args
+    """params: run, sets (analysis settings, e.g. ``["limit=8"]``), out (relative folder)."""
+    from ..kpca.options import analyze_run, options_from_settings
 
     p = ctx.params
-    options = parse_analysis_args(p.get("args", []))
+    options = options_from_settings(p.get("sets", []))
     run_dir = run_dir_of(ctx.out_dir, p["run"])
     out = ctx.out_dir / p["out"]
     if ctx.fresh and out.exists():
         shutil.rmtree(out)
-    ctx.log(" ".join(["--run", str(run_dir), "--out", str(out)] + list(p.get("args", []))))
+    ctx.log(" ".join(["--run", str(run_dir), "--out", str(out)] + list(p.get("sets", []))))
     with output_to_log(_log_path(ctx), f"analyze {run_dir} -> {out}"):
         analyze_run(run_dir, out, options)
     return {"outputs": {"dir": str(out)}, "result": {}}

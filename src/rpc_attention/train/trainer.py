@@ -34,7 +34,9 @@ from torch.utils.data import DataLoader, Sampler
 from .checkpoint import (CheckpointError, latest_checkpoint, list_checkpoints, load_checkpoint, rng_state,
                          save_checkpoint, save_safetensors_atomic, set_rng_state)
 from ..io import atomic_write_bytes
-from .config import dump_config, load_config_file, resolve_config
+from .config import (OptimConfig, ScheduleConfig, TrainConfig, dump_config, load_config_file,
+                     resolve_config)
+from .tasks import primary_metric
 
 __all__ = ["run_training", "TrainingDiverged", "RunExistsError", "StepSampler", "MetricsLogger", "RUN_FILES"]
 
@@ -225,38 +227,33 @@ def _prepare_run_dir(out: Path, resume: bool, force: bool) -> None:
     out.mkdir(parents=True, exist_ok=True)
 
 
-def _build_optimizer(model: torch.nn.Module, cfg: Dict[str, Any], global_batch: int):
+def _build_optimizer(model: torch.nn.Module, o: OptimConfig, global_batch: int):
     from timm.optim import create_optimizer_v2
 
-    o = cfg["optim"]
-    lr = float(o["lr"])
-    if o.get("lr_scale_batch"):
-        lr = lr * global_batch / float(o["lr_scale_batch"])
-    name = str(o.get("name", "adamw")).lower()
+    lr = o.lr * global_batch / o.lr_scale_batch if o.lr_scale_batch else o.lr
+    name = o.name.lower()
     kwargs: Dict[str, Any] = {}
     if "adam" in name or "lamb" in name:
-        kwargs["betas"] = tuple(float(b) for b in o.get("betas", (0.9, 0.999)))
-        kwargs["eps"] = float(o.get("eps", 1e-8))
+        kwargs["betas"] = tuple(o.betas)
+        kwargs["eps"] = o.eps
     try:
-        return create_optimizer_v2(model, opt=name, lr=lr, weight_decay=float(o.get("weight_decay", 0.0)),
-                                   momentum=float(o.get("momentum", 0.9)), **kwargs)
+        return create_optimizer_v2(model, opt=name, lr=lr, weight_decay=o.weight_decay, momentum=o.momentum,
+                                   **kwargs)
     except (AssertionError, ValueError) as exc:
         raise ValueError(f"optim.name={name!r}: {exc}") from None
 
 
-def _build_scheduler(optimizer, cfg: Dict[str, Any], steps_per_epoch: int, epochs: int):
-    s = cfg["schedule"]
-    name = str(s.get("name", "cosine")).lower()
+def _build_scheduler(optimizer, s: ScheduleConfig, steps_per_epoch: int, epochs: int):
+    name = s.name.lower()
     if name in ("none", "constant", ""):
         return None
     from timm.scheduler import create_scheduler_v2
 
     # decay_rate: the poly power, the step factor (timm's meaning); decay_epochs: the step period
-    extra = {key: s[key] for key in ("decay_rate", "decay_epochs") if s.get(key) is not None}
+    extra = {key: getattr(s, key) for key in ("decay_rate", "decay_epochs") if getattr(s, key) is not None}
     sched, _ = create_scheduler_v2(
-        optimizer, sched=name, num_epochs=epochs, warmup_epochs=float(s.get("warmup_epochs", 0)),
-        warmup_lr=float(s.get("warmup_lr", 1e-6)), min_lr=float(s.get("min_lr", 0.0)),
-        step_on_epochs=False, updates_per_epoch=steps_per_epoch, **{k: float(v) for k, v in extra.items()})
+        optimizer, sched=name, num_epochs=epochs, warmup_epochs=s.warmup_epochs, warmup_lr=s.warmup_lr,
+        min_lr=s.min_lr, step_on_epochs=False, updates_per_epoch=steps_per_epoch, **extra)
     return sched
 
 
@@ -289,8 +286,7 @@ def run_training(cfg: Optional[Dict[str, Any]], out_dir: os.PathLike, resume: bo
         cfg = resolve_config(base=load_config_file(out / "config.yaml"), overrides=overrides or ())
     else:
         cfg = resolve_config(base=cfg or {}, overrides=overrides or ())
-    tcfg = cfg["train"]
-    device = _resolve_device(tcfg.get("device", "auto"), env["local_rank"])
+    device = _resolve_device(TrainConfig.from_dict(cfg).train.device, env["local_rank"])
     started_pg = False
     if world > 1 and not dist.is_initialized():
         if device.type == "cuda":
@@ -313,7 +309,8 @@ def _train(cfg, out: Path, resume: bool, force: bool, device: torch.device, rank
     import numpy as np
     import random
 
-    tcfg = cfg["train"]
+    config = TrainConfig.from_dict(cfg)
+    loop = config.train
     is_main = rank == 0
     # -- run directory (rank 0), everyone agrees on failures
     err: Optional[BaseException] = None
@@ -328,49 +325,49 @@ def _train(cfg, out: Path, resume: bool, force: bool, device: torch.device, rank
             raise RuntimeError(f"rank 0 could not prepare {out}: {flags[0]}")
     if err is not None:
         raise err
-    if tcfg.get("threads"):
-        torch.set_num_threads(int(tcfg["threads"]))
+    if loop.threads:
+        torch.set_num_threads(loop.threads)
     if device.type == "cpu":
         # PAP's shrinkage drives many entries towards zero; denormal arithmetic on x86 CPUs is
         # up to 100x slower (docs/performance.md), so flush them as GPUs do. The CLI sets this at
         # start-up; here it covers library callers (threads created from now on inherit it).
         torch.set_flush_denormal(True)
-    if tcfg.get("deterministic"):
+    if loop.deterministic:
         torch.use_deterministic_algorithms(True, warn_only=True)
         torch.backends.cudnn.benchmark = False
         os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
-    seed = int(tcfg.get("seed", 0))
+    seed = loop.seed
 
     # -- data first (clear errors before any expensive work)
     datasets = task.build_datasets(cfg)
     if "train" not in datasets:
         raise ValueError(f"task {cfg['task']!r} built no 'train' data set")
     train_ds = datasets["train"]
-    global_batch = int(tcfg["batch_size"])
-    sampler = StepSampler(len(train_ds), global_batch, rank, world, seed, int(tcfg.get("repeated_aug", 1) or 1),
+    global_batch = loop.batch_size
+    sampler = StepSampler(len(train_ds), global_batch, rank, world, seed, loop.repeated_aug or 1,
                           positions=bool(getattr(train_ds, "seeded_positions", False)))
     spe = sampler.steps_per_epoch
-    epochs = int(tcfg["epochs"])
+    epochs = loop.epochs
     total_steps = epochs * spe
-    if tcfg.get("max_steps"):
-        total_steps = min(total_steps, int(tcfg["max_steps"]))
-    save_every = int(tcfg.get("save_every") or 0)
-    log_every = max(1, int(tcfg.get("log_every") or 50))
-    eval_every = int(tcfg.get("eval_every") or 0)
+    if loop.max_steps:
+        total_steps = min(total_steps, loop.max_steps)
+    save_every = loop.save_every
+    log_every = max(1, loop.log_every or 50)
+    eval_every = loop.eval_every
 
     # -- model, optimizer, schedule (identical init on every rank)
     torch.manual_seed(seed)
     np.random.seed(seed % 2 ** 32)
     random.seed(seed)
     model = task.build_model(cfg).to(device)
-    optimizer = _build_optimizer(model, cfg, global_batch)
-    scheduler = _build_scheduler(optimizer, cfg, spe, epochs)
-    amp_ctx, scaler = _amp_context(tcfg.get("amp", False), device)
+    optimizer = _build_optimizer(model, config.optim, global_batch)
+    scheduler = _build_scheduler(optimizer, config.schedule, spe, epochs)
+    amp_ctx, scaler = _amp_context(loop.amp, device)
     ema = None
-    if (tcfg.get("ema") or {}).get("enabled"):
+    if loop.ema.enabled:
         from timm.utils import ModelEmaV3
 
-        ema = ModelEmaV3(model, decay=float(tcfg["ema"].get("decay", 0.9999)))
+        ema = ModelEmaV3(model, decay=loop.ema.decay)
     logger = MetricsLogger(out, enabled=is_main)
     if is_main:  # on resume this records any --set overrides (e.g. a longer train.epochs)
         atomic_write_bytes(out / "config.yaml", dump_config(cfg).encode())
@@ -422,19 +419,19 @@ def _train(cfg, out: Path, resume: bool, force: bool, device: torch.device, rank
         from torch.nn.parallel import DistributedDataParallel as DDP
 
         train_model = DDP(model, device_ids=[device.index] if device.type == "cuda" else None)
-    if tcfg.get("compile"):
+    if loop.compile:
         train_model = torch.compile(train_model)
     setup = getattr(task, "setup", None)
     if callable(setup):
         setup(cfg, device)
     from .callbacks import get_callback
 
-    callbacks = [(name, get_callback(name)) for name in (tcfg.get("callbacks") or [])]
+    callbacks = [(name, get_callback(name)) for name in loop.callbacks]
     val_ds = datasets.get("val")
 
     def make_eval_loader(ds):
-        return DataLoader(ds, batch_size=int(cfg["eval"].get("batch_size", 256)), shuffle=False,
-                          num_workers=int(cfg["data"].get("num_workers", 0) or 0), collate_fn=task.collate_fn(cfg),
+        return DataLoader(ds, batch_size=config.eval.batch_size, shuffle=False,
+                          num_workers=config.data.num_workers, collate_fn=task.collate_fn(cfg),
                           pin_memory=device.type == "cuda", generator=torch.Generator().manual_seed(0))
 
     def run_eval(ds, split: str) -> Dict[str, float]:
@@ -463,7 +460,7 @@ def _train(cfg, out: Path, resume: bool, force: bool, device: torch.device, rank
             }
             path = save_checkpoint(out / "checkpoints", step_now, raw_model.state_dict(), state,
                                    ema_sd=ema.module.state_dict() if ema is not None else None,
-                                   keep=int(tcfg.get("keep_checkpoints", 2) or 2))
+                                   keep=loop.keep_checkpoints or 2)
         _barrier(world)
         return path
 
@@ -481,8 +478,8 @@ def _train(cfg, out: Path, resume: bool, force: bool, device: torch.device, rank
     if scheduler is not None:
         scheduler.step_update(step)
     collate = task.collate_fn(cfg)
-    nw = int(cfg["data"].get("num_workers", 0) or 0)
-    clip = cfg["optim"].get("clip_grad")
+    nw = config.data.num_workers
+    clip = config.optim.clip_grad
     try:
         while step < total_steps:
             epoch = step // spe
@@ -557,7 +554,7 @@ def _train(cfg, out: Path, resume: bool, force: bool, device: torch.device, rank
                     if is_main and val_ds is not None and eval_every and (ep % eval_every == 0 or step == total_steps):
                         res = run_eval(val_ds, "val")
                         logger.log({"step": step, "epoch": ep, "split": "val", **res})
-                        key = getattr(task, "primary_metric", "acc1")
+                        key = primary_metric(task)
                         if is_main and key in res:
                             msg = f"epoch {ep}: val {key} {res[key]:.2f}" + (
                                 f" (ema {res['ema_' + key]:.2f})" if "ema_" + key in res else "")
@@ -580,12 +577,12 @@ def _train(cfg, out: Path, resume: bool, force: bool, device: torch.device, rank
             save_safetensors_atomic(raw_model.state_dict(), out / "model.safetensors")
             if ema is not None:
                 save_safetensors_atomic(ema.module.state_dict(), out / "model_ema.safetensors")
-            split = cfg["eval"].get("final_split", "test")
+            split = config.eval.final_split
             ds = datasets.get(split) if split else None
             if ds is not None:
                 final = run_eval(ds, split)
                 logger.log({"step": step, "epoch": round(step / spe, 4), "split": split, "final": True, **final})
-                key = getattr(task, "primary_metric", "acc1")
+                key = primary_metric(task)
                 if key in final:
                     print(f"final {split} {key}: {final[key]:.2f}", file=sys.stderr, flush=True)
             summary = {"step": step, "split": split, "elapsed_s": elapsed_before + time.time() - t_start, **final}
