@@ -66,7 +66,7 @@ test-threads: install
 	OMP_NUM_THREADS=2 $(PY) -m pytest -q -n 0 $(KERNEL_TESTS)
 
 bench: install
-	$(VENV)/bin/rpc-attention bench --quick
+	$(PY) benchmarks/run.py --quick
 
 clean:
 	rm -rf $(VENV) build dist src/*.egg-info .pytest_cache

@@ -14,6 +14,8 @@ import tempfile
 from pathlib import Path
 from typing import Any, Callable, Union
 
+import numpy as np
+
 __all__ = ["atomic_write", "atomic_write_bytes", "atomic_write_text", "atomic_write_json", "atomic_savefig",
            "json_default", "read_yaml_mapping"]
 
@@ -59,15 +61,10 @@ def atomic_write_text(path: PathLike, text: str) -> Path:
 
 def json_default(obj: Any) -> Any:
     """``json.dumps`` fallback for numpy scalars and arrays, paths, sets and tuples."""
-    try:
-        import numpy as np
-
-        if isinstance(obj, np.generic):
-            return obj.item()
-        if isinstance(obj, np.ndarray):
-            return obj.tolist()
-    except ImportError:  # pragma: no cover
-        pass
+    if isinstance(obj, np.generic):
+        return obj.item()
+    if isinstance(obj, np.ndarray):
+        return obj.tolist()
     if isinstance(obj, Path):
         return str(obj)
     if isinstance(obj, (set, tuple)):

@@ -50,9 +50,10 @@ def check_report(smoke_dir):
 def check_rerun_does_nothing(smoke_dir, capsys):
     capsys.readouterr()
     assert main(["reproduce", "--study", "smoke", "--out", str(smoke_dir)]) == 0
-    out = capsys.readouterr().out
-    assert "> " not in "\n".join(l[:2] for l in out.splitlines())   # no stage started
-    assert "26 cached" in out
+    captured = capsys.readouterr()  # the pipeline logs its progress (stderr); the summary is output
+    assert "> " not in "\n".join(l[:2] for l in captured.err.splitlines())   # no stage started
+    assert "= report: done earlier" in captured.err
+    assert "26 cached" in captured.out
     assert main(["reproduce", "--study", "smoke", "--out", str(smoke_dir), "--dry-run"]) == 0
     assert "0 of 26 stages to run" in capsys.readouterr().out
 
@@ -66,7 +67,7 @@ def check_interrupted_training_resumes_from_checkpoint(smoke_dir, capsys):
     assert list((smoke_dir / "runs" / "rpc6-s0" / "checkpoints").iterdir())
     capsys.readouterr()
     assert main(["reproduce", "--study", "smoke", "--out", str(smoke_dir), "--stages", "train.*"]) == 0
-    out = capsys.readouterr().out
+    out = capsys.readouterr().err  # the pipeline's progress log
     assert "> train.rpc6-s0: resuming" in out and "resuming from the last checkpoint" in out
     assert "> train.symvit-s0" not in out and "= train.symvit-s0: done earlier" in out
     again = json.loads((st / "train.rpc6-s0.done.json").read_text())

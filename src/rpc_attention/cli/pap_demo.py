@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import argparse
 
+from ..markdown import markdown_table
+
 HELP = "Short PAP demonstration: plain vs RPC attention on keys with injected sparse corruption"
 
 
@@ -57,8 +59,7 @@ def run(args: argparse.Namespace) -> int:
     print(f"Keys: rank {args.rank}, N={args.tokens}, {args.heads} heads of {args.head_dim}; "
           f"{args.fraction:.0%} of entries corrupted by +-{args.magnitude:g} std; mean over {args.trials} draws.")
     print("Relative change of each head's output when the keys are corrupted (lower = more robust):\n")
-    print("| attention | softmax evaluations | relative output change |")
-    print("|---|---:|---:|")
-    for name, n_iter, change in rows:
-        print(f"| {name} | {n_iter} | {change:.4f} |")
+    table = markdown_table(["attention", "softmax evaluations", "relative output change"],
+                           [[name, n_iter, f"{change:.4f}"] for name, n_iter, change in rows], align="lrr")
+    print("\n".join(table))
     return 0

@@ -29,6 +29,7 @@ from fractions import Fraction
 from typing import Any, Callable, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
 
 from ..io import atomic_write_text  # re-exported
+from ..markdown import markdown_table
 from ..overrides import parse_assignments, parse_number, unknown_key
 
 __all__ = [
@@ -364,10 +365,7 @@ def render_markdown(record: Mapping[str, Any]) -> str:
             for k in r:
                 if k not in cols:
                     cols.append(k)
-        lines.append("| " + " | ".join(cols) + " |")
-        lines.append("|" + "|".join("---" for _ in cols) + "|")
-        for r in rows:
-            lines.append("| " + " | ".join(_fmt(r.get(c, "")) for c in cols) + " |")
+        lines += markdown_table(cols, [[_fmt(r.get(c, "")) for c in cols] for r in rows])
     if record.get("rows"):
         lines.append("")
         lines.append("Summary: " + ", ".join(f"{k} = {_fmt(v)}" for k, v in record["metrics"].items()))

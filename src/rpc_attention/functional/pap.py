@@ -281,11 +281,6 @@ def sparse_activity(state: PAPState, keys: Tensor, valid: Optional[Tensor] = Non
         }
 
 
-def _is_compiling() -> bool:
-    compiler = getattr(torch, "compiler", None)
-    return bool(compiler is not None and hasattr(compiler, "is_compiling") and compiler.is_compiling())
-
-
 def pap_attention(
     k: Tensor,
     v: Tensor,
@@ -341,7 +336,7 @@ def pap_attention(
                           scale=scale, model_dim=model_dim, threshold=threshold, mu_mode=mu_mode, tol=tol)
     dropout_p = check_dropout(dropout_p)
     tol = None if tol is None else float(tol)
-    if fused and not return_state and not _is_compiling():
+    if fused and not return_state and not torch.compiler.is_compiling():
         options = FusedPAPOptions(n_iter=n_iter, is_causal=bool(is_causal), dropout_p=dropout_p,
                                   scale=problem.scale, tol=tol, checkpoint_iters=bool(checkpoint_iters))
         return fused_pap(problem.keys, v, problem.tau, problem.mask, options)

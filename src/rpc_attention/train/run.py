@@ -3,12 +3,14 @@ gives the model loader that :func:`rpc_attention.evaluate.runner.evaluate_model`
 
 from __future__ import annotations
 
+import logging
 import os
-import sys
 from pathlib import Path
 from typing import Any, Callable, Dict, Optional, Tuple
 
 import torch
+
+logger = logging.getLogger(__name__)
 
 __all__ = ["load_run", "run_loader"]
 
@@ -39,7 +41,7 @@ def load_run(run_dir: os.PathLike, device: Any = "cpu", ema: bool = False) -> Tu
         if ckpt is None or not (ckpt / name).is_file():
             what = "EMA weights (train.ema.enabled was off?)" if ema else "weights"
             raise FileNotFoundError(f"{run} has no {what}: expected {path} or a checkpoint under {run / 'checkpoints'}")
-        print(f"note: {run} is unfinished; loading {ckpt.name}", file=sys.stderr)
+        logger.warning("%s is unfinished; loading %s", run, ckpt.name)
         path = ckpt / name
     model = task.build_model(cfg)
     try:
