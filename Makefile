@@ -47,7 +47,7 @@ data:
 # The main job: the `quick` study (train, attack, corrupt, OOD, analyse, report) into runs/demo.
 # Rerunning resumes: finished stages are skipped. `make pap-demo` is the 10-second kernel demo.
 demo: install
-	$(VENV)/bin/rpc-attention reproduce --preset quick --out runs/demo
+	$(VENV)/bin/rpc-attention reproduce --study quick --out runs/demo
 	@echo "report: runs/demo/report.md (and report.html)"
 
 pap-demo: install
@@ -66,7 +66,7 @@ test-threads: install
 	OMP_NUM_THREADS=2 $(PY) -m pytest -q -n 0 $(KERNEL_TESTS)
 
 bench: install
-	$(VENV)/bin/rpc-attention bench --quick
+	$(PY) benchmarks/run.py --quick
 
 clean:
 	rm -rf $(VENV) build dist src/*.egg-info .pytest_cache

@@ -27,7 +27,8 @@ Memory (documented in ``docs/performance.md``):
   CUDA: ``torch.cuda.max_memory_allocated``. CPU: the process's peak resident set (``VmHWM``, reset
   through ``/proc/self/clear_refs``) after ``malloc_trim(0)`` returned free heap pages, with glibc's
   mmap threshold pinned to 64 KiB so that large buffers are mapped on allocation and unmapped on
-  free; measured after all timings.
+  free; measured after all timings. The heap settings are the runner's (``benchmarks/run.py`` passes a
+  :class:`HeapControl`); without one, CPU peak is not measured.
 * ``saved``: bytes of the distinct tensors autograd keeps for backward (``saved_tensors_hooks``),
   excluding the inputs themselves: the activation memory a forward leaves behind.
 """
@@ -35,10 +36,10 @@ Memory (documented in ``docs/performance.md``):
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import datetime as _dt
 import functools
 import json
+import logging
 import math
 import os
 import platform
@@ -46,13 +47,17 @@ import statistics
 import sys
 import time
 from dataclasses import dataclass, field
-from typing import Callable, Dict, List, Optional, Sequence
+from typing import Callable, Dict, List, Optional, Protocol, Sequence
 
 import torch
 import torch.nn.functional as F
+from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from . import functional as RF
 from .io import atomic_write_text
+from .markdown import markdown_table
+
+logger = logging.getLogger(__name__)
 
 __all__ = ["official_pap", "OpShape", "Config", "config", "run_suite", "to_markdown", "write_results"]
 
@@ -211,38 +216,19 @@ def _time(fn: Callable[[], object], min_run_time: float) -> float:
     return float(timer.blocked_autorange(min_run_time=min_run_time).median)
 
 
-class _Malloc:
-    """glibc: pin the mmap threshold so freed tensor buffers go back to the OS (RSS tracks live memory)."""
+class HeapControl(Protocol):
+    """Control of the C heap that CPU peak memory needs (``benchmarks/glibc_heap.py`` has glibc's).
 
-    done = False
+    ``pin`` makes freed tensor buffers go back to the OS so that RSS tracks live memory (True when it
+    worked), ``trim`` hands free heap pages back before a measurement, ``unpin`` restores the
+    allocator's usual behaviour once the memory measurements are done.
+    """
 
-    @classmethod
-    def pin(cls) -> bool:
-        if cls.done:
-            return True
-        try:
-            libc = ctypes.CDLL("libc.so.6")
-            cls.done = bool(libc.mallopt(-3, 64 * 1024))  # M_MMAP_THRESHOLD
-        except OSError:
-            cls.done = False
-        return cls.done
+    def pin(self) -> bool: ...
 
-    @staticmethod
-    def trim() -> None:
-        try:
-            ctypes.CDLL("libc.so.6").malloc_trim(0)
-        except (OSError, AttributeError):
-            pass
+    def trim(self) -> None: ...
 
-    @classmethod
-    def unpin(cls) -> None:
-        """Leave the threshold fixed at glibc's dynamic maximum (32 MiB): large buffers are reused again."""
-        if cls.done:
-            try:
-                ctypes.CDLL("libc.so.6").mallopt(-3, 32 * 1024 * 1024)
-            except OSError:
-                pass
-            cls.done = False
+    def unpin(self) -> None: ...
 
 
 def _rss_status() -> Dict[str, int]:
@@ -255,8 +241,8 @@ def _rss_status() -> Dict[str, int]:
     return out
 
 
-def _cpu_peak_supported() -> bool:
-    if not sys.platform.startswith("linux") or not _Malloc.pin():
+def _cpu_peak_supported(heap: Optional[HeapControl]) -> bool:
+    if heap is None or not sys.platform.startswith("linux") or not heap.pin():
         return False
     try:
         with open("/proc/self/clear_refs", "w") as f:
@@ -267,8 +253,10 @@ def _cpu_peak_supported() -> bool:
         return False
 
 
-def peak_bytes(fn: Callable[[], object], device: torch.device) -> Optional[int]:
-    """Extra memory at the high-water mark of ``fn()`` over what was live before (see module doc)."""
+def peak_bytes(fn: Callable[[], object], device: torch.device, heap: Optional[HeapControl] = None) -> Optional[int]:
+    """Extra memory at the high-water mark of ``fn()`` over what was live before (see module doc).
+
+    On CPU it needs ``heap`` (without one, or off Linux, the result is None)."""
     if device.type == "cuda":
         _sync(device)
         torch.cuda.reset_peak_memory_stats(device)
@@ -276,10 +264,10 @@ def peak_bytes(fn: Callable[[], object], device: torch.device) -> Optional[int]:
         fn()
         _sync(device)
         return int(torch.cuda.max_memory_allocated(device) - base)
-    if not _cpu_peak_supported():
+    if not _cpu_peak_supported(heap):
         return None
     fn()  # warm: first-call allocations (thread buffers, kernels) are not the operator's
-    _Malloc.trim()  # give free heap pages back: reusing them during the call shows up in RSS again
+    heap.trim()  # give free heap pages back: reusing them during the call shows up in RSS again
     base = _rss_status()["VmRSS"]
     with open("/proc/self/clear_refs", "w") as f:
         f.write("5")
@@ -321,18 +309,13 @@ def _autocast(device: torch.device):
 
 def _sdpa_backend(device: torch.device):
     if device.type == "cuda":
-        try:
-            from torch.nn.attention import SDPBackend, sdpa_kernel
-
-            return sdpa_kernel([SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH])
-        except ImportError:  # pragma: no cover - old torch
-            pass
+        return sdpa_kernel([SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH])
     return contextlib.nullcontext()
 
 
 def _progress(msg: str, enabled: bool) -> None:
     if enabled:
-        print(msg, file=sys.stderr, flush=True)
+        logger.info(msg)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -396,7 +379,7 @@ def _op_inputs(shape: OpShape, device: torch.device, seed: int = 0):
 
 
 def bench_ops(cfg: Config, device: torch.device, progress: bool = True) -> List[dict]:
-    compile_ok = cfg.compile and hasattr(torch, "compile")
+    compile_ok = cfg.compile
     compiled: dict = {}
     groups = []
     for shape in cfg.shapes:
@@ -438,7 +421,7 @@ def bench_ops(cfg: Config, device: torch.device, progress: bool = True) -> List[
     return groups
 
 
-def _op_memory(groups: List[dict], device: torch.device, progress: bool) -> None:
+def _op_memory(groups: List[dict], device: torch.device, progress: bool, heap: Optional[HeapControl]) -> None:
     for grp in groups:
         if grp["mode"] != "fwd+bwd":
             continue
@@ -448,7 +431,7 @@ def _op_memory(groups: List[dict], device: torch.device, progress: bool) -> None
             if "error" in row or row.get("option") == "compile":
                 continue
             try:
-                row["peak_bytes"] = peak_bytes(row["_run"], device)
+                row["peak_bytes"] = peak_bytes(row["_run"], device, heap)
                 fwd = _op_forward(row, k, v, device)
                 row["saved_bytes"] = saved_bytes(fwd, exclude=(k, v))
             except RuntimeError as exc:  # e.g. out of memory
@@ -629,14 +612,14 @@ def bench_models(cfg: Config, device: torch.device, progress: bool = True) -> Li
     return families
 
 
-def _model_memory(families: List[dict], device: torch.device, progress: bool) -> None:
+def _model_memory(families: List[dict], device: torch.device, progress: bool, heap: Optional[HeapControl]) -> None:
     for fam in families:
         _progress(f"[bench] memory models ({fam['family']})", progress)
         for row in fam["rows"]:
             if "error" in row:
                 continue
             try:
-                row["train_peak_bytes"] = peak_bytes(row["_train"], device)
+                row["train_peak_bytes"] = peak_bytes(row["_train"], device, heap)
             except RuntimeError as exc:
                 row["mem_error"] = f"{type(exc).__name__}: {str(exc).splitlines()[0][:200]}"
 
@@ -712,8 +695,12 @@ def targets(results: dict) -> List[dict]:
     return out
 
 
-def run_suite(cfg: Config, device="cpu", progress: bool = True, ops: bool = True, models: bool = True) -> dict:
-    """Run the benchmark suite and return a JSON-serialisable result dict."""
+def run_suite(cfg: Config, device="cpu", progress: bool = True, ops: bool = True, models: bool = True,
+              heap: Optional[HeapControl] = None) -> dict:
+    """Run the benchmark suite and return a JSON-serialisable result dict.
+
+    ``heap``: the C-heap control CPU peak memory needs (``benchmarks/run.py`` passes glibc's); without
+    it CPU rows get saved-tensor bytes only."""
     device = torch.device(device)
     if device.type == "cuda" and not torch.cuda.is_available():
         raise ValueError("--device cuda asked for, but torch sees no CUDA device")
@@ -726,16 +713,19 @@ def run_suite(cfg: Config, device="cpu", progress: bool = True, ops: bool = True
     if cfg.memory:
         if device.type == "cuda":
             mem_method = "torch.cuda.max_memory_allocated over the call, minus memory allocated before"
-        elif _cpu_peak_supported():
+        elif _cpu_peak_supported(heap):
             mem_method = ("peak RSS (VmHWM reset via /proc/self/clear_refs) over the call minus RSS before, "
                           "after malloc_trim(0), glibc mmap threshold pinned to 64 KiB; measured after all timings")
+        elif heap is None:
+            mem_method = "peak not measured (CPU peak needs benchmarks/run.py's heap control); saved-tensor bytes only"
         else:
             mem_method = "unavailable on this platform (peak); saved-tensor bytes only"
         try:
-            _op_memory(groups, device, progress)
-            _model_memory(fams, device, progress)
+            _op_memory(groups, device, progress, heap)
+            _model_memory(fams, device, progress, heap)
         finally:
-            _Malloc.unpin()
+            if heap is not None:
+                heap.unpin()
     _finish_ops(groups)
     _finish_models(fams)
     results["ops"] = groups
@@ -773,7 +763,83 @@ def _mib(b):
     return "-" if b is None else f"{b / 2**20:.1f}"
 
 
+def _targets_markdown(targets: List[dict]) -> List[str]:
+    rows = []
+    for t in targets:
+        val = "-" if t["measured"] is None else f"{t['measured']:.2f}"
+        met = "n/a" if t["met"] is None else ("yes" if t["met"] else "**no**")
+        rows.append([t["target"], t["goal"], val, met])
+    return ["## Targets", ""] + markdown_table(["target", "goal", "measured", "met"], rows) + [""]
+
+
+def _op_row(case: str, rf: dict, rb: dict) -> List[str]:
+    """One operator table row: the forward and forward+backward measurements of ``case``."""
+    notes = []
+    for r in (rf, rb):
+        if r.get("error"):
+            notes.append(r["error"])
+        if r.get("mem_error"):
+            notes.append(r["mem_error"])
+    if rf.get("n_iter_run") is not None:
+        notes.append(f"stopped after {rf['n_iter_run']} iterations (tol 1e-2)")
+    if rf.get("compile_s") is not None:
+        notes.append(f"compile {rf['compile_s']:.0f} s")
+    ratios_b = rb.get("ratios", {})
+    if ratios_b.get("pap_peak_over_official") is not None:
+        notes.append(f"pap/official peak {ratios_b['pap_peak_over_official']:.2f}")
+    if ratios_b.get("saved_vs_pap1") is not None and case != "pap 1":
+        notes.append(f"saved vs pap 1: {ratios_b['saved_vs_pap1']:.2f}")
+    return [case, _range_ms(rf.get("time")), _ratio(rf.get("ratios", {}).get("vs_n_sdpa")),
+            _range_ms(rb.get("time")), _ratio(ratios_b.get("vs_n_sdpa")), _ratio(ratios_b.get("official_over_pap")),
+            _mib(rb.get("peak_bytes")), _mib(rb.get("saved_bytes")), "; ".join(notes)]
+
+
+def _ops_markdown(groups: List[dict]) -> List[str]:
+    by_shape: Dict[str, List[dict]] = {}
+    for g in groups:
+        by_shape.setdefault(g["shape"], []).append(g)
+    lines = ["## Operator level", ""] if by_shape else []
+    header = ["case", "fwd ms", "fwd x n*sdpa", "fwd+bwd ms", "fwd+bwd x n*sdpa", "official/pap (fwd+bwd)",
+              "peak MiB", "saved MiB", "note"]
+    for shape, grps in by_shape.items():
+        g0 = grps[0]
+        lines += [f"### {shape}: B={g0['b']} H={g0['h']} N={g0['n']} d={g0['d']}" + (" causal" if g0["causal"] else ""), ""]
+        fwd = {r["case"]: r for g in grps if g["mode"] == "fwd" for r in g["rows"]}
+        bwd = {r["case"]: r for g in grps if g["mode"] == "fwd+bwd" for r in g["rows"]}
+        cases = list(dict.fromkeys(list(fwd) + list(bwd)))
+        lines += markdown_table(header, [_op_row(c, fwd.get(c, {}), bwd.get(c, {})) for c in cases]) + [""]
+    return lines
+
+
+def _models_markdown(families: List[dict]) -> List[str]:
+    lines = []
+    for fam in families:
+        unit = fam["unit"]
+        lines += [f"## Model level ({fam['family']})", ""]
+        if fam.get("note"):
+            lines += [f"Note: {fam['note']}", ""]
+        header = ["model", "params (M)", "train step ms", "train x base", f"train {unit}/s", "inference ms",
+                  "infer x base", f"infer {unit}/s", "train peak MiB", "peak x base"]
+        rows = []
+        for r in fam["rows"]:
+            rat = r.get("ratios", {})
+            tp = "-" if r.get("train_throughput") is None else f"{r['train_throughput']:.1f}"
+            ip = "-" if r.get("infer_throughput") is None else f"{r['infer_throughput']:.1f}"
+            err = f" ({r['error']})" if r.get("error") else ""
+            rows.append([f"{r['model']}{err}", f"{r['params'] / 1e6:.2f}", _range_ms(r.get("train")),
+                         _ratio(rat.get("train_vs_base")), tp, _range_ms(r.get("infer")), _ratio(rat.get("infer_vs_base")),
+                         ip, _mib(r.get("train_peak_bytes")), _ratio(rat.get("train_peak_vs_base"))])
+        lines += markdown_table(header, rows)
+        first = fam["rows"][0] if fam["rows"] else None
+        if first:
+            lines += ["", f"Train batch {first['train_batch_items']} {unit}, inference batch "
+                          f"{first['infer_batch_items']} {unit} per call."]
+        lines.append("")
+    return lines
+
+
 def to_markdown(results: dict) -> str:
+    """The Markdown report of a suite run: environment, targets, operator and model tables."""
     env = results["env"]
     lines = [f"# rpc-attention benchmark ({results['config']}, {env['device']})", ""]
     lines.append(
@@ -792,76 +858,9 @@ def to_markdown(results: dict) -> str:
                  "`saved`: MiB autograd keeps for backward (inputs excluded).")
     lines.append("")
     if results.get("targets"):
-        lines += ["## Targets", "", "| target | goal | measured | met |", "|---|---|---|---|"]
-        for t in results["targets"]:
-            val = "-" if t["measured"] is None else f"{t['measured']:.2f}"
-            met = "n/a" if t["met"] is None else ("yes" if t["met"] else "**no**")
-            lines.append(f"| {t['target']} | {t['goal']} | {val} | {met} |")
-        lines.append("")
-    by_shape: Dict[str, List[dict]] = {}
-    for g in results.get("ops", []):
-        by_shape.setdefault(g["shape"], []).append(g)
-    if by_shape:
-        lines += ["## Operator level", ""]
-    for shape, grps in by_shape.items():
-        g0 = grps[0]
-        lines.append(f"### {shape}: B={g0['b']} H={g0['h']} N={g0['n']} d={g0['d']}"
-                     + (" causal" if g0["causal"] else ""))
-        lines.append("")
-        lines.append("| case | fwd ms | fwd x n*sdpa | fwd+bwd ms | fwd+bwd x n*sdpa | official/pap (fwd+bwd) "
-                     "| peak MiB | saved MiB | note |")
-        lines.append("|---|---|---|---|---|---|---|---|---|")
-        fwd = {r["case"]: r for g in grps if g["mode"] == "fwd" for r in g["rows"]}
-        bwd = {r["case"]: r for g in grps if g["mode"] == "fwd+bwd" for r in g["rows"]}
-        for case in list(dict.fromkeys(list(fwd) + list(bwd))):
-            rf, rb = fwd.get(case, {}), bwd.get(case, {})
-            notes = []
-            for r in (rf, rb):
-                if r.get("error"):
-                    notes.append(r["error"])
-                if r.get("mem_error"):
-                    notes.append(r["mem_error"])
-            if rf.get("n_iter_run") is not None:
-                notes.append(f"stopped after {rf['n_iter_run']} iterations (tol 1e-2)")
-            if rf.get("compile_s") is not None:
-                notes.append(f"compile {rf['compile_s']:.0f} s")
-            mem_note = []
-            if rb.get("ratios", {}).get("pap_peak_over_official") is not None:
-                mem_note.append(f"pap/official peak {rb['ratios']['pap_peak_over_official']:.2f}")
-            if rb.get("ratios", {}).get("saved_vs_pap1") is not None and case != "pap 1":
-                mem_note.append(f"saved vs pap 1: {rb['ratios']['saved_vs_pap1']:.2f}")
-            lines.append(
-                f"| {case} | {_range_ms(rf.get('time'))} | {_ratio(rf.get('ratios', {}).get('vs_n_sdpa'))} "
-                f"| {_range_ms(rb.get('time'))} | {_ratio(rb.get('ratios', {}).get('vs_n_sdpa'))} "
-                f"| {_ratio(rb.get('ratios', {}).get('official_over_pap'))} "
-                f"| {_mib(rb.get('peak_bytes'))} | {_mib(rb.get('saved_bytes'))} | {'; '.join(notes + mem_note)} |"
-            )
-        lines.append("")
-    for fam in results.get("models", []):
-        unit = fam["unit"]
-        lines += [f"## Model level ({fam['family']})", ""]
-        if fam.get("note"):
-            lines += [f"Note: {fam['note']}", ""]
-        lines.append(f"| model | params (M) | train step ms | train x base | train {unit}/s | inference ms "
-                     f"| infer x base | infer {unit}/s | train peak MiB | peak x base |")
-        lines.append("|---|---|---|---|---|---|---|---|---|---|")
-        for r in fam["rows"]:
-            rat = r.get("ratios", {})
-            tp = "-" if r.get("train_throughput") is None else f"{r['train_throughput']:.1f}"
-            ip = "-" if r.get("infer_throughput") is None else f"{r['infer_throughput']:.1f}"
-            err = f" ({r['error']})" if r.get("error") else ""
-            lines.append(
-                f"| {r['model']}{err} | {r['params'] / 1e6:.2f} | {_range_ms(r.get('train'))} "
-                f"| {_ratio(rat.get('train_vs_base'))} | {tp} | {_range_ms(r.get('infer'))} "
-                f"| {_ratio(rat.get('infer_vs_base'))} | {ip} | {_mib(r.get('train_peak_bytes'))} "
-                f"| {_ratio(rat.get('train_peak_vs_base'))} |"
-            )
-        first = fam["rows"][0] if fam["rows"] else None
-        if first:
-            lines.append("")
-            lines.append(f"Train batch {first['train_batch_items']} {unit}, inference batch "
-                         f"{first['infer_batch_items']} {unit} per call.")
-        lines.append("")
+        lines += _targets_markdown(results["targets"])
+    lines += _ops_markdown(results.get("ops", []))
+    lines += _models_markdown(results.get("models", []))
     return "\n".join(lines) + "\n"
 
 

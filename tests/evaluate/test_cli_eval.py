@@ -51,7 +51,11 @@ def run_copy(tiny_run, tmp_path):
     (["--suite", "clean,pgd", "--set", "pgd.eps=1/255,abc"], "not a number"),
     (["--suite", "pgd", "--set", "pgd.eps=1:/255"], "eps range"),
     (["--suite", "clean", "--set", "pgd.steps=3"], "not selected"),
-    (["--suite", "clean", "--set", "clean.bogus=1"], "no option"),
+    (["--suite", "clean", "--set", "clean.bogus=1"], "unknown option of suite 'clean'"),
+    (["--suite", "pgd", "--set", "pgd.step=3"], "did you mean pgd.steps"),
+    (["--suite", "pgd", "--set", "step=3"], "did you mean steps"),
+    (["--suite", "pgd", "--set", "pgd.steps=many"], "expected an integer"),
+    (["--suite", "clean", "--set", "device=cpu"], "give the device with --device cpu"),
     (["--suite", "clean", "--set", "novalue"], "KEY=VALUE"),
     (["--suite", "clean", "--limit", "0"], "--limit"),
     (["--suite", "clean,corruptions", "--set", "corruptions.root=MISSING"], "does not exist"),
@@ -77,3 +81,13 @@ def test_run_without_weights_or_dir(run_copy, tmp_path, capsys):
     assert (run_copy / "eval" / "clean.json").read_text() == "SENTINEL"
     assert _eval(tmp_path / "does-not-exist", "--suite", "clean") == 2
     assert "does not exist" in capsys.readouterr().err
+
+
+def test_values_are_yaml_and_eps_takes_fractions(tiny_run, tmp_path):
+    out = tmp_path / "ev"
+    rc = _eval(tiny_run, "--suite", "fgsm", "--set", "eps=[0.01, 2.5/255]", "--set", "batch_size=8",
+               "--limit", "8", "--device", "cpu", "--out", str(out))
+    assert rc == 0
+    rec = json.loads((out / "fgsm.json").read_text())
+    assert rec["settings"]["eps"] == pytest.approx([0.01, 2.5 / 255])
+    assert rec["settings"]["batch_size"] == 8 and rec["settings"]["device"] == "cpu"

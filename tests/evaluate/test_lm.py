@@ -64,13 +64,14 @@ def test_sliding_window_perplexity_equals_direct_float64_computation(variant):
         nll, n = score_stream(model, tokens, "sliding", stride=stride, batch_size=5)
         assert n == 25
         ref = _reference_nll(model, tokens, 8, stride)
-        assert nll == pytest.approx(ref, rel=1e-5)
+        # float32 log-softmax and a mean over 25 tokens vs a float64 reference: ~100 eps relative
+        assert nll == pytest.approx(ref, rel=128 * torch.finfo(torch.float32).eps)
         # the float64 model through the same code agrees to float64 precision
         nll64, _ = score_stream(model.double(), tokens, "sliding", stride=stride, batch_size=4)
         model.float()
         assert nll64 == pytest.approx(ref, rel=1e-10)
     nll, n = score_stream(model, tokens, "plain", batch_size=3)
-    assert n == 25 and nll == pytest.approx(_reference_nll(model, tokens, 8), rel=1e-5)
+    assert n == 25 and nll == pytest.approx(_reference_nll(model, tokens, 8), rel=128 * torch.finfo(torch.float32).eps)
     # the protocols really differ (plain restarts the context every 8 tokens)
     assert score_stream(model, tokens, "sliding", stride=1)[0] != pytest.approx(nll, rel=1e-9)
 

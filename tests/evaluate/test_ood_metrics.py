@@ -1,4 +1,4 @@
-"""OOD metrics against hand-computed values and sklearn."""
+"""OOD metrics against hand-computed values and a float64 reference written from the definitions."""
 
 from __future__ import annotations
 
@@ -30,19 +30,44 @@ def test_ties_and_perfect_separation():
     assert auroc([0.5, 0.7], [0.0, 0.1]) == 0.0
 
 
-def test_against_sklearn_with_ties():
-    sk = pytest.importorskip("sklearn.metrics")
-    rng = np.random.RandomState(0)
-    si = np.round(rng.randn(300), 1)  # rounding creates many ties
+def _reference_metrics(si: np.ndarray, so: np.ndarray, recall: float = 0.95):
+    """AUROC, AP and FPR at ``recall`` straight from their definitions, in float64 (OOD positive)."""
+    si, so = np.asarray(si, np.float64), np.asarray(so, np.float64)
+    # AUROC: P(ood > in) + 0.5 P(ood == in) over every (ood, in) pair
+    auroc_ref = ((so[:, None] > si[None, :]).mean() + 0.5 * (so[:, None] == si[None, :]).mean())
+    # AP: at each distinct threshold t (descending) flag every score >= t; sum (R_t - R_prev) * P_t
+    ap_ref, prev_recall, fpr_ref = 0.0, 0.0, None
+    for t in np.unique(np.r_[si, so])[::-1]:
+        tp, fp = float((so >= t).sum()), float((si >= t).sum())
+        ap_ref += (tp / so.size - prev_recall) * tp / (tp + fp)
+        prev_recall = tp / so.size
+        if fpr_ref is None and tp >= recall * so.size:  # the largest threshold reaching the recall
+            fpr_ref = fp / si.size
+    return auroc_ref, ap_ref, fpr_ref
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_against_float64_reference_with_ties(seed):
+    rng = np.random.RandomState(seed)
+    si = np.round(rng.randn(300), 1)  # rounding creates many ties, within and across the two sets
     so = np.round(rng.randn(200) + 0.7, 1)
-    y = np.r_[np.zeros(300), np.ones(200)]
-    s = np.r_[si, so]
-    assert auroc(si, so) == pytest.approx(sk.roc_auc_score(y, s), abs=1e-12)
-    assert aupr(si, so) == pytest.approx(sk.average_precision_score(y, s), abs=1e-12)
-    fpr, tpr, _ = sk.roc_curve(y, s)
-    assert fpr_at_recall(si, so, 0.95) == pytest.approx(fpr[np.searchsorted(tpr, 0.95)], abs=1e-12)
+    auroc_ref, ap_ref, fpr_ref = _reference_metrics(si, so)
+    # Each metric is a sum of at most ~500 float64 terms in [0, 1]: rounding error stays below
+    # 500 * eps(float64) ~ 1e-13, so 1e-12 separates a different definition from summation order.
+    assert auroc(si, so) == pytest.approx(auroc_ref, abs=1e-12)
+    assert aupr(si, so) == pytest.approx(ap_ref, abs=1e-12)
+    assert fpr_at_recall(si, so, 0.95) == pytest.approx(fpr_ref, abs=1e-12)
     m = ood_metrics(si, so)
-    assert set(m) == {"AUPR", "AUROC", "FPR95"} and 0 <= m["AUPR"] <= 100
+    assert m == pytest.approx({"AUPR": 100 * ap_ref, "AUROC": 100 * auroc_ref, "FPR95": 100 * fpr_ref}, abs=1e-10)
+
+
+def test_ood_is_the_positive_class():
+    # swapping the two sets must change AUPR (it is not symmetric) and mirror AUROC
+    rng = np.random.RandomState(3)
+    si, so = rng.randn(50), rng.randn(30) + 1.0
+    assert auroc(so, si) == pytest.approx(1.0 - auroc(si, so), abs=1e-12)
+    assert aupr(si, so) == pytest.approx(_reference_metrics(si, so)[1], abs=1e-12)
+    assert abs(aupr(si, so) - aupr(so, si)) > 0.05
 
 
 def test_msp_score_and_class_restriction():
@@ -58,5 +83,7 @@ def test_msp_score_and_class_restriction():
 def test_bad_scores():
     with pytest.raises(ValueError):
         auroc([], [1.0])
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="finite"):
         aupr([float("nan")], [1.0])
+    with pytest.raises(ValueError, match="finite"):
+        fpr_at_recall([0.0], [float("inf")])

@@ -51,7 +51,8 @@ def test_evaluator_accumulates_over_batches():
     res = ev.result()
     assert res["n"] == 4
     want_loss = torch.nn.functional.cross_entropy(logits, target, ignore_index=IGNORE_INDEX)
-    assert res["loss"] == pytest.approx(float(want_loss), rel=1e-5)
+    # the evaluator accumulates the float32 loss batch by batch, cross_entropy in one mean: rounding only
+    assert res["loss"] == pytest.approx(float(want_loss), rel=128 * torch.finfo(torch.float32).eps)
 
 
 def test_suites_registered_for_segmentation():

@@ -55,7 +55,7 @@ def test_eps_parsing_and_options():
     o = S.resolve_options(pgd, {"eps": "4/255", "pgd.steps": "5", "space": "official", "fgsm.eps": "1"}, 7)
     assert o["eps"] == [pytest.approx(4 / 255)] and o["steps"] == 5 and o["space"] == "official" and o["limit"] == 7
     assert S.resolve_options(pgd, {"pgd.limit": "all"})["limit"] is None
-    with pytest.raises(ValueError, match="no option"):
+    with pytest.raises(ValueError, match="unknown option.*did you mean pgd.steps"):
         S.resolve_options(pgd, {"pgd.stepz": "3"})
     with pytest.raises(ValueError):
         S.resolve_options(pgd, {"pgd.steps": "three"})

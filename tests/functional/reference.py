@@ -23,6 +23,24 @@ def ref_shrink(x, t):
     return torch.sign(x) * torch.clamp(x.abs() - t, min=0)
 
 
+def ref_tau(threshold, lambd, mu, kk, vk, causal):
+    """The shrinkage threshold of one (batch, head) for each rule, written out directly."""
+    if threshold == "lambda_mu":
+        return lambd * mu
+    if threshold == "lambda_over_mu":
+        return lambd / mu
+    n_tok, d = kk.shape
+    if threshold == "candes":  # lambd / (sqrt(max(N, d)) mu), N = the valid keys mu was taken over
+        if causal:
+            counts = torch.tensor([[max(int(vk[: i + 1].sum()), 1)] for i in range(n_tok)], dtype=kk.dtype)
+        else:
+            counts = torch.tensor(max(int(vk.sum()), 1), dtype=kk.dtype)
+        return lambd / (torch.sqrt(torch.clamp(counts, min=d)) * mu)
+    assert threshold == "target_fraction"  # ceil(lambd * n) of the n valid |k| entries lie above tau
+    mags = sorted(kk[vk].abs().flatten().tolist(), reverse=True)
+    return torch.tensor(mags[min(math.ceil(lambd * len(mags)), len(mags) - 1)], dtype=kk.dtype)
+
+
 def ref_pap(k, v, n_iter, lambd, C=None, threshold="lambda_mu", mu_mode="global", valid=None, causal=False):
     """PAP for (B, H, N, d) float64 tensors, one (batch, head) at a time, as docs/method.md#the-loop writes it."""
     B, H, N, d = k.shape
@@ -44,7 +62,7 @@ def ref_pap(k, v, n_iter, lambd, C=None, threshold="lambda_mu", mu_mode="global"
                 count = int(vk.sum())
                 total = float(kk[vk].abs().sum())
                 mu = torch.tensor(count * width / (4 * max(total, 1e-6)), dtype=kk.dtype)
-            tau = lambd * mu if threshold == "lambda_mu" else lambd / mu
+            tau = ref_tau(threshold, lambd, mu, kk, vk, causal)
             L = torch.zeros_like(kk)
             Y = torch.zeros_like(kk)
             for _ in range(n_iter - 1):

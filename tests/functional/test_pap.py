@@ -345,3 +345,66 @@ def test_infinite_lambda_gives_finite_gradients_of_plain_attention(threshold, fu
     state = RF.pap_decompose(k, v, n_iter=3, lambd=math.inf, **opts)
     assert torch.count_nonzero(state.sparse) == 0
 
+
+
+# ---------------------------------------------------------------------------------------------
+# Threshold rules beyond the official lambd * mu, and the sparse-activity record.
+# ---------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("fused", [True, False])
+@pytest.mark.parametrize("threshold,lambd,mu_mode,causal", [
+    ("candes", 1.0, "global", False),
+    ("candes", 2.5, "head_dim", False),
+    ("candes", 1.0, "causal", True),
+    ("target_fraction", 0.05, "global", False),
+    ("target_fraction", 0.3, "head_dim", False),
+])
+def test_threshold_rules_match_reference(threshold, lambd, mu_mode, causal, fused):
+    k, v = rand(2, 3, 11, 4, seed=61) * 2, rand(2, 3, 11, 4, seed=62)
+    valid = torch.ones(2, 11, dtype=torch.bool)
+    valid[1, 8:] = False  # padding: excluded from mu, N and the quantile
+    mask = valid[:, None, None, :]
+    out = RF.pap_attention(k, v, n_iter=4, lambd=lambd, threshold=threshold, mu_mode=mu_mode,
+                           is_causal=causal, attn_mask=mask, fused=fused)
+    ref = ref_pap(k, v, 4, lambd, threshold=threshold, mu_mode=mu_mode, valid=valid, causal=causal)
+    torch.testing.assert_close(out[0], ref[0], rtol=0, atol=1e-10)
+    torch.testing.assert_close(out[1, :, :8], ref[1, :, :8], rtol=0, atol=1e-10)
+
+
+def test_target_fraction_shrinks_that_fraction_in_the_first_pass_at_any_key_scale():
+    """The official tau = lambd * mu grows as keys shrink (mu ~ 1 / mean|k|), so small keys are never
+    shrunk; the target_fraction rule shrinks the same share of entries whatever the scale."""
+    k, v = rand(2, 3, 40, 8, seed=63), rand(2, 3, 40, 8, seed=64)
+    for scale in (0.01, 1.0, 100.0):
+        state = RF.pap_decompose(k * scale, v, n_iter=1, lambd=0.1, threshold="target_fraction")
+        share = (state.sparse != 0).double().mean(dim=(-2, -1))
+        assert torch.all((share - 0.1).abs() <= 1 / (40 * 8)), share  # ceil(0.1 * 320) = 32 entries
+    official = RF.pap_decompose(k * 0.01, v, n_iter=1, lambd=4.0)
+    assert not official.sparse.any()  # tau = 4 mu is far above every |k| at this scale
+
+
+def test_threshold_rule_options_are_checked():
+    k = rand(1, 2, 5, 4, seed=65)
+    with pytest.raises(ValueError, match="lambd in \\(0, 1\\)"):
+        RF.pap_attention(k, k, threshold="target_fraction", lambd=4.0)
+    with pytest.raises(ValueError, match="causal"):
+        RF.pap_attention(k, k, threshold="target_fraction", lambd=0.1, is_causal=True)
+    with pytest.raises(ValueError, match="threshold must be one of"):
+        RF.pap_attention(k, k, threshold="quantile")
+
+
+def test_sparse_activity_counts_the_final_sparse_term():
+    k, v = rand(2, 2, 6, 4, seed=66), rand(2, 2, 6, 4, seed=67)
+    _, state = RF.pap_attention(k, v, n_iter=3, lambd=0.2, threshold="target_fraction", return_state=True)
+    valid = torch.ones(2, 6, dtype=torch.bool)
+    valid[1, 4:] = False
+    act = RF.sparse_activity(state, k, valid)
+    rows = valid[:, None, :].expand(2, 2, 6)
+    s, kk = state.sparse[rows], k[rows]  # (tokens, d) over valid tokens, float64
+    assert act["frac_nonzero"] == pytest.approx(float((s != 0).double().mean()), abs=1e-12)
+    assert act["frac_rows_nonzero"] == pytest.approx(float((s != 0).any(-1).double().mean()), abs=1e-12)
+    assert act["s_over_k"] == pytest.approx(float(s.norm() / kk.norm()), rel=1e-6)  # computed in float32
+    assert act["abs_k_max"] == pytest.approx(float(kk.abs().max()), rel=1e-6)
+    assert act["abs_k_median"] <= act["abs_k_p99"] <= act["abs_k_max"]
+    silent = RF.sparse_activity(RF.pap_decompose(k * 0.01, v, n_iter=3), k * 0.01)
+    assert silent["frac_nonzero"] == 0.0 and silent["s_over_k"] == 0.0 and silent["tau_mean"] > silent["abs_k_max"]

@@ -32,6 +32,9 @@ OPTION_CASES = [
     dict(n_iter=4, threshold="lambda_over_mu", lambd=0.3),
     dict(n_iter=3, mu_mode="head_dim"),
     dict(n_iter=4, is_causal=True, mu_mode="causal_head_dim"),
+    dict(n_iter=4, threshold="candes", lambd=1.0),
+    dict(n_iter=4, is_causal=True, threshold="candes", lambd=1.5),
+    dict(n_iter=3, threshold="target_fraction", lambd=0.1),
 ]
 
 

@@ -14,7 +14,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("reproduce-smoke")]
 def test_smoke_study_end_to_end(tmp_path, capsys):
     # one test function on purpose: the study runs once, whatever worker pytest-xdist picks
     out = tmp_path / "smoke"
-    rc = main(["reproduce", "--preset", "smoke", "--out", str(out)])
+    rc = main(["reproduce", "--study", "smoke", "--out", str(out)])
     assert rc == 0, sorted(p.name for p in (out / "stages").glob("*.failed.json"))
     check_report(out)
     check_rerun_does_nothing(out, capsys)
@@ -49,11 +49,12 @@ def check_report(smoke_dir):
 
 def check_rerun_does_nothing(smoke_dir, capsys):
     capsys.readouterr()
-    assert main(["reproduce", "--preset", "smoke", "--out", str(smoke_dir)]) == 0
-    out = capsys.readouterr().out
-    assert "> " not in "\n".join(l[:2] for l in out.splitlines())   # no stage started
-    assert "26 cached" in out
-    assert main(["reproduce", "--preset", "smoke", "--out", str(smoke_dir), "--dry-run"]) == 0
+    assert main(["reproduce", "--study", "smoke", "--out", str(smoke_dir)]) == 0
+    captured = capsys.readouterr()  # the pipeline logs its progress (stderr); the summary is output
+    assert "> " not in "\n".join(l[:2] for l in captured.err.splitlines())   # no stage started
+    assert "= report: done earlier" in captured.err
+    assert "26 cached" in captured.out
+    assert main(["reproduce", "--study", "smoke", "--out", str(smoke_dir), "--dry-run"]) == 0
     assert "0 of 26 stages to run" in capsys.readouterr().out
 
 
@@ -65,8 +66,8 @@ def check_interrupted_training_resumes_from_checkpoint(smoke_dir, capsys):
     (st / "train.rpc6-s0.running.json").write_text(json.dumps({"name": "train.rpc6-s0", "attempts": 1}))
     assert list((smoke_dir / "runs" / "rpc6-s0" / "checkpoints").iterdir())
     capsys.readouterr()
-    assert main(["reproduce", "--preset", "smoke", "--out", str(smoke_dir), "--stages", "train.*"]) == 0
-    out = capsys.readouterr().out
+    assert main(["reproduce", "--study", "smoke", "--out", str(smoke_dir), "--stages", "train.*"]) == 0
+    out = capsys.readouterr().err  # the pipeline's progress log
     assert "> train.rpc6-s0: resuming" in out and "resuming from the last checkpoint" in out
     assert "> train.symvit-s0" not in out and "= train.symvit-s0: done earlier" in out
     again = json.loads((st / "train.rpc6-s0.done.json").read_text())
@@ -74,11 +75,11 @@ def check_interrupted_training_resumes_from_checkpoint(smoke_dir, capsys):
 
 
 def test_missing_data_path_fails_fast(tmp_path, capsys):
-    assert main(["reproduce", "--preset", "imagenet", "--out", str(tmp_path / "x")]) == 2
+    assert main(["reproduce", "--study", "imagenet", "--out", str(tmp_path / "x")]) == 2
     assert "data.imagenet" in capsys.readouterr().err
-    assert main(["reproduce", "--preset", "wikitext103", "--set", "data.wikitext103=/nonexistent",
+    assert main(["reproduce", "--study", "wikitext103", "--set", "data.wikitext103=/nonexistent",
                  "--out", str(tmp_path / "y")]) == 2
     assert "no such file" in capsys.readouterr().err
-    assert main(["reproduce", "--preset", "quick", "--set", "bogus=1", "--dry-run"]) == 2
-    assert main(["reproduce", "--preset", "quick", "--stages", "nothing.*", "--dry-run",
+    assert main(["reproduce", "--study", "quick", "--set", "bogus=1", "--dry-run"]) == 2
+    assert main(["reproduce", "--study", "quick", "--stages", "nothing.*", "--dry-run",
                  "--out", str(tmp_path / "z")]) == 2

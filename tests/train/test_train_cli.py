@@ -40,7 +40,7 @@ def test_bad_data_path_is_exit_2_one_line(tmp_path, capsys):
 @pytest.mark.parametrize("args,needle", [
     (["--set", "train.epochz=3"], "train.epochz"),
     (["--set", "bogus=1"], "bogus"),
-    (["--set", "train.epochs"], "key=value"),
+    (["--set", "train.epochs"], "KEY=VALUE"),
     (["--set", "model.kwargs.rpc_layers=[99]"], "rpc_layers index 99"),
     (["--set", "model.kwargs.n_iter=0"], "n_iter"),
     (["--set", "train.ema=3"], "train.ema is a section"),
@@ -59,7 +59,7 @@ def test_usage_errors(tmp_path, capsys):
     assert main(["train", "--resume", str(tmp_path / "missing")]) == 2
     assert "config.yaml" in _err(capsys)
     assert main(["train", "--preset", "fmnist-symvit"]) == 2
-    assert "--out" in _err(capsys)
+    assert "--run DIR is required" in _err(capsys)
 
 
 def test_existing_run_refused_without_resume_or_force(tmp_path, capsys):

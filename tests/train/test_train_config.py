@@ -1,16 +1,19 @@
 """Config resolution: defaults, overrides (YAML values, open sections, unknown keys), samplers."""
 
+import re
+
 import pytest
 import torch
 
-from rpc_attention.train.config import apply_overrides, parse_overrides, resolve_config
+from rpc_attention.train.config import (DEFAULTS, TrainConfig, apply_overrides, list_presets, load_preset,
+                                        parse_overrides, resolve_config)
 from rpc_attention.train.trainer import StepSampler
 
 
 def test_overrides_parse_yaml_values():
     assert parse_overrides(["a.b=3", "c=[0, 1]", "d=all", "e=1e-3", "f=null", "g=true"]) == [
         ("a.b", 3), ("c", [0, 1]), ("d", "all"), ("e", 1e-3), ("f", None), ("g", True)]
-    with pytest.raises(ValueError, match="key=value"):
+    with pytest.raises(ValueError, match="KEY=VALUE"):
         parse_overrides(["nothing"])
 
 
@@ -19,7 +22,7 @@ def test_apply_overrides_rules():
     out = apply_overrides(cfg, [("train.epochs", 5), ("model.kwargs.n_iter", 4), ("train.ema.enabled", True)])
     assert out["train"]["epochs"] == 5 and out["model"]["kwargs"]["n_iter"] == 4 and out["train"]["ema"]["enabled"]
     assert cfg["train"]["epochs"] == 1  # input untouched
-    with pytest.raises(ValueError, match="unknown config key 'train.epoch'.*train.epochs"):
+    with pytest.raises(ValueError, match="unknown config key 'train.epoch'.*did you mean train.epochs"):
         apply_overrides(cfg, [("train.epoch", 2)])
     with pytest.raises(ValueError, match="not a section"):
         apply_overrides(cfg, [("train.epochs.x", 2)])
@@ -72,7 +75,61 @@ def test_poly_schedule_takes_its_power_from_decay_rate(power):
     from rpc_attention.train.trainer import _build_scheduler
 
     opt = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=1.0)
-    cfg = {"schedule": {"name": "poly", "decay_rate": power, "warmup_epochs": 0, "min_lr": 0.0}}
-    sched = _build_scheduler(opt, cfg, steps_per_epoch=10, epochs=1)
+    cfg = TrainConfig.from_dict({"schedule": {"name": "poly", "decay_rate": power, "warmup_epochs": 0, "min_lr": 0.0}})
+    sched = _build_scheduler(opt, cfg.schedule, steps_per_epoch=10, epochs=1)
     sched.step_update(5)  # halfway: lr = (1 - t / T) ** power
     assert opt.param_groups[0]["lr"] == pytest.approx(0.5 ** power, rel=1e-6)
+
+
+def test_defaults_have_one_owner_the_typed_config():
+    # DEFAULTS is the dict form of the dataclasses; the EMA decay is DeiT's 0.99996 (the trainer
+    # once fell back to 0.9999 when a config lacked the key)
+    assert TrainConfig.from_dict(DEFAULTS) == TrainConfig()
+    assert TrainConfig.from_dict({"train": {"ema": {"enabled": True}}}).train.ema.decay == DEFAULTS["train"]["ema"]["decay"] == 0.99996
+    assert TrainConfig.from_dict({}).to_dict() == DEFAULTS
+
+
+@pytest.mark.parametrize("name", [n for n, _ in list_presets()])
+def test_every_preset_reads_as_a_typed_config(name):
+    raw = load_preset(name)
+    cfg = TrainConfig.from_dict(raw)
+    assert cfg.task == raw.get("task", "classification")
+    for section in ("optim", "schedule", "train", "eval"):
+        for key, value in (raw.get(section) or {}).items():
+            have = getattr(getattr(cfg, section), key, None)
+            if have is None:
+                have = getattr(getattr(cfg, section), "extra").get(key)
+            assert have == value or (key == "ema" and have == TrainConfig.from_dict({"train": {"ema": value}}).train.ema)
+
+
+@pytest.mark.parametrize("override,needle", [
+    ("train.epochs=three", "train.epochs: expected an integer, got 'three'"),
+    ("train.amp=fp8", "train.amp: expected one of"),
+    ("optim.lr=fast", "optim.lr: 'fast' is not a number"),
+    ("train.ema.enabled=maybe", "train.ema.enabled: expected true or false"),
+    ("train.callbacks=jproj", "train.callbacks: expected a list"),
+])
+def test_override_of_the_wrong_type_names_the_key(override, needle):
+    with pytest.raises(ValueError, match=re.escape(needle)):
+        resolve_config("fmnist-symvit", [override])
+
+
+def test_typed_values_reach_the_config():
+    cfg = resolve_config("fmnist-symvit", ["optim.lr=2.5e-4", "schedule.min_lr=1/100000", "train.ema.enabled=true"])
+    typed = TrainConfig.from_dict(cfg)
+    assert typed.optim.lr == 2.5e-4 and typed.schedule.min_lr == 1e-5 and typed.train.ema.enabled
+    assert typed.data.extra["val_size"] == 5000  # a task key lives in the section's extra
+
+
+def test_task_options_is_not_an_open_section():
+    # it was accepted by --set and read by no one
+    with pytest.raises(ValueError, match="unknown config key 'task_options.x'"):
+        resolve_config("fmnist-symvit", ["task_options.x=1"])
+
+
+def test_primary_metric_has_one_default():
+    from rpc_attention.train.tasks import DEFAULT_PRIMARY_METRIC, get_task, primary_metric
+
+    assert primary_metric(object()) == DEFAULT_PRIMARY_METRIC == "acc1"
+    assert primary_metric(get_task("classification")) == "acc1"
+    assert primary_metric(get_task("lm")) == "ppl"

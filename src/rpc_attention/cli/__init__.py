@@ -10,11 +10,16 @@ and is listed in :func:`commands`. Every module is imported to build the parser,
 inside ``run``. A command holds argument handling and printing only; what it does is a library
 function a study stage can call too. Errors meant for users raise :class:`UserError` (one line, exit
 code 2).
+
+Library modules log through ``logging`` (``rpc_attention.*`` loggers); :func:`configure_logging`
+sends those records to stderr at the level ``-v`` / ``-q`` choose. What a command prints on stdout
+(tables, the report path) is its output.
 """
 
 from __future__ import annotations
 
 import argparse
+import logging
 import sys
 from types import ModuleType
 from typing import List, Optional, Tuple
@@ -33,6 +38,51 @@ def commands() -> List[Tuple[str, ModuleType]]:
             ("presets", presets), ("reproduce", reproduce), ("train", train)]
 
 
+class _StderrHandler(logging.StreamHandler):
+    """Writes to the ``sys.stderr`` of the moment (as ``logging.lastResort``), so a redirection of
+    stderr (a study stage's log file, pytest's capture) also captures the records."""
+
+    def __init__(self) -> None:
+        super().__init__(sys.stderr)
+
+    @property
+    def stream(self):
+        return sys.stderr
+
+    @stream.setter
+    def stream(self, value) -> None:  # StreamHandler.__init__ assigns it; the property reads sys.stderr
+        pass
+
+
+class _Formatter(logging.Formatter):
+    def format(self, record: logging.LogRecord) -> str:
+        text = super().format(record)
+        return text if record.levelno < logging.WARNING else f"{record.levelname.lower()}: {text}"
+
+
+def configure_logging(verbosity: int = 0) -> None:
+    """Route the package's log records to stderr: ``verbosity`` 0 shows INFO (progress, notes), 1+
+    DEBUG, -1 warnings only, -2 errors only. Replaces the handler of an earlier call."""
+    level = {-1: logging.WARNING, 0: logging.INFO}.get(verbosity, logging.DEBUG if verbosity > 0 else logging.ERROR)
+    package_logger = logging.getLogger("rpc_attention")
+    for handler in [h for h in package_logger.handlers if isinstance(h, _StderrHandler)]:
+        package_logger.removeHandler(handler)
+    handler = _StderrHandler()
+    handler.setFormatter(_Formatter("%(message)s"))
+    package_logger.addHandler(handler)
+    package_logger.setLevel(level)
+
+
+def _verbosity_options() -> argparse.ArgumentParser:
+    common = argparse.ArgumentParser(add_help=False)
+    group = common.add_argument_group("output")
+    group.add_argument("-v", "--verbose", action="count", default=0,
+                       help="more log output on stderr (debug messages)")
+    group.add_argument("-q", "--quiet", action="count", default=0,
+                       help="less log output on stderr: -q warnings only (no progress), -qq errors only")
+    return common
+
+
 def build_parser() -> argparse.ArgumentParser:
     from .. import __version__
 
@@ -42,8 +92,10 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--version", action="version", version=f"rpc-attention {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    common = _verbosity_options()
     for name, module in commands():
-        p = sub.add_parser(name, help=getattr(module, "HELP", ""), description=getattr(module, "HELP", None))
+        p = sub.add_parser(name, help=getattr(module, "HELP", ""), description=getattr(module, "HELP", None),
+                           parents=[common])
         module.add_arguments(p)
         p.set_defaults(_run=module.run)
     return parser
@@ -55,6 +107,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     if not getattr(args, "_run", None):
         parser.print_help()
         return 2
+    configure_logging(args.verbose - args.quiet)
     import torch
 
     # Before any parallel op, so that the OpenMP workers inherit it: see docs/performance.md

@@ -10,29 +10,44 @@ HELP = "Kernel-PCA analysis (J_proj, Gram eigenvectors, value alignment, PAP spa
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    src = parser.add_mutually_exclusive_group(required=True)
+    model = parser.add_argument_group("model (one of --run, --timm, --hf)")
+    src = model.add_mutually_exclusive_group(required=True)
     src.add_argument("--run", metavar="DIR", help="a training run directory (config.yaml + model.safetensors)")
     src.add_argument("--timm", metavar="NAME", help="a timm model name (random init unless --checkpoint)")
     src.add_argument("--hf", metavar="PATH_OR_CONFIG",
                      help="a local Hugging Face directory with config.json, or a built-in config: "
                           "bert-tiny-config, bert-mini-config, vit-tiny-config (random weights)")
-    parser.add_argument("--checkpoint", metavar="FILE", help="weights for --timm (.safetensors or torch state dict)")
-    parser.add_argument("--timm-kwarg", action="append", default=[], metavar="KEY=VALUE",
-                        help="extra timm.create_model keyword (repeatable), e.g. img_size=64")
+    model.add_argument("--checkpoint", metavar="FILE", help="weights for --timm (.safetensors or torch state dict)")
+    model.add_argument("--set", dest="sets", action="append", default=[], metavar="model.kwargs.NAME=VALUE",
+                       help="timm.create_model keyword for --timm (repeatable; YAML values), e.g. "
+                            "--set model.kwargs.img_size=64")
+    model.add_argument("--timm-kwarg", action="append", default=[], metavar="NAME=VALUE",
+                       help="alias of --set model.kwargs.NAME=VALUE")
+    model.add_argument("--seq-len", type=int, default=128, help="--hf text models: random sequence length")
     parser.add_argument("--out", required=True, metavar="DIR", help="output directory (kpca.json, summary.md, *.png)")
-    parser.add_argument("--seq-len", type=int, default=128, help="--hf text models: random sequence length")
     add_analysis_arguments(parser)
 
 
-def _kwarg(item: str):
-    import yaml
+def timm_kwargs(args: argparse.Namespace) -> dict:
+    """``--set model.kwargs.NAME=VALUE`` and the ``--timm-kwarg NAME=VALUE`` alias as a keyword dict."""
+    from . import UserError
+    from ..overrides import parse_assignments
 
-    if "=" not in item:
-        from . import UserError
-
-        raise UserError(f"--timm-kwarg expects KEY=VALUE, got {item!r}")
-    k, v = item.split("=", 1)
-    return k.strip(), yaml.safe_load(v)
+    try:
+        pairs = parse_assignments(args.sets, "--set")
+        pairs += [(f"model.kwargs.{k}", v) for k, v in parse_assignments(args.timm_kwarg, "--timm-kwarg")]
+    except ValueError as exc:
+        raise UserError(str(exc)) from None
+    kwargs = {}
+    for key, value in pairs:
+        name = key[len("model.kwargs."):] if key.startswith("model.kwargs.") else ""
+        if not name or "." in name:
+            raise UserError(f"--set {key}: analyze takes model settings only, as model.kwargs.NAME=VALUE "
+                            "(the analysis options are flags: --limit, --protocol, ...)")
+        kwargs[name] = value
+    if kwargs and not args.timm:
+        raise UserError("model.kwargs settings apply to --timm models only")
+    return kwargs
 
 
 def run(args: argparse.Namespace) -> int:
@@ -49,13 +64,13 @@ def run(args: argparse.Namespace) -> int:
         opts = options_from_namespace(args)
     except ValueError as exc:
         raise UserError(str(exc)) from None
+    kw = timm_kwargs(args)
     if opts.threads:
         torch.set_num_threads(opts.threads)
     try:
         if args.run:
             probe = sources.probe_from_run(args.run, limit=opts.limit, device=opts.device, ema=opts.ema)
         elif args.timm:
-            kw = dict(_kwarg(i) for i in args.timm_kwarg)
             probe = sources.probe_from_timm(args.timm, checkpoint=args.checkpoint, limit=opts.limit, seed=opts.seed,
                                             device=opts.device, **kw)
         else:

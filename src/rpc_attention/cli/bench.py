@@ -3,8 +3,12 @@
 from __future__ import annotations
 
 import argparse
+from typing import TYPE_CHECKING, Optional
 
 from . import UserError
+
+if TYPE_CHECKING:
+    from ..bench import HeapControl
 
 HELP = "benchmark PAP against plain attention and the official formulation (operators and models)"
 
@@ -22,7 +26,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--no-memory", action="store_true", help="skip the memory measurements")
 
 
-def run(args: argparse.Namespace) -> int:
+def run(args: argparse.Namespace, heap: Optional["HeapControl"] = None) -> int:
+    """Run the suite; ``heap`` is the C-heap control CPU peak memory needs (``benchmarks/run.py``'s)."""
     import sys
 
     from .. import bench
@@ -48,7 +53,7 @@ def run(args: argparse.Namespace) -> int:
         cfg.memory = False
     try:
         results = bench.run_suite(cfg, device=device, progress=sys.stderr.isatty() or not args.smoke,
-                                  ops=args.only != "models", models=args.only != "ops")
+                                  ops=args.only != "models", models=args.only != "ops", heap=heap)
         paths = bench.write_results(results, args.out)
     except (ValueError, OSError) as exc:
         raise UserError(str(exc)) from None

@@ -9,7 +9,9 @@ HELP = "Plot validation curves of several runs on one figure and tabulate best/f
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("runs", nargs="+", metavar="RUN", help="run directories (each with metrics.jsonl)")
+    parser.add_argument("--run", dest="run_dirs", action="append", default=[], metavar="DIR",
+                        help="a run directory with metrics.jsonl (repeatable, in plot order)")
+    parser.add_argument("runs", nargs="*", metavar="RUN", help="run directories given without --run (same meaning)")
     parser.add_argument("--out", required=True, metavar="DIR", help="writes compare.png, compare.md, compare.json")
     parser.add_argument("--metric", action="append", default=None, metavar="KEY",
                         help="validation metric to plot (repeatable; default: accuracy-like metric and loss)")
@@ -22,8 +24,12 @@ def run(args: argparse.Namespace) -> int:
     from . import UserError
     from ..report.compare import compare_runs
 
+    runs = list(args.run_dirs) + list(args.runs)
+    if not runs:
+        raise UserError("give the runs to compare: --run DIR (repeatable)")
+
     try:
-        table = compare_runs(args.runs, args.out, metrics=args.metric, labels=args.label, split=args.split)
+        table = compare_runs(runs, args.out, metrics=args.metric, labels=args.label, split=args.split)
     except (FileNotFoundError, ValueError) as exc:
         raise UserError(str(exc)) from None
     for row in table["runs"]:

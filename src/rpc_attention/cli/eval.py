@@ -4,32 +4,52 @@ from __future__ import annotations
 
 import argparse
 import sys
-from typing import Dict, List
+from typing import Any, Dict, Optional
 
 from . import UserError
 
 HELP = "evaluate a trained run: clean, attacks (fgsm, pgd, autoattack, ...), corruptions, ood"
 
 
+def add_model_arguments(parser: argparse.ArgumentParser) -> argparse._ArgumentGroup:
+    """``--run``, ``--ema`` and ``--device``: which model, on which device (``eval-external`` adds to this group)."""
+    g = parser.add_argument_group("model")
+    g.add_argument("--run", metavar="DIR", help="training run directory (config.yaml + model.safetensors)")
+    g.add_argument("--ema", action="store_true", help="use the run's EMA weights (model_ema.safetensors)")
+    g.add_argument("--device", default="cpu", help="torch device to evaluate on: cpu (default), cuda, cuda:1, ...")
+    return g
+
+
+def add_suite_arguments(parser: argparse.ArgumentParser) -> None:
+    """``--suite``, ``--set``, ``--limit`` and ``--out``."""
+    g = parser.add_argument_group("evaluation")
+    g.add_argument("--suite", default="clean", metavar="NAME[,NAME...]",
+                   help="suites to run, comma separated (default: clean; 'list' prints them)")
+    g.add_argument("--set", dest="sets", action="append", default=[], metavar="KEY=VALUE",
+                   help="suite option, repeatable; KEY is SUITE.OPTION ('pgd.eps=1:6/255', 'pgd.steps=10') or "
+                        "OPTION for every selected suite that has it ('space=official', 'batch_size=64', "
+                        "'seed=1'); values are YAML, eps also fractions like 2.5/255")
+    g.add_argument("--limit", type=int, default=None, metavar="N",
+                   help="number of examples: evaluate the first N only (default: all)")
+    g.add_argument("--out", metavar="DIR", default=None, help="output directory (default: RUN/eval)")
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--run", metavar="DIR", help="run directory (config.yaml + model.safetensors)")
-    parser.add_argument("--suite", default="clean", metavar="NAME[,NAME...]",
-                        help="suites to run, comma separated (default: clean; 'list' prints them)")
-    parser.add_argument("--set", dest="sets", action="append", default=[], metavar="KEY=VALUE",
-                        help="suite option: 'pgd.eps=1:6/255', 'space=official' (every selected suite that "
-                             "has it), 'batch_size=64', 'seed=1', 'device=cuda'; repeatable")
-    parser.add_argument("--limit", type=int, default=None, metavar="N", help="evaluate the first N examples only")
-    parser.add_argument("--ema", action="store_true", help="use the EMA weights (model_ema.safetensors)")
-    parser.add_argument("--out", metavar="DIR", default=None, help="output directory (default: RUN/eval)")
+    add_model_arguments(parser)
+    add_suite_arguments(parser)
 
 
-def _parse_sets(items: List[str]) -> Dict[str, str]:
-    sets: Dict[str, str] = {}
-    for item in items:
-        key, eq, value = item.partition("=")
-        if not eq or not key.strip():
-            raise UserError(f"--set expects KEY=VALUE, got {item!r}")
-        sets[key.strip()] = value.strip()
+def parse_suite_sets(args: argparse.Namespace) -> Dict[str, Any]:
+    """``--set`` items and ``--device`` as the suites' option dict; UserError when malformed."""
+    from ..evaluate.suites import parse_sets
+
+    try:
+        sets = parse_sets(args.sets)
+    except ValueError as exc:
+        raise UserError(str(exc)) from None
+    if "device" in sets:
+        raise UserError(f"--set device={sets['device']}: give the device with --device {sets['device']}")
+    sets["device"] = args.device
     return sets
 
 
@@ -53,8 +73,9 @@ def _print_suites() -> int:
     return 0
 
 
-def run_with_loader(args: argparse.Namespace, load) -> int:
-    """``rpc-attention eval`` with the model from ``load(device) -> (model, cfg, run_dir, source)``."""
+def run_with_loader(args: argparse.Namespace, load, sets: Optional[Dict[str, Any]] = None) -> int:
+    """``rpc-attention eval`` with the model from ``load(device) -> (model, cfg, run_dir, source)``;
+    ``sets``: the suite options (default: :func:`parse_suite_sets` of ``args``)."""
     from ..evaluate import suites as S
     from ..evaluate.runner import evaluate_model, select_suites
 
@@ -63,7 +84,7 @@ def run_with_loader(args: argparse.Namespace, load) -> int:
         return _print_suites()
     if not names:
         raise UserError("--suite is empty")
-    sets = _parse_sets(args.sets)
+    sets = parse_suite_sets(args) if sets is None else sets
     try:
         select_suites(names, sets, args.limit)  # option errors before any model is loaded
     except ValueError as exc:

@@ -1,8 +1,10 @@
 """``rpc-attention eval-external``: ``rpc-attention eval`` on external models and/or with test-time RPC.
 
-Everything ``rpc-attention eval`` accepts (``--run``, ``--suite``, ``--set``, ``--limit``, ``--out``)
-plus ``--rpc-layers`` (switch the loaded model's attention to RPC without retraining),
-``--timm NAME --checkpoint FILE`` and ``--hf PATH_OR_CONFIG`` (with ``--data-config``). The suites,
+Everything ``rpc-attention eval`` accepts (``--run``, ``--device``, ``--suite``, ``--set``, ``--limit``,
+``--out``) plus ``--rpc-layers`` (switch the loaded model's attention to RPC without retraining),
+``--timm NAME --checkpoint FILE`` and ``--hf PATH_OR_CONFIG`` (with ``--data-config``). Keyword
+arguments of ``timm.create_model`` are settings too: ``--set model.kwargs.img_size=28`` (the older
+``--model-kwargs JSON`` is an alias). The suites,
 options and result files are those of ``rpc-attention eval``; results with test-time RPC go to
 ``RUN/eval-rpc-<layers>-<n_iter>it-l<lambd>/`` by default so the run's own ``RUN/eval`` is untouched.
 """
@@ -45,9 +47,10 @@ def run(args: argparse.Namespace) -> int:
 
     try:
         rpc = ext.rpc_options_from_args(args)
-        model_kwargs = ext.parse_model_kwargs(args.model_kwargs)
     except ValueError as exc:
         raise UserError(str(exc)) from None
+    sets = base.parse_suite_sets(args)
+    model_kwargs = _model_kwargs(args, sets)
     external = bool(args.timm or args.hf)
     if external and args.run:
         raise UserError("give either --run DIR or --timm/--hf, not both")
@@ -79,4 +82,24 @@ def run(args: argparse.Namespace) -> int:
                 raise UserError(str(exc)) from None
         return model, cfg, run_dir, source
 
-    return base.run_with_loader(args, load)
+    return base.run_with_loader(args, load, sets)
+
+
+def _model_kwargs(args: argparse.Namespace, sets: dict) -> dict:
+    """The ``model.kwargs.*`` settings (taken out of ``sets``) merged with the ``--model-kwargs`` JSON alias."""
+    from ..evaluate import external as ext
+
+    try:
+        kwargs = ext.parse_model_kwargs(args.model_kwargs)
+    except ValueError as exc:
+        raise UserError(str(exc)) from None
+    for key in [k for k in sets if k.startswith("model.")]:
+        name = key[len("model.kwargs."):] if key.startswith("model.kwargs.") else ""
+        if not name or "." in name:
+            raise UserError(f"--set {key}: the model takes settings as model.kwargs.NAME=VALUE")
+        if name in kwargs:
+            raise UserError(f"model keyword {name!r} given twice (--set {key} and --model-kwargs)")
+        kwargs[name] = sets.pop(key)
+    if kwargs and not args.timm:
+        raise UserError("model.kwargs settings apply to --timm models only")
+    return kwargs

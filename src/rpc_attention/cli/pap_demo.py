@@ -4,19 +4,21 @@ from __future__ import annotations
 
 import argparse
 
+from ..markdown import markdown_table
+
 HELP = "Short PAP demonstration: plain vs RPC attention on keys with injected sparse corruption"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--tokens", type=int, default=197, help="sequence length N (default: DeiT's 197)")
-    parser.add_argument("--heads", type=int, default=3)
-    parser.add_argument("--head-dim", type=int, default=64)
+    parser.add_argument("--heads", type=int, default=3, help="attention heads (default 3)")
+    parser.add_argument("--head-dim", type=int, default=64, help="width of each head (default 64)")
     parser.add_argument("--rank", type=int, default=4, help="rank of the clean keys")
     parser.add_argument("--fraction", type=float, default=0.05, help="fraction of key entries corrupted")
     parser.add_argument("--magnitude", type=float, default=5.0, help="corruption size in key standard deviations")
-    parser.add_argument("--lambd", type=float, default=4.0)
-    parser.add_argument("--trials", type=int, default=8)
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--lambd", type=float, default=4.0, help="PAP sparsity weight lambda (default 4)")
+    parser.add_argument("--trials", type=int, default=8, help="random draws averaged (default 8)")
+    parser.add_argument("--seed", type=int, default=0, help="seed of the draws (default 0)")
 
 
 def corruption_table(args: argparse.Namespace):
@@ -57,8 +59,7 @@ def run(args: argparse.Namespace) -> int:
     print(f"Keys: rank {args.rank}, N={args.tokens}, {args.heads} heads of {args.head_dim}; "
           f"{args.fraction:.0%} of entries corrupted by +-{args.magnitude:g} std; mean over {args.trials} draws.")
     print("Relative change of each head's output when the keys are corrupted (lower = more robust):\n")
-    print("| attention | softmax evaluations | relative output change |")
-    print("|---|---:|---:|")
-    for name, n_iter, change in rows:
-        print(f"| {name} | {n_iter} | {change:.4f} |")
+    table = markdown_table(["attention", "softmax evaluations", "relative output change"],
+                           [[name, n_iter, f"{change:.4f}"] for name, n_iter, change in rows], align="lrr")
+    print("\n".join(table))
     return 0

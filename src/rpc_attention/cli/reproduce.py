@@ -8,23 +8,42 @@ HELP = "run a reproduction study as a resumable pipeline of stages and write its
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--preset", default="quick",
-                        help="study: smoke, quick (default; `make demo`), fmnist-full, imagenet, wikitext103")
-    parser.add_argument("--out", default=None, metavar="DIR", help="study directory (default: runs/<preset>)")
-    parser.add_argument("--set", dest="sets", action="append", default=[], metavar="KEY=VALUE",
-                        help="study setting, repeatable: seeds=0,1,2, eval_limit=500, data.imagenet=PATH, ... "
-                             "(--list shows each study's settings)")
-    parser.add_argument("--stages", action="append", default=None, metavar="NAMES",
-                        help="run only these stages: names, globs or kinds, comma separated "
-                             "('train.*', 'eval.*.pgd', 'report'); a stage's unfinished dependencies must be selected too")
-    parser.add_argument("--dry-run", action="store_true", help="print the plan with estimated times and exit")
-    parser.add_argument("--force", action="store_true", help="rerun the selected stages even if finished")
-    parser.add_argument("--stop-on-error", action="store_true",
-                        help="stop at the first failed stage (default: run the stages that do not depend on it)")
-    parser.add_argument("--device", default=None, help="device for training and evaluation (default: the study's; cpu)")
-    parser.add_argument("--threads", type=int, default=None, help="torch intra-op threads for every stage, training included (default: the presets' own, "
-                             "then torch's default); not part of any stage's parameters")
-    parser.add_argument("--list", action="store_true", help="list the study presets and their settings")
+    g = parser.add_argument_group("study")
+    g.add_argument("--study", default=None, metavar="NAME",
+                   help="study: smoke, quick (default; `make demo`), fmnist-full, imagenet, wikitext103 "
+                        "(--list shows them; trainer presets are a different thing: `rpc-attention presets`)")
+    g.add_argument("--preset", dest="study_alias", default=None, metavar="NAME", help="deprecated alias of --study")
+    g.add_argument("--out", default=None, metavar="DIR", help="study directory (default: runs/<study>)")
+    g.add_argument("--set", dest="sets", action="append", default=[], metavar="KEY=VALUE",
+                   help="study setting, repeatable; values are YAML: seeds=[0,1,2] (or 0,1,2), eval_limit=500, "
+                        "data.imagenet=PATH, analyze_sets=[limit=4] ... (--list shows each study's settings)")
+    g.add_argument("--list", action="store_true", help="list the studies and their settings")
+    r = parser.add_argument_group("running")
+    r.add_argument("--stages", action="append", default=None, metavar="NAMES",
+                   help="run only these stages: names, globs or kinds, comma separated "
+                        "('train.*', 'eval.*.pgd', 'report'); a stage's unfinished dependencies must be selected too")
+    r.add_argument("--dry-run", action="store_true", help="print the plan with estimated times and exit")
+    r.add_argument("--force", action="store_true", help="rerun the selected stages even if finished")
+    r.add_argument("--stop-on-error", action="store_true",
+                   help="stop at the first failed stage (default: run the stages that do not depend on it)")
+    r.add_argument("--device", default=None, help="device for training and evaluation (default: the study's; cpu)")
+    r.add_argument("--threads", type=int, default=None,
+                   help="torch intra-op threads for every stage, training included (default: the presets' own, "
+                        "then torch's default); not part of any stage's parameters")
+
+
+def study_name(args: argparse.Namespace) -> str:
+    """``--study`` (or its deprecated alias ``--preset``, with a warning); default ``quick``."""
+    import sys
+
+    from . import UserError
+
+    if args.study_alias is not None:
+        if args.study is not None and args.study != args.study_alias:
+            raise UserError("give the study once: --study NAME (--preset is its deprecated alias)")
+        print(f"rpc-attention reproduce: --preset is deprecated; use --study {args.study_alias}", file=sys.stderr)
+        return args.study_alias
+    return args.study or "quick"
 
 
 def run(args: argparse.Namespace) -> int:
@@ -42,6 +61,7 @@ def run(args: argparse.Namespace) -> int:
             print(f"{name}: {desc}")
             print("  settings: " + ", ".join(f"{k}={v}" for k, v in defaults.items()))
         return 0
+    study = study_name(args)
     os.environ.setdefault("MPLBACKEND", "Agg")
     if args.threads is not None:
         if args.threads < 1:
@@ -49,10 +69,10 @@ def run(args: argparse.Namespace) -> int:
         import torch
 
         torch.set_num_threads(args.threads)
-    out = args.out or os.path.join("runs", args.preset)
+    out = args.out or os.path.join("runs", study)
     t0 = time.time()
     try:
-        summary = run_study(args.preset, out, settings=args.sets, selection=args.stages, force=args.force,
+        summary = run_study(study, out, settings=args.sets, selection=args.stages, force=args.force,
                             dry_run=args.dry_run, keep_going=not args.stop_on_error, device=args.device,
                             threads=args.threads)
     except (StudyError, StageSelectionError) as exc:
@@ -64,7 +84,7 @@ def run(args: argparse.Namespace) -> int:
         return 0
     took = format_seconds(time.time() - t0)
     counts = ", ".join(f"{len(v)} {k}" for k, v in summary.items() if v)
-    print(f"study {args.preset} in {out}: {counts} ({took})")
+    print(f"study {study} in {out}: {counts} ({took})")
     if os.path.exists(os.path.join(out, "report.md")):
         print(f"report: {os.path.join(out, 'report.md')} and report.html")
     if summary["failed"] or summary["blocked"]:

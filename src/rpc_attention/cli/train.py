@@ -4,18 +4,41 @@ from __future__ import annotations
 
 import argparse
 
-HELP = "Train a model from a preset (--preset NAME --out DIR [--set k=v ...]) or continue one (--resume DIR)"
+HELP = "Train a model from a preset (--preset NAME --run DIR [--set k=v ...]) or continue one (--run DIR --resume)"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--preset", help="preset name (see `rpc-attention presets`) or a YAML file")
-    parser.add_argument("--out", help="run directory to create")
-    parser.add_argument("--resume", metavar="DIR", help="continue the run in DIR from its newest good checkpoint")
-    parser.add_argument("--force", action="store_true", help="delete an existing run in --out and start over")
-    parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
-                        help="override a config value, e.g. --set train.epochs=3 --set model.kwargs.n_iter=4 "
-                             "(repeatable; values are YAML)")
-    parser.add_argument("--print-config", action="store_true", help="print the resolved config and exit")
+    g = parser.add_argument_group("run")
+    g.add_argument("--preset", help="trainer preset name (see `rpc-attention presets`) or a YAML file")
+    g.add_argument("--run", metavar="DIR", help="the run directory: created with --preset, continued with --resume")
+    g.add_argument("--out", metavar="DIR", help="alias of --run for a new run")
+    g.add_argument("--resume", nargs="?", const=True, default=None, metavar="DIR",
+                   help="continue the run (--run DIR) from its newest good checkpoint; `--resume DIR` also works")
+    g.add_argument("--force", action="store_true", help="delete an existing run in --run and start over")
+    c = parser.add_argument_group("config")
+    c.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                   help="override a config value, e.g. --set train.epochs=3 --set model.kwargs.n_iter=4 "
+                        "(repeatable; dotted keys, YAML values)")
+    c.add_argument("--device", default=None,
+                   help="torch device: auto, cpu, cuda, cuda:1, ... (default: the config's train.device, auto)")
+    c.add_argument("--print-config", action="store_true", help="print the resolved config and exit")
+
+
+def _run_dirs(args: argparse.Namespace):
+    """``(new run dir or None, run dir to resume or None)`` from --run/--out/--resume; UserError if they clash."""
+    from . import UserError
+
+    if args.run and args.out and args.run != args.out:
+        raise UserError("--out is an alias of --run: give one run directory")
+    run_dir = args.run or args.out
+    if args.resume is None:
+        return run_dir, None
+    resume = run_dir if args.resume is True else args.resume
+    if not resume:
+        raise UserError("--resume continues a run: give its directory with --run DIR")
+    if run_dir and run_dir != resume:
+        raise UserError("--resume continues DIR in place; do not also give a different --run/--out")
+    return None, resume
 
 
 def run(args: argparse.Namespace) -> int:
@@ -23,14 +46,14 @@ def run(args: argparse.Namespace) -> int:
 
     from . import UserError
 
-    if args.resume and args.preset:
-        raise UserError("give either --preset (a new run) or --resume DIR, not both")
-    if not args.resume and not args.preset:
-        raise UserError("give --preset NAME --out DIR, or --resume DIR")
-    if args.preset and not args.out and not args.print_config:
-        raise UserError("--out DIR is required with --preset")
-    if args.resume and args.out and args.out != args.resume:
-        raise UserError("--resume DIR continues DIR in place; do not also give a different --out")
+    new_dir, resume = _run_dirs(args)
+    if resume and args.preset:
+        raise UserError("give either --preset (a new run) or --resume (continue --run DIR), not both")
+    if not resume and not args.preset:
+        raise UserError("give --preset NAME --run DIR, or --run DIR --resume")
+    if args.preset and not new_dir and not args.print_config:
+        raise UserError("--run DIR is required with --preset")
+    overrides = list(args.overrides) + ([f"train.device={args.device}"] if args.device else [])
 
     from .. import kpca  # noqa: F401  (registers the jproj epoch-end callback)
     from ..train.checkpoint import CheckpointError
@@ -39,19 +62,19 @@ def run(args: argparse.Namespace) -> int:
 
     try:
         if args.print_config:
-            if args.resume:
+            if resume:
                 from pathlib import Path
                 from ..train.config import load_config_file
-                cfg = resolve_config(base=load_config_file(Path(args.resume) / "config.yaml"), overrides=args.overrides)
+                cfg = resolve_config(base=load_config_file(Path(resume) / "config.yaml"), overrides=overrides)
             else:
-                cfg = resolve_config(args.preset, args.overrides)
+                cfg = resolve_config(args.preset, overrides)
             print(dump_config(cfg), end="")
             return 0
-        if args.resume:
-            out = run_training(None, args.resume, resume=True, overrides=args.overrides)
+        if resume:
+            out = run_training(None, resume, resume=True, overrides=overrides)
         else:
-            cfg = resolve_config(args.preset, args.overrides)
-            out = run_training(cfg, args.out, force=args.force)
+            cfg = resolve_config(args.preset, overrides)
+            out = run_training(cfg, new_dir, force=args.force)
     except (RunExistsError, FileNotFoundError, CheckpointError) as exc:
         raise UserError(str(exc)) from None
     except ValueError as exc:

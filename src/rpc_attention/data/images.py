@@ -331,10 +331,8 @@ def _posterize_any_bits(img, bits_to_keep, **_):
 def _patch_posterize(transform) -> None:
     """RandAugment ``rand-m9-mstd0.5-inc1`` can draw magnitude 10 = posterize to 0 bits, which current
     Pillow refuses (ValueError in a loader worker); give those ops a 0-bit-safe posterize."""
-    try:
-        from timm.data import auto_augment as aa
-    except ImportError:
-        return
+    from timm.data import auto_augment as aa
+
     for t in getattr(transform, "transforms", []):
         for op in getattr(t, "ops", []) or []:
             if getattr(op, "aug_fn", None) is aa.posterize:

@@ -313,7 +313,7 @@ def dataset_info(name: str) -> dict:
     raise ValueError(f"unknown segmentation data set {name!r}; expected fmnist_seg or ade20k")
 
 
-def _build(dcfg: dict, split: str, normalize: bool, train_aug: bool, seed: int = 0) -> Dataset:
+def _build(dcfg: dict, split: str, normalize: bool, train_aug: bool) -> Dataset:
     name = str(dcfg.get("name", "fmnist_seg")).lower()
     info = dataset_info(name)
     mean = dcfg.get("mean", info["mean"]) if normalize else None

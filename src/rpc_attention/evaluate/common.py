@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import os
 import sys
 from typing import Any, Callable, Iterator, Mapping, Optional, Sequence, Tuple
@@ -14,11 +15,14 @@ __all__ = ["progress", "norm_stats", "load_eval_data", "dataset_to_tensors", "pr
 
 
 def progress(iterable=None, total: Optional[int] = None, desc: str = "", unit: str = "batch"):
-    """tqdm progress bar (with ETA) that is silent when stderr is not a TTY or when
-    ``RPC_ATTENTION_NO_PROGRESS=1``."""
+    """tqdm progress bar (with ETA) that is silent when stderr is not a TTY, when the package's log
+    level was set above INFO (``rpc-attention -q``) or when ``RPC_ATTENTION_NO_PROGRESS=1`` (for
+    terminals that should show no bars, e.g. the test suite and torchrun workers)."""
     from tqdm.auto import tqdm
 
-    disable = os.environ.get("RPC_ATTENTION_NO_PROGRESS", "") not in ("", "0") or not sys.stderr.isatty()
+    quiet = logging.getLogger("rpc_attention").level > logging.INFO  # explicitly set; NOTSET (0) keeps bars
+    disable = (quiet or os.environ.get("RPC_ATTENTION_NO_PROGRESS", "") not in ("", "0")
+               or not sys.stderr.isatty())
     return tqdm(iterable, total=total, desc=desc, unit=unit, disable=disable, leave=False, dynamic_ncols=True)
 
 

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import json
 import os
-from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
 import numpy as np
 import torch
@@ -158,69 +158,34 @@ def _check(cfg: Mapping[str, Any], opts: Dict[str, Any]) -> None:
                                     f"`rpc-attention eval --run {b} --suite corruptions` first")
 
 
-def corruptions_suite(model: nn.Module, cfg: Mapping[str, Any], run_dir, opts: Dict[str, Any]) -> Dict[str, Any]:
-    device = opts["device"]
-    model.to(device).eval()
-    names = _names(opts)
-    seed = int(opts.get("seed") or 0)
-    bs = int(opts["batch_size"])
-    limit = opts.get("limit")
-    dname = data_name(cfg)
-    root = opts.get("root")
+def _tree_error(err_of: Callable[[Tensor, Tensor], int], root: str, corruption: str, severity: int,
+                limit: Optional[int], size: int, channels: int, bs: int) -> Tuple[float, int]:
+    """Top-1 error on the ImageNet-C tree's images of one corruption and severity, and their count."""
+    ds, idx = _tree_images(root, corruption, severity, limit, size, channels)
+    wrong = cnt = 0
+    for start in range(0, len(idx), bs):
+        items = [ds[i] for i in idx[start:start + bs]]
+        xb = torch.stack([a for a, _ in items])
+        yb = torch.tensor([b for _, b in items])
+        wrong += err_of(xb, yb)
+        cnt += len(yb)
+    return wrong / max(cnt, 1), cnt
 
-    if root:
-        _check_tree(str(root), names)
-        size = int(cfg_value(cfg, "img_size", 224))
-        channels = int(cfg_value(cfg, "in_chans", 3))
-        mean, std = norm_stats(cfg, channels)
-    else:
-        x, y = load_eval_data(cfg, "test", limit)
-        mean, std = norm_stats(cfg, x.shape[1])
-    scorer = Normalized(model, mean, std).to(device)
 
-    @torch.no_grad()
-    def err_of(xb: Tensor, yb: Tensor) -> int:
-        return len(yb) - topk_correct(scorer(xb.to(device)).float().cpu(), yb, (1,))[1]
+def _corrupted_error(err_of: Callable[[Tensor, Tensor], int], x: Tensor, y: Tensor, corruption: str,
+                     severity: int, seed: int, bs: int) -> float:
+    """Top-1 error on ``x`` corrupted on the fly (seeded per example position)."""
+    wrong = 0
+    for start in range(0, len(y), bs):
+        xb = corrupt_images(x[start:start + bs], corruption, severity, seed=seed, offset=start)
+        wrong += err_of(xb, y[start:start + bs])
+    return wrong / len(y)
 
-    # clean error on the same examples
-    errors: Dict[str, List[float]] = {}
-    n = 0
-    if root:
-        clean_err = None
-    else:
-        n = len(y)
-        wrong = sum(err_of(x[sl], y[sl]) for sl in chunks(n, bs, desc="clean"))
-        clean_err = wrong / n
-    total = len(names) * len(SEVERITIES)
-    bar = progress(total=total, desc="corruptions", unit="setting")
-    for c in names:
-        errors[c] = []
-        for s in SEVERITIES:
-            if root:
-                ds, idx = _tree_images(str(root), c, s, limit, size, channels)
-                wrong = cnt = 0
-                for start in range(0, len(idx), bs):
-                    items = [ds[i] for i in idx[start:start + bs]]
-                    xb = torch.stack([a for a, _ in items])
-                    yb = torch.tensor([b for _, b in items])
-                    wrong += err_of(xb, yb)
-                    cnt += len(yb)
-                n = cnt
-                errors[c].append(wrong / max(cnt, 1))
-            else:
-                wrong = 0
-                for start in range(0, n, bs):
-                    xb = corrupt_images(x[start:start + bs], c, s, seed=seed, offset=start)
-                    wrong += err_of(xb, y[start:start + bs])
-                errors[c].append(wrong / n)
-            bar.update(1)
-    bar.close()
 
-    mean_err = {c: float(np.mean(v)) for c, v in errors.items()}
-    rows = []
-    metrics: Dict[str, float] = {"mean_corruption_error": 100.0 * float(np.mean(list(mean_err.values())))}
-    if clean_err is not None:
-        metrics["clean_error"] = 100.0 * clean_err
+def _normalised(mean_err: Dict[str, float], clean_err: Optional[float], names: List[str], n: int,
+                dname: str, opts: Dict[str, Any], metrics: Dict[str, float]):
+    """Corruption errors normalised by AlexNet's (ImageNet) or a baseline run's: ``(CE, relative CE,
+    what they are normalised by)``; adds ``mCE`` / ``relative_mCE`` to ``metrics``."""
     ce: Dict[str, float] = {}
     rel: Dict[str, float] = {}
     norm_by = None
@@ -239,6 +204,12 @@ def corruptions_suite(model: nn.Module, cfg: Mapping[str, Any], run_dir, opts: D
                 denom = base_err[c] - bc
                 rel[c] = (mean_err[c] - clean_err) / denom if abs(denom) > 1e-12 else float("nan")
             metrics["relative_mCE"] = 100.0 * float(np.nanmean(list(rel.values())))
+    return ce, rel, norm_by
+
+
+def _corruption_rows(names: List[str], errors: Dict[str, List[float]], mean_err: Dict[str, float],
+                     ce: Dict[str, float], rel: Dict[str, float]) -> List[Dict[str, Any]]:
+    rows = []
     for c in names:
         row: Dict[str, Any] = {"corruption": c}
         for s, e in zip(SEVERITIES, errors[c]):
@@ -249,13 +220,62 @@ def corruptions_suite(model: nn.Module, cfg: Mapping[str, Any], run_dir, opts: D
         if rel:
             row["relative_CE"] = 100.0 * rel[c]
         rows.append(row)
+    return rows
+
+
+def corruptions_suite(model: nn.Module, cfg: Mapping[str, Any], run_dir, opts: Dict[str, Any]) -> Dict[str, Any]:
+    device = opts["device"]
+    model.to(device).eval()
+    names = _names(opts)
+    seed = int(opts.get("seed") or 0)
+    bs = int(opts["batch_size"])
+    limit = opts.get("limit")
+    dname = data_name(cfg)
+    root = opts.get("root")
+    if root:
+        _check_tree(str(root), names)
+        size = int(cfg_value(cfg, "img_size", 224))
+        channels = int(cfg_value(cfg, "in_chans", 3))
+        mean, std = norm_stats(cfg, channels)
+    else:
+        x, y = load_eval_data(cfg, "test", limit)
+        mean, std = norm_stats(cfg, x.shape[1])
+    scorer = Normalized(model, mean, std).to(device)
+
+    @torch.no_grad()
+    def err_of(xb: Tensor, yb: Tensor) -> int:
+        return len(yb) - topk_correct(scorer(xb.to(device)).float().cpu(), yb, (1,))[1]
+
+    n, clean_err = 0, None
+    if not root:  # clean error on the same examples
+        n = len(y)
+        clean_err = sum(err_of(x[sl], y[sl]) for sl in chunks(n, bs, desc="clean")) / n
+    errors: Dict[str, List[float]] = {}
+    bar = progress(total=len(names) * len(SEVERITIES), desc="corruptions", unit="setting")
+    for c in names:
+        errors[c] = []
+        for s in SEVERITIES:
+            if root:
+                err, n = _tree_error(err_of, str(root), c, s, limit, size, channels, bs)
+            else:
+                err = _corrupted_error(err_of, x, y, c, s, seed, bs)
+            errors[c].append(err)
+            bar.update(1)
+    bar.close()
+
+    mean_err = {c: float(np.mean(v)) for c, v in errors.items()}
+    metrics: Dict[str, float] = {"mean_corruption_error": 100.0 * float(np.mean(list(mean_err.values())))}
+    if clean_err is not None:
+        metrics["clean_error"] = 100.0 * clean_err
+    ce, rel, norm_by = _normalised(mean_err, clean_err, names, n, dname, opts, metrics)
     data = {"dataset": dname, "split": "test", "n_examples": n,
             "source": f"ImageNet-C tree {root}" if root else "imagecorruptions on the fly"}
     protocol = (f"top-1 error (%) under {len(names)} corruptions x {len(SEVERITIES)} severities"
                 + (f"; CE normalised by {norm_by}" if norm_by else "; no normalisation (set corruptions.baseline=RUN)"))
     if not root:
         protocol += f"; images < {MIN_SIZE}px edge-padded to {MIN_SIZE} and cropped back, grayscale via 3-channel + luma"
-    return {"metrics": metrics, "rows": rows, "data": data, "n_examples": n, "protocol": protocol,
+    return {"metrics": metrics, "rows": _corruption_rows(names, errors, mean_err, ce, rel), "data": data,
+            "n_examples": n, "protocol": protocol,
             "settings": {"normalised_by": norm_by, "severities": list(SEVERITIES)},
             "errors": errors}
 

@@ -30,7 +30,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                    help="evaluate a timm model NAME (with --checkpoint FILE and --data-config) instead of --run")
     g.add_argument("--checkpoint", metavar="FILE", default=None, help="weights for --timm (.safetensors or .pth)")
     g.add_argument("--model-kwargs", metavar="JSON", default=None,
-                   help='keyword arguments for timm.create_model, e.g. \'{"img_size": 28, "in_chans": 1}\'')
+                   help="alias of --set model.kwargs.NAME=VALUE: keyword arguments for timm.create_model as "
+                        "one JSON object, e.g. '{\"img_size\": 28, \"in_chans\": 1}'")
     g.add_argument("--hf", metavar="PATH_OR_CONFIG", default=None,
                    help="evaluate a Hugging Face image classifier: a saved model directory or a config.json "
                         "(random weights)")

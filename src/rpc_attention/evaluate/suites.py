@@ -28,10 +28,12 @@ from fractions import Fraction
 from typing import Any, Callable, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
 
 from ..io import atomic_write_json, atomic_write_text  # atomic_write_text: re-exported
+from ..markdown import markdown_table
+from ..overrides import parse_assignments, parse_number, unknown_key
 
 __all__ = [
     "Suite", "register_suite", "get_suite", "list_suites", "COMMON_DEFAULTS", "parse_eps_list",
-    "parse_value", "resolve_options", "run_suite", "write_result", "render_markdown", "atomic_write_text",
+    "parse_sets", "parse_value", "resolve_options", "run_suite", "write_result", "render_markdown", "atomic_write_text",
 ]
 
 # Options every suite receives (``--set batch_size=64`` or ``--limit N``).
@@ -102,17 +104,13 @@ def get_suite(name: str) -> Suite:
 
 
 def _parse_number(text: str) -> float:
-    text = text.strip()
-    if not text:
+    """``"0.01"``, ``"1/255"``, ``"2.5/255"``, ``"2e-3"`` -> float (the package's one number parser)."""
+    if not str(text).strip():
         raise ValueError("empty number")
     try:
-        return float(Fraction(text))  # "0.01", "1/255", "2e-3"
-    except (ValueError, ZeroDivisionError):
-        pass
-    try:
-        return float(text)  # "1e-3" with exponent Fraction rejects? ("inf", "nan" are rejected below)
+        return parse_number(str(text))
     except ValueError:
-        raise ValueError(f"{text!r} is not a number (use e.g. 0.01 or 1/255)") from None
+        raise ValueError(f"{str(text).strip()!r} is not a number (use e.g. 0.01, 1/255 or 2.5/255)") from None
 
 
 def parse_eps_list(value: Any) -> List[float]:
@@ -148,10 +146,33 @@ def parse_eps_list(value: Any) -> List[float]:
     return items
 
 
-def parse_value(key: str, raw: Any, default: Any) -> Any:
-    """Parse ``raw`` (a string from ``--set``) to the type of ``default``."""
-    if not isinstance(raw, str):
+def parse_sets(items: Optional[Iterable[str]]) -> Dict[str, Any]:
+    """``["pgd.eps=1:6/255", "batch_size=64"]`` -> ``{"pgd.eps": "1:6/255", "batch_size": 64}`` (the
+    package's one ``KEY=VALUE`` grammar, :func:`rpc_attention.overrides.parse_assignments`)."""
+    return dict(parse_assignments(items, "--set"))
+
+
+def _typed_like(key: str, raw: Any, default: Any) -> Any:
+    """A YAML-parsed (non-string) ``raw`` checked against the type of ``default``."""
+    if raw is None or default is None:
         return raw
+    if isinstance(default, bool) and not isinstance(raw, bool):
+        raise ValueError(f"{key}={raw}: expected true or false")
+    if isinstance(default, int) and not isinstance(default, bool) and (isinstance(raw, bool) or not isinstance(raw, int)):
+        raise ValueError(f"{key}={raw}: expected an integer")
+    if isinstance(default, float) and not isinstance(raw, bool) and isinstance(raw, (int, float)):
+        return float(raw)
+    if isinstance(default, list) and not isinstance(raw, list):
+        return parse_eps_list(raw) if not (default and isinstance(default[0], str)) else [raw]
+    return raw
+
+
+def parse_value(key: str, raw: Any, default: Any) -> Any:
+    """Parse ``raw`` (a ``--set`` value: a string, or a number/bool/list YAML already read) to the type of ``default``."""
+    if not isinstance(raw, str):
+        if key == "eps" or key.endswith("_eps"):
+            return raw if raw is None else parse_eps_list(raw)
+        return _typed_like(key, raw, default)
     text = raw.strip()
     try:
         if key == "limit":
@@ -168,6 +189,8 @@ def parse_value(key: str, raw: Any, default: Any) -> Any:
                 return False
             raise ValueError(f"expected true/false, got {text!r}")
         if isinstance(default, int):
+            if not text.lstrip("+-").isdigit():
+                raise ValueError(f"expected an integer, got {text!r}")
             return int(text)
         if isinstance(default, float):
             return _parse_number(text)
@@ -178,7 +201,7 @@ def parse_value(key: str, raw: Any, default: Any) -> Any:
     return text
 
 
-def resolve_options(suite: Suite, sets: Mapping[str, str], limit: Optional[int] = None) -> Dict[str, Any]:
+def resolve_options(suite: Suite, sets: Mapping[str, Any], limit: Optional[int] = None) -> Dict[str, Any]:
     """Merge common defaults, the suite's defaults and the ``--set`` values that concern ``suite``.
 
     ``sets`` keys are ``option`` (applies to every selected suite that declares it, and to the common
@@ -197,8 +220,7 @@ def resolve_options(suite: Suite, sets: Mapping[str, str], limit: Optional[int] 
             if option not in opts and suite.defaults is not None:
                 continue  # a global key another suite declares; validated by check_set_keys
         if suite.defaults is not None and option not in opts:
-            raise ValueError(f"--set {key}: suite {suite.name!r} has no option {option!r} "
-                             f"(options: {', '.join(sorted(opts))})")
+            raise unknown_key(key, [f"{suite.name}.{o}" for o in opts], f"option of suite {suite.name!r}")
         try:
             opts[option] = parse_value(option, raw, opts.get(option))
         except ValueError as exc:
@@ -216,7 +238,7 @@ def resolve_options(suite: Suite, sets: Mapping[str, str], limit: Optional[int] 
     return opts
 
 
-def check_set_keys(suites: Iterable[Suite], sets: Mapping[str, str]) -> None:
+def check_set_keys(suites: Iterable[Suite], sets: Mapping[str, Any]) -> None:
     """Reject ``--set`` keys that no selected suite (nor the common options) understands."""
     suites = list(suites)
     names = {s.name: s for s in suites}
@@ -226,11 +248,16 @@ def check_set_keys(suites: Iterable[Suite], sets: Mapping[str, str]) -> None:
             if target not in names:
                 # keys for suites that are not selected are an error too: almost surely a typo
                 raise ValueError(f"--set {key}: suite {target!r} is not selected (selected: {', '.join(names)})")
+            suite = names[target]
+            if suite.defaults is not None and option not in suite.defaults and option not in COMMON_DEFAULTS:
+                known = [f"{target}.{o}" for o in list(COMMON_DEFAULTS) + list(suite.defaults)]
+                raise unknown_key(key, known, f"option of suite {target!r}")
             continue
         if key in COMMON_DEFAULTS:
             continue
         if not any(s.defaults is None or key in s.defaults for s in suites):
-            raise ValueError(f"--set {key}: no selected suite has option {key!r}")
+            known = set(COMMON_DEFAULTS).union(*(s.defaults or {} for s in suites))
+            raise unknown_key(key, known, "option (no selected suite has it)")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -337,10 +364,7 @@ def render_markdown(record: Mapping[str, Any]) -> str:
             for k in r:
                 if k not in cols:
                     cols.append(k)
-        lines.append("| " + " | ".join(cols) + " |")
-        lines.append("|" + "|".join("---" for _ in cols) + "|")
-        for r in rows:
-            lines.append("| " + " | ".join(_fmt(r.get(c, "")) for c in cols) + " |")
+        lines += markdown_table(cols, [[_fmt(r.get(c, "")) for c in cols] for r in rows])
     if record.get("rows"):
         lines.append("")
         lines.append("Summary: " + ", ".join(f"{k} = {_fmt(v)}" for k, v in record["metrics"].items()))

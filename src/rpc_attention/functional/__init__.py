@@ -21,6 +21,7 @@ from .pap import (
     pap_loop,
     prepare_pap,
     soft_shrink,
+    sparse_activity,
 )
 
 __all__ = [
@@ -38,5 +39,6 @@ __all__ = [
     "scaled_attention_s",
     "scaled_attention_alpha",
     "soft_shrink",
+    "sparse_activity",
     "check_pap_options",
 ]

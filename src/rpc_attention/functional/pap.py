@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Optional, Tuple, Union
+from typing import Dict, Optional, Tuple, Union
 
 import torch
 from torch import Tensor
@@ -35,9 +35,15 @@ from .attention import attend, check_dropout, check_kv, normalise_mask, resolve_
 from .pap_fused import FusedPAPOptions, fused_pap, sparse_converged
 
 __all__ = ["PAPState", "PAPProblem", "THRESHOLDS", "MU_MODES", "soft_shrink", "check_pap_options",
-           "prepare_pap", "pap_loop", "pap_attention", "pap_decompose"]
+           "prepare_pap", "pap_loop", "pap_attention", "pap_decompose", "sparse_activity"]
 
-THRESHOLDS = ("lambda_mu", "lambda_over_mu")
+# How tau is set (docs/method.md#threshold-rules):
+#   lambda_mu        tau = lambd * mu                        (the official code)
+#   lambda_over_mu   tau = lambd / mu                        (classic principal component pursuit)
+#   candes           tau = lambd / (sqrt(max(N, d)) * mu)    (lambd = 1: Candes et al.'s default weight)
+#   target_fraction  tau = the (1 - lambd) quantile of |k| per (batch, head): the first pass shrinks
+#                    a fraction lambd of the key entries whatever the scale of the keys
+THRESHOLDS = ("lambda_mu", "lambda_over_mu", "candes", "target_fraction")
 # global: official (sum over the whole sequence, width C); causal: per-position mu, width C;
 # head_dim / causal_head_dim: the same with the head width d in place of C.
 MU_MODES = ("global", "causal", "head_dim", "causal_head_dim")
@@ -105,6 +111,13 @@ def check_pap_options(
         raise ValueError(f"lambd must be >= 0 and not NaN, got {lambd!r}")
     if threshold not in THRESHOLDS:
         raise ValueError(f"threshold must be one of {THRESHOLDS}, got {threshold!r}")
+    if threshold == "target_fraction":
+        if not 0.0 < lambd_f < 1.0:
+            raise ValueError(f"threshold='target_fraction' reads lambd as the fraction of key entries to shrink; "
+                             f"give lambd in (0, 1), e.g. lambd=0.05 (got {lambd!r})")
+        if is_causal:
+            raise ValueError("threshold='target_fraction' takes a quantile over the whole sequence, which would "
+                             "leak future tokens into a causal layer; use 'candes' or 'lambda_over_mu' there")
     if mu_mode is None:
         mu_mode = "causal" if is_causal else "global"
     if mu_mode not in MU_MODES:
@@ -126,8 +139,9 @@ def check_pap_options(
     return mu_mode
 
 
-def _compute_mu(keys: Tensor, valid: Optional[Tensor], mu_mode: str, width: int) -> Tensor:
-    """mu = count * width / (4 * sum |k|) over valid keys, global or per position (causal)."""
+def _compute_mu(keys: Tensor, valid: Optional[Tensor], mu_mode: str, width: int) -> Tuple[Tensor, Tensor]:
+    """mu = count * width / (4 * sum |k|) over valid keys, global or per position (causal).
+    Returns ``(mu, count)``, count being the number of valid keys mu was taken over (at least 1)."""
     abs_rows = keys.abs().sum(dim=-1, keepdim=True)  # (B, H, N, 1): L1 norm of each key row
     if valid is not None:
         validf = valid.to(abs_rows.dtype)
@@ -139,7 +153,39 @@ def _compute_mu(keys: Tensor, valid: Optional[Tensor], mu_mode: str, width: int)
         denom, count = abs_rows.cumsum(dim=-2), counts.cumsum(dim=-2)
     else:
         denom, count = abs_rows.sum(dim=-2, keepdim=True), counts.sum(dim=-2, keepdim=True)
-    return count.clamp_min(1.0) * width / (4.0 * denom.clamp_min(_MU_DENOM_FLOOR))
+    count = count.clamp_min(1.0)
+    return count * width / (4.0 * denom.clamp_min(_MU_DENOM_FLOOR)), count
+
+
+def _quantile_threshold(keys: Tensor, valid: Optional[Tensor], fraction: float) -> Tensor:
+    """Per (batch, head), the value that ``ceil(fraction * n)`` of the ``n`` valid entries of |k|
+    exceed (``target_fraction``). Computed without gradient: it sets a level, it is not learned."""
+    with torch.no_grad():
+        b, h, n, d = keys.shape
+        mags = keys.abs()
+        if valid is not None:  # padding rows sort last
+            mags = mags.masked_fill(~valid.expand(b, h, n, 1), -1.0)
+        n_valid = (torch.full((b, h, 1, 1), n * d, device=keys.device) if valid is None
+                   else valid.expand(b, h, n, 1).sum(dim=-2, keepdim=True) * d)
+        ranked = mags.reshape(b, h, n * d).sort(dim=-1, descending=True).values
+        idx = torch.ceil(fraction * n_valid.to(keys.dtype)).long().clamp(max=n * d - 1)
+        idx = torch.minimum(idx, (n_valid - 1).clamp_min(0).long())
+        return ranked.gather(-1, idx.reshape(b, h, 1)).reshape(b, h, 1, 1).clamp_min(0.0)
+
+
+def _threshold(threshold: str, lambd: float, mu: Tensor, count: Tensor, keys: Tensor,
+               valid: Optional[Tensor]) -> Tensor:
+    """tau for the chosen rule (see THRESHOLDS)."""
+    if math.isinf(lambd):
+        # S = 0 exactly; a constant threshold keeps inf * 0 out of the gradient of mu.
+        return torch.full_like(mu, math.inf).detach()
+    if threshold == "lambda_mu":
+        return lambd * mu
+    if threshold == "lambda_over_mu":
+        return lambd / mu
+    if threshold == "candes":
+        return lambd / (torch.sqrt(count.clamp_min(keys.shape[-1])) * mu)
+    return _quantile_threshold(keys, valid, lambd)  # target_fraction: mu is global (causal is refused)
 
 
 def prepare_pap(k: Tensor, v: Tensor, *, n_iter: int = 6, lambd: float = 4.0,
@@ -158,12 +204,8 @@ def prepare_pap(k: Tensor, v: Tensor, *, n_iter: int = 6, lambd: float = 4.0,
     valid = None if mask is None else mask.any(dim=-2).unsqueeze(-1)  # keys some query may see
     # State and thresholds in float32 at least (bf16/fp16 inputs), float64 stays float64.
     keys = k.to(torch.promote_types(k.dtype, torch.float32))
-    mu = _compute_mu(keys, valid, mu_mode, width)
-    if math.isinf(lambd):
-        # S = 0 exactly; a constant threshold keeps inf * 0 out of the gradient of mu.
-        tau = torch.full_like(mu, math.inf).detach()
-    else:
-        tau = lambd * mu if threshold == "lambda_mu" else lambd / mu
+    mu, count = _compute_mu(keys, valid, mu_mode, width)
+    tau = _threshold(threshold, lambd, mu, count, keys, valid)
     return PAPProblem(keys=keys, mask=mask, mu=mu, tau=tau, scale=resolve_scale(scale, d))
 
 
@@ -205,9 +247,38 @@ def pap_loop(problem: PAPProblem, v: Tensor, *, n_iter: int, is_causal: bool = F
     return out, PAPState(sparse, lowrank, dual, mu, tau, k2, n_run + 1)
 
 
-def _is_compiling() -> bool:
-    compiler = getattr(torch, "compiler", None)
-    return bool(compiler is not None and hasattr(compiler, "is_compiling") and compiler.is_compiling())
+def sparse_activity(state: PAPState, keys: Tensor, valid: Optional[Tensor] = None) -> Dict[str, float]:
+    """How much PAP's sparse step did in one forward (its final pass), over the valid tokens.
+
+    Args:
+        state: the :class:`PAPState` of the forward (``return_state=True`` or :func:`pap_decompose`).
+        keys: the keys ``(B, H, N, d)`` the forward was given.
+        valid: optional bool ``(B, N)`` or ``(B, H, N)``: True for real tokens (padding excluded).
+    Returns ``frac_nonzero`` (share of S entries that are non-zero), ``frac_rows_nonzero`` (share of
+    tokens with a non-zero S row), ``s_over_k`` (||S||_F / ||K||_F), ``tau_mean`` / ``tau_max`` and
+    ``abs_k_median`` / ``abs_k_p99`` / ``abs_k_max`` (quantiles of |k|). When ``frac_nonzero`` is 0 the
+    sparse step never fired and PAP acted as iterated attention (docs/method.md).
+    """
+    with torch.no_grad():
+        sparse, keys = state.sparse.detach().float(), keys.detach().float()
+        rows = torch.ones(keys.shape[:3], dtype=torch.bool, device=keys.device)
+        if valid is not None:
+            rows = rows & (valid[:, None, :] if valid.dim() == 2 else valid).to(keys.device)
+        nonzero = (sparse != 0) & rows[..., None]
+        k_valid = keys[rows]                      # (tokens, d)
+        mags = k_valid.abs().flatten()
+        sample = mags if mags.numel() <= 1 << 24 else mags[torch.randperm(mags.numel())[: 1 << 24]]
+        tau = state.tau.detach().float().expand(*keys.shape[:3], 1)[rows]
+        return {
+            "frac_nonzero": float(nonzero.sum()) / max(int(rows.sum()) * keys.shape[-1], 1),
+            "frac_rows_nonzero": float(nonzero.any(dim=-1).sum()) / max(int(rows.sum()), 1),
+            "s_over_k": float(sparse[rows].norm() / k_valid.norm().clamp_min(1e-12)),
+            "tau_mean": float(tau.mean()),
+            "tau_max": float(tau.max()),
+            "abs_k_median": float(sample.median()),
+            "abs_k_p99": float(torch.quantile(sample, 0.99)),
+            "abs_k_max": float(mags.max()),
+        }
 
 
 def pap_attention(
@@ -243,7 +314,11 @@ def pap_attention(
         dropout_p: attention dropout, applied in the final attention only (as the official code).
         scale: softmax scale, default ``1/sqrt(d)``.
         model_dim: the width C in mu = N C / (4 sum|k|); default ``heads * head_dim``.
-        threshold: ``"lambda_mu"`` (official, tau = lambd * mu) or ``"lambda_over_mu"`` (classic PCP).
+        threshold: how tau is set: ``"lambda_mu"`` (official, tau = lambd * mu), ``"lambda_over_mu"``
+            (classic PCP), ``"candes"`` (tau = lambd / (sqrt(max(N, d)) mu); lambd = 1 is the
+            Candes et al. default weight) or ``"target_fraction"`` (lambd in (0, 1) is the fraction of
+            key entries the first pass shrinks: tau is that quantile of |k| per (batch, head); not
+            for causal layers).
         mu_mode: ``"global"`` (official), ``"causal"`` (mu_i = i C / (4 sum_{j<=i} ||k_j||_1)),
             ``"head_dim"`` / ``"causal_head_dim"`` (d instead of C). Default: ``"causal"`` when
             ``is_causal`` else ``"global"``. A global mode with ``is_causal`` raises: it would leak
@@ -261,7 +336,7 @@ def pap_attention(
                           scale=scale, model_dim=model_dim, threshold=threshold, mu_mode=mu_mode, tol=tol)
     dropout_p = check_dropout(dropout_p)
     tol = None if tol is None else float(tol)
-    if fused and not return_state and not _is_compiling():
+    if fused and not return_state and not torch.compiler.is_compiling():
         options = FusedPAPOptions(n_iter=n_iter, is_causal=bool(is_causal), dropout_p=dropout_p,
                                   scale=problem.scale, tol=tol, checkpoint_iters=bool(checkpoint_iters))
         return fused_pap(problem.keys, v, problem.tau, problem.mask, options)

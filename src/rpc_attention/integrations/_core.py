@@ -90,7 +90,7 @@ def _bool_mask(mask: Optional[Tensor]) -> Optional[Tensor]:
     return mask
 
 
-def _key_key_mask(mask: Optional[Tensor], nq: int, nk: int, causal: bool, same_tokens: bool) -> Optional[Tensor]:
+def _key_key_mask(mask: Optional[Tensor], nk: int, same_tokens: bool) -> Optional[Tensor]:
     """The (B?, H?, Nk, Nk) mask PAP runs under, derived from the (B?, H?, Nq, Nk) attention mask.
 
     Same tokens (self-attention, Nq == Nk): the mask itself. Otherwise the keys some query may see
@@ -185,7 +185,7 @@ def asymmetric_rpc_attention(
         model_dim = h * d
     mask = _bool_mask(attn_mask)
     same = bool(same_tokens) and nq == nk
-    kk_mask = _key_key_mask(mask, nq, nk, is_causal, same)
+    kk_mask = _key_key_mask(mask, nk, same)
     state = RF.pap_decompose(
         k, v, n_iter=n_iter, lambd=lambd, attn_mask=kk_mask, is_causal=is_causal,
         scale=scale, model_dim=model_dim, threshold=threshold, mu_mode=mu_mode, tol=tol, fused=fused,

@@ -63,6 +63,91 @@ def _gamma_variants(k_c: Tensor, a_hat: Tensor, vecs: Tensor, perturb: float, ge
     return out
 
 
+def _projection_records(cap: LayerCapture, b: int, q: Tensor, k: Tensor, v: Tensor, kv: Optional[Tensor],
+                        rec: Dict[str, List[float]]) -> None:
+    """J_proj and its two terms for example ``b``, appended to ``rec``."""
+    pl = M.projection_loss(q, k, v, cap.scale, causal=cap.causal, mask=cap.example_mask(b), query_valid=kv)
+    for key in ("jproj", "phi2", "h2", "log_phi2", "log_h2"):
+        rec.setdefault(key, []).extend(pl[key].tolist())
+
+
+def _gram_records(cap: LayerCapture, b: int, k: Tensor, v: Tensor, kv: Optional[Tensor], acc: "_LayerRecords",
+                  alignment: bool, perturb: float, gen: torch.Generator) -> None:
+    """Gram eigen-analysis, gamma and alignment of example ``b`` over its valid tokens (the causal mask
+    does not enter: kernel PCA is defined on the set of keys), appended to ``acc``."""
+    kk, vv = (k, v) if kv is None else (k[:, kv], v[:, kv])
+    n, dv = kk.shape[-2], vv.shape[-1]
+    if dv > n:
+        raise ValueError(f"KPCA needs Dv <= N, got Dv={dv} > N={n}")
+    g = M.centred_gram(kk, cap.scale)
+    eig = M.gram_eigen(g["k_c"], dv)
+    lam = eig["lam"].abs()
+    for key, val in (("eig_max", lam.max(-1).values), ("eig_min", lam.min(-1).values),
+                     ("eig_mean", lam.mean(-1)), ("eig_median", lam.median(-1).values)):
+        acc.rec.setdefault(key, []).extend(val.tolist())
+    a_hat = M.recover_a_hat(g["log_g"], vv)
+    for key, st in _gamma_variants(g["k_c"], a_hat, eig["vecs"], perturb, gen).items():
+        acc.gam[key].append(st["mean"])
+        acc.gam_std[key].append(st["std"])
+        if st["n_nonfinite"]:
+            acc.failures.append({"layer": cap.name, "example": b, "stage": f"gamma/{key}",
+                                 "error": f"{st['n_nonfinite']} (head, axis) pairs with a zero entry in a (gamma not finite); excluded"})
+    if alignment:
+        v_hat = M.kpca_values(g["log_g"], eig["vecs"])
+        for key, val in M.alignment_metrics(vv, v_hat).items():
+            acc.rec.setdefault(key, []).extend(val.tolist())
+
+
+class _LayerRecords:
+    """What one layer's examples produce: per-record metric values, gamma statistics, failures."""
+
+    def __init__(self, failures: List[dict]) -> None:
+        self.rec: Dict[str, List[float]] = {}
+        self.gam: Dict[str, List[Tensor]] = {g: [] for g in GAMMA_VARIANTS}
+        self.gam_std: Dict[str, List[Tensor]] = {g: [] for g in GAMMA_VARIANTS}
+        self.failures = failures
+
+
+def _layer_summary(cap: LayerCapture, values: Tensor, n_ex: int, acc: _LayerRecords) -> Dict:
+    layer = {
+        "name": cap.name, "kind": cap.kind, "heads": cap.heads, "tokens": cap.tokens,
+        "head_dim": int(cap.q.shape[-1]), "value_dim": int(values.shape[-1]), "examples": n_ex,
+        "symmetric": cap.symmetric, "causal": cap.causal, "values": cap.v_eff_label,
+        "keys": "pap_cleaned" if cap.kind == "rpc" else "raw",
+    }
+    for key, vals in acc.rec.items():
+        layer[key] = summarise_values(vals)
+    layer["log_mean_jproj"] = _log_mean(acc.rec.get("jproj", []))
+    if acc.rec.get("jproj"):
+        layer["frac_negative_jproj"] = sum(1 for x in acc.rec["jproj"] if x < 0) / len(acc.rec["jproj"])
+    layer["gamma"] = {}
+    for key in GAMMA_VARIANTS:
+        if acc.gam[key]:
+            stacked = torch.cat(acc.gam[key], 0)  # (records, Dv)
+            stacked_std = torch.cat(acc.gam_std[key], 0)
+            layer["gamma"][key] = {
+                "per_axis_mean": _nanmean0(stacked).tolist(),
+                "per_axis_std": _nanmean0(stacked_std).tolist(),
+                **{k2: v2 for k2, v2 in summarise_values(stacked.flatten().tolist()).items()},
+            }
+    return layer
+
+
+def _model_summary(all_rec: Dict[str, List[float]], all_gamma: Dict[str, List[Tensor]]) -> Dict:
+    model = {key: summarise_values(vals) for key, vals in all_rec.items()}
+    model["log_mean_jproj"] = _log_mean(all_rec.get("jproj", []))
+    model["gamma"] = {}
+    for key in GAMMA_VARIANTS:
+        mats = all_gamma[key]
+        if mats and len({m.shape[-1] for m in mats}) == 1:
+            stacked = torch.cat(mats, 0)
+            model["gamma"][key] = {"per_axis_mean": _nanmean0(stacked).tolist(),
+                                   **summarise_values(stacked.flatten().tolist())}
+        elif mats:
+            model["gamma"][key] = summarise_values(torch.cat([m.flatten() for m in mats]).tolist())
+    return model
+
+
 def analyze_captures(
     captures: List[LayerCapture],
     protocol: str = "exact",
@@ -85,9 +170,7 @@ def analyze_captures(
     all_gamma: Dict[str, List[Tensor]] = {g: [] for g in GAMMA_VARIANTS}
     for cap in captures:
         t0 = time.perf_counter()
-        rec: Dict[str, List[float]] = {}
-        gam: Dict[str, List[Tensor]] = {g: [] for g in GAMMA_VARIANTS}
-        gam_std: Dict[str, List[Tensor]] = {g: [] for g in GAMMA_VARIANTS}
+        acc = _LayerRecords(failures)
         values = cap.values()
         n_ex = cap.batch if max_examples is None else min(cap.batch, max_examples)
         for b in range(n_ex):
@@ -95,81 +178,25 @@ def analyze_captures(
             if cap.symmetric:
                 q = k
             kv = cap.key_valid(b)
-            # ---- projection loss
             try:
-                pl = M.projection_loss(q, k, v, cap.scale, causal=cap.causal, mask=cap.example_mask(b),
-                                       query_valid=kv)
-                for key in ("jproj", "phi2", "h2", "log_phi2", "log_h2"):
-                    rec.setdefault(key, []).extend(pl[key].tolist())
+                _projection_records(cap, b, q, k, v, kv, acc.rec)
             except Exception as exc:
                 failures.append({"layer": cap.name, "example": b, "stage": "jproj", "error": f"{type(exc).__name__}: {exc}"})
             if not gram:
                 continue
-            # ---- Gram eigen-analysis, gamma, alignment (over the valid tokens; the causal mask does
-            # not enter: kernel PCA is defined on the set of keys)
             try:
-                kk, vv = (k, v) if kv is None else (k[:, kv], v[:, kv])
-                n, dv = kk.shape[-2], vv.shape[-1]
-                if dv > n:
-                    raise ValueError(f"KPCA needs Dv <= N, got Dv={dv} > N={n}")
-                g = M.centred_gram(kk, cap.scale)
-                eig = M.gram_eigen(g["k_c"], dv)
-                lam = eig["lam"].abs()
-                for key, val in (("eig_max", lam.max(-1).values), ("eig_min", lam.min(-1).values),
-                                 ("eig_mean", lam.mean(-1)), ("eig_median", lam.median(-1).values)):
-                    rec.setdefault(key, []).extend(val.tolist())
-                a_hat = M.recover_a_hat(g["log_g"], vv)
-                gv = _gamma_variants(g["k_c"], a_hat, eig["vecs"], perturb, gen)
-                for key, st in gv.items():
-                    gam[key].append(st["mean"])
-                    gam_std[key].append(st["std"])
-                    if st["n_nonfinite"]:
-                        failures.append({"layer": cap.name, "example": b, "stage": f"gamma/{key}",
-                                         "error": f"{st['n_nonfinite']} (head, axis) pairs with a zero entry in a (gamma not finite); excluded"})
-                if alignment:
-                    v_hat = M.kpca_values(g["log_g"], eig["vecs"])
-                    al = M.alignment_metrics(vv, v_hat)
-                    for key, val in al.items():
-                        rec.setdefault(key, []).extend(val.tolist())
+                _gram_records(cap, b, k, v, kv, acc, alignment, perturb, gen)
             except Exception as exc:
                 failures.append({"layer": cap.name, "example": b, "stage": "gram", "error": f"{type(exc).__name__}: {exc}"})
-        layer = {
-            "name": cap.name, "kind": cap.kind, "heads": cap.heads, "tokens": cap.tokens,
-            "head_dim": int(cap.q.shape[-1]), "value_dim": int(values.shape[-1]), "examples": n_ex,
-            "symmetric": cap.symmetric, "causal": cap.causal, "values": cap.v_eff_label,
-            "keys": "pap_cleaned" if cap.kind == "rpc" else "raw",
-        }
-        for key, vals in rec.items():
-            layer[key] = summarise_values(vals)
+        layer = _layer_summary(cap, values, n_ex, acc)
+        for key, vals in acc.rec.items():
             all_rec.setdefault(key, []).extend(vals)
-        layer["log_mean_jproj"] = _log_mean(rec.get("jproj", []))
-        if rec.get("jproj"):
-            layer["frac_negative_jproj"] = sum(1 for x in rec["jproj"] if x < 0) / len(rec["jproj"])
-        layer["gamma"] = {}
         for key in GAMMA_VARIANTS:
-            if gam[key]:
-                stacked = torch.cat(gam[key], 0)  # (records, Dv)
-                stacked_std = torch.cat(gam_std[key], 0)
-                layer["gamma"][key] = {
-                    "per_axis_mean": _nanmean0(stacked).tolist(),
-                    "per_axis_std": _nanmean0(stacked_std).tolist(),
-                    **{k2: v2 for k2, v2 in summarise_values(stacked.flatten().tolist()).items()},
-                }
-                all_gamma[key].append(stacked)
+            if acc.gam[key]:
+                all_gamma[key].append(torch.cat(acc.gam[key], 0))
         layer["seconds"] = round(time.perf_counter() - t0, 3)
         layers.append(layer)
-    model = {key: summarise_values(vals) for key, vals in all_rec.items()}
-    model["log_mean_jproj"] = _log_mean(all_rec.get("jproj", []))
-    model["gamma"] = {}
-    for key in GAMMA_VARIANTS:
-        mats = all_gamma[key]
-        if mats and len({m.shape[-1] for m in mats}) == 1:
-            stacked = torch.cat(mats, 0)
-            model["gamma"][key] = {"per_axis_mean": _nanmean0(stacked).tolist(),
-                                   **summarise_values(stacked.flatten().tolist())}
-        elif mats:
-            model["gamma"][key] = summarise_values(torch.cat([m.flatten() for m in mats]).tolist())
-    return {"protocol": protocol, "layers": layers, "model": model, "failures": failures}
+    return {"protocol": protocol, "layers": layers, "model": _model_summary(all_rec, all_gamma), "failures": failures}
 
 
 def _nanmean0(t: Tensor) -> Tensor:

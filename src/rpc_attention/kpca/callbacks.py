@@ -60,7 +60,7 @@ def jproj_record(captures, protocols=PROTOCOLS) -> Dict[str, float]:
     return rec
 
 
-def _probe_batch(cfg: dict, run_dir, device):
+def _probe_batch(cfg: dict, run_dir):
     key = str(run_dir)
     if key in _PROBES:
         return _PROBES[key]
@@ -75,7 +75,7 @@ def _probe_batch(cfg: dict, run_dir, device):
 
 def jproj_callback(model, cfg, epoch, run_dir, logger) -> None:
     device = next(model.parameters()).device
-    task, batch = _probe_batch(cfg, run_dir, device)
+    task, batch = _probe_batch(cfg, run_dir)
     with AttentionCapture(model) as cap, torch.no_grad():
         task.loss(model, to_device(batch, device), cfg)
     rec = {"epoch": epoch, "split": "jproj", **jproj_record(cap.captures)}

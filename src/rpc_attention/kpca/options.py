@@ -1,8 +1,9 @@
 """Options of a KPCA analysis, shared by ``rpc-attention analyze`` and the studies' ``analyze`` stages.
 
-The command line adds them with :func:`add_analysis_arguments`; a study stores them as the same
-argument list (its ``analyze_args`` setting, e.g. ``["--limit", "8"]``), read back by
-:func:`parse_analysis_args`; :func:`analyze_run` is the analysis of one training run.
+The command line adds them with :func:`add_analysis_arguments`; a study stores them as settings in
+the package's one ``KEY=VALUE`` grammar (its ``analyze_sets`` setting, e.g. ``["limit=8"]``), read
+by :func:`options_from_settings`; :func:`analyze_run` is the analysis of one training run.
+``fgsm_eps`` is in pixel units and takes fractions (``2/255``, ``2.5/255``) as everywhere else.
 """
 
 from __future__ import annotations
@@ -12,18 +13,20 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Dict, Optional, Sequence, Tuple
 
+from ..overrides import parse_assignments, parse_number, unknown_key
+
 __all__ = ["AnalysisOptions", "add_analysis_arguments", "options_from_namespace", "parse_analysis_args",
-           "analyze_run"]
+           "options_from_settings", "analyze_run"]
 
 
 @dataclass(frozen=True)
 class AnalysisOptions:
-    """What to measure and how; ``fgsm_eps`` is in 1/255 pixel units, as on the command line."""
+    """What to measure and how; ``limit`` counts examples (the probe batch), ``fgsm_eps`` is in pixel units."""
 
     protocols: Tuple[str, ...] = ("paper", "exact")
     limit: int = 8
     ema: bool = False
-    fgsm_eps: float = 2.0
+    fgsm_eps: float = 2.0 / 255
     noise_sigma: float = 0.1
     perturb: float = 0.01
     seed: int = 0
@@ -33,23 +36,27 @@ class AnalysisOptions:
 
     def analysis_kwargs(self) -> Dict[str, Any]:
         """Keyword arguments of :func:`rpc_attention.kpca.report.run_analysis`."""
-        return dict(protocols=self.protocols, perturb=self.perturb, fgsm_eps=self.fgsm_eps / 255.0,
+        return dict(protocols=self.protocols, perturb=self.perturb, fgsm_eps=self.fgsm_eps,
                     noise_sigma=self.noise_sigma, seed=self.seed, figures=self.figures)
 
 
 def add_analysis_arguments(parser: argparse.ArgumentParser) -> None:
     """The analysis flags (everything but the model source and ``--out``)."""
-    parser.add_argument("--protocol", choices=("paper", "exact", "both"), default="both",
-                        help="paper: per-token standardised q,k (the paper's measurement); exact: the definitions")
-    parser.add_argument("--limit", type=int, default=8, help="examples in the probe batch (default 8)")
-    parser.add_argument("--ema", action="store_true", help="--run: use the EMA weights")
-    parser.add_argument("--fgsm-eps", type=float, default=2.0, help="FGSM budget in 1/255 pixel units (RPC study)")
-    parser.add_argument("--noise-sigma", type=float, default=0.1, help="Gaussian noise std in pixel units (RPC study)")
-    parser.add_argument("--perturb", type=float, default=0.01, help="relative noise of the perturbed-eigenvector control")
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--no-figures", action="store_true")
-    parser.add_argument("--device", default="cpu")
-    parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
+    g = parser.add_argument_group("analysis")
+    g.add_argument("--protocol", choices=("paper", "exact", "both"), default="both",
+                   help="paper: per-token standardised q,k (the paper's measurement); exact: the definitions; "
+                        "both (default)")
+    g.add_argument("--limit", type=int, default=8, metavar="N",
+                   help="number of examples (the probe batch; default 8)")
+    g.add_argument("--ema", action="store_true", help="--run: use the EMA weights")
+    g.add_argument("--fgsm-eps", default="2/255", metavar="EPS",
+                   help="FGSM budget in pixel units, e.g. 2/255 (default) or 2.5/255 (RPC study)")
+    g.add_argument("--noise-sigma", type=float, default=0.1, help="Gaussian noise std in pixel units (RPC study)")
+    g.add_argument("--perturb", type=float, default=0.01, help="relative noise of the perturbed-eigenvector control")
+    g.add_argument("--seed", type=int, default=0, help="seed of the random probe inputs and perturbations (default 0)")
+    g.add_argument("--no-figures", action="store_true", help="write kpca.json and summary.md only")
+    g.add_argument("--device", default="cpu", help="torch device: cpu (default), cuda, cuda:1, ...")
+    g.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
 
 
 def options_from_namespace(args: argparse.Namespace) -> AnalysisOptions:
@@ -57,9 +64,38 @@ def options_from_namespace(args: argparse.Namespace) -> AnalysisOptions:
     if args.limit < 1:
         raise ValueError("--limit must be >= 1")
     protocols = ("paper", "exact") if args.protocol == "both" else (args.protocol,)
-    return AnalysisOptions(protocols=protocols, limit=args.limit, ema=args.ema, fgsm_eps=args.fgsm_eps,
+    return AnalysisOptions(protocols=protocols, limit=args.limit, ema=args.ema, fgsm_eps=_pixel_eps(args.fgsm_eps),
                            noise_sigma=args.noise_sigma, perturb=args.perturb, seed=args.seed,
                            figures=not args.no_figures, device=args.device, threads=args.threads)
+
+
+def _pixel_eps(value) -> float:
+    eps = parse_number(value, "--fgsm-eps")
+    if not 0 <= eps <= 1:
+        raise ValueError(f"--fgsm-eps is in pixel units [0, 1], got {value!r}; did you mean {value}/255?")
+    return eps
+
+
+_SETTING_FLAGS = {"protocol": "--protocol", "limit": "--limit", "ema": "--ema", "fgsm_eps": "--fgsm-eps",
+                  "noise_sigma": "--noise-sigma", "perturb": "--perturb", "seed": "--seed",
+                  "figures": "--no-figures", "device": "--device", "threads": "--threads"}
+
+
+def options_from_settings(items: Sequence[str]) -> AnalysisOptions:
+    """Options from ``KEY=VALUE`` settings such as ``["limit=2", "protocol=exact", "fgsm_eps=2.5/255"]``
+    (the keys are the flags' names with underscores); ValueError naming an unknown key or a bad value."""
+    argv = []
+    for key, value in parse_assignments(items, "analysis setting"):
+        if key not in _SETTING_FLAGS:
+            raise unknown_key(key, _SETTING_FLAGS, "analysis setting", "analysis setting")
+        flag = _SETTING_FLAGS[key]
+        if key in ("ema", "figures"):
+            if not isinstance(value, bool):
+                raise ValueError(f"analysis setting {key}={value}: expected true or false")
+            argv += [flag] if value == (key == "ema") else []
+        else:
+            argv += [flag, str(value)]
+    return parse_analysis_args(argv)
 
 
 class _RaisingParser(argparse.ArgumentParser):

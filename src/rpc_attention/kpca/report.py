@@ -12,6 +12,7 @@ from typing import Any, Dict, List, Optional, Sequence
 import torch
 
 from ..io import atomic_write_json, atomic_write_text
+from ..markdown import markdown_table
 from .analysis import ALIGN_METRICS, analyze_captures, chance_baselines, pap_stats
 from .hooks import AttentionCapture
 from .sources import Probe
@@ -192,48 +193,30 @@ def gamma_verdict(gm: dict) -> str:
     return "in between"
 
 
-def summary_markdown(result: dict) -> str:
-    """The analysis as Markdown: the summary table, one paragraph a claim (with its rule), failures."""
-    chance = {k: _pooled_chance(result, k) for k in ALIGN_METRICS}
-    lines = (_md_table(result, chance) + _md_alignment(result, chance) + _md_gamma(result) + _md_jproj(result)
-             + _md_pap(result) + _md_failures(result))
-    # "||x||" would break markdown tables: use the norm sign
-    return ("\n".join(lines) + "\n").replace("||", "\u2016")
-
-
-def _md_table(result: dict, cm: dict) -> List[str]:
-    meta = result["meta"]
-    lines = [f"# Kernel-PCA analysis: {meta.get('model') or meta.get('run') or 'model'}", ""]
-    lines.append(f"Source: {meta.get('source')}; weights: {meta.get('weights', meta.get('run', 'n/a'))}; "
-                 f"probe: {meta.get('examples')} examples ({meta.get('inputs', meta.get('split', ''))}); "
-                 f"layers analysed: {len(meta.get('layers', []))}; float64. Every number names its protocol "
-                 "(`paper`: per-token standardised q, k; `exact`: the definitions).")
-    lines.append("")
-    lines.append("| protocol | J_proj | ||varphi(q)||^2 | ||h||^2 | log mean J_proj | optimal cos | linear CKA | RBF CKA | direct cos | mean abs dgamma learned / perturbed / random |")
-    lines.append("|---|---|---|---|---|---|---|---|---|---|")
+def _summary_table(result: dict, chance: Dict[str, tuple]) -> List[str]:
+    """One row per protocol plus the chance row (norms written with the norm sign: ``|`` splits cells)."""
+    header = ["protocol", "J_proj", "\u2016varphi(q)\u2016^2", "\u2016h\u2016^2", "log mean J_proj", "optimal cos",
+              "linear CKA", "RBF CKA", "direct cos", "mean abs dgamma learned / perturbed / random"]
+    rows = []
     for proto, res in result["protocols"].items():
         mo = res["model"]
         g = mo.get("gamma", {})
-        lines.append(
-            f"| {proto} | {_fmt(_m(mo.get('jproj')))} ± {_fmt(_m(mo.get('jproj'), 'std'))} | {_fmt(_m(mo.get('phi2')))} | "
-            f"{_fmt(_m(mo.get('h2')))} | {_fmt(mo.get('log_mean_jproj'))} | {_fmt(_m(mo.get('optimal_cosine')))} | "
-            f"{_fmt(_m(mo.get('linear_cka')))} | {_fmt(_m(mo.get('rbf_cka')))} | {_fmt(_m(mo.get('direct_cosine')))} | "
-            f"{_fmt(_m(g.get('learned')))} / {_fmt(_m(g.get('perturbed')))} / {_fmt(_m(g.get('random')))} |")
-    lines.append(f"| chance (random matrices) | | | | | {_fmt(cm['optimal_cosine'][0])} | {_fmt(cm['linear_cka'][0])} | "
-                 f"{_fmt(cm['rbf_cka'][0])} | {_fmt(cm['direct_cosine'][0])} | |")
-    lines.append("")
-    return lines
+        rows.append([proto, f"{_fmt(_m(mo.get('jproj')))} ± {_fmt(_m(mo.get('jproj'), 'std'))}",
+                     _fmt(_m(mo.get("phi2"))), _fmt(_m(mo.get("h2"))), _fmt(mo.get("log_mean_jproj")),
+                     _fmt(_m(mo.get("optimal_cosine"))), _fmt(_m(mo.get("linear_cka"))), _fmt(_m(mo.get("rbf_cka"))),
+                     _fmt(_m(mo.get("direct_cosine"))),
+                     f"{_fmt(_m(g.get('learned')))} / {_fmt(_m(g.get('perturbed')))} / {_fmt(_m(g.get('random')))}"])
+    rows.append(["chance (random matrices)", "", "", "", "", _fmt(chance["optimal_cosine"][0]),
+                 _fmt(chance["linear_cka"][0]), _fmt(chance["rbf_cka"][0]), _fmt(chance["direct_cosine"][0]), ""])
+    return markdown_table(header, rows)
 
 
-def _md_alignment(result: dict, cm: dict) -> List[str]:
-    lines = []
-    lines.append("## Value vectors vs. the KPCA value matrix (claim 2, reproduction-study metrics)")
-    lines.append("")
+def _alignment_section(result: dict, chance: Dict[str, tuple]) -> List[str]:
     parts = []
     for proto, res in result["protocols"].items():
         mo = res["model"]
-        verdicts = {k: alignment_verdict(_m(mo.get(k)), *cm[k]) for k in ("optimal_cosine", "linear_cka", "rbf_cka")}
-        desc = ", ".join(f"{k.replace('_', ' ')} {_fmt(_m(mo.get(k)))} ({v}; chance {_fmt(cm[k][0])})"
+        verdicts = {k: alignment_verdict(_m(mo.get(k)), *chance[k]) for k in ("optimal_cosine", "linear_cka", "rbf_cka")}
+        desc = ", ".join(f"{k.replace('_', ' ')} {_fmt(_m(mo.get(k)))} ({v}; chance {_fmt(chance[k][0])})"
                          for k, v in verdicts.items())
         if all(v == "not measured" for v in verdicts.values()):
             concl = "not measured (see Failures), so nothing is concluded"
@@ -246,15 +229,11 @@ def _md_alignment(result: dict, cm: dict) -> List[str]:
             concl = ("no metric exceeds the chance level (random matrices of the same shapes): the numbers do not "
                      "support the claim that V equals V_hat")
         parts.append(f"Under `{proto}`: {desc}; {concl}.")
-    lines.append(" ".join(parts) + " Rule: " + RULES["alignment"])
-    lines.append("")
-    return lines
+    return ["## Value vectors vs. the KPCA value matrix (claim 2, reproduction-study metrics)", "",
+            " ".join(parts) + " Rule: " + RULES["alignment"], ""]
 
 
-def _md_gamma(result: dict) -> List[str]:
-    lines = []
-    lines.append("## Constant gamma (value columns as Gram eigenvectors)")
-    lines.append("")
+def _gamma_section(result: dict) -> List[str]:
     parts = []
     for proto, res in result["protocols"].items():
         g = res["model"].get("gamma", {})
@@ -264,86 +243,97 @@ def _md_gamma(result: dict) -> List[str]:
             f"{_fmt(_m(g.get('eigvec')))} for the true eigenvectors, {_fmt(_m(g.get('perturbed')))} for 1%-perturbed "
             f"eigenvectors and {_fmt(_m(g.get('random')))} for random vectors (mean |lambda| {_fmt(_m(eig))}): "
             f"{gamma_verdict(g)}.")
-    lines.append(" ".join(parts) + " Rule: " + RULES["gamma"])
-    lines.append("")
-    return lines
+    return ["## Constant gamma (value columns as Gram eigenvectors)", "",
+            " ".join(parts) + " Rule: " + RULES["gamma"], ""]
 
 
-def _md_jproj(result: dict) -> List[str]:
-    lines = []
-    lines.append("## Projection loss J_proj (claim 1)")
-    lines.append("")
-    parts = []
-    for proto, res in result["protocols"].items():
-        mo = res["model"]
-        phi2, h2, j = _m(mo.get("phi2")), _m(mo.get("h2")), _m(mo.get("jproj"))
-        s = (f"Under `{proto}`: J_proj = {_fmt(j)}, ||varphi(q)||^2 = {_fmt(phi2)}, ||h||^2 = {_fmt(h2)}")
-        if j is not None and j < 0:
-            s += "; the mean J_proj is negative (||h||^2 > ||varphi(q)||^2), which contradicts reading h as a projection of varphi(q)"
-        if phi2 and h2:
-            ratio = h2 / phi2
-            if ratio > 10 or ratio < 0.1:
-                big = "||h||^2" if ratio > 1 else "||varphi(q)||^2"
-                s += f"; the terms differ by {_fmt(max(ratio, 1 / ratio), 1)}x, so J_proj is dominated by {big}"
-            else:
-                s += f"; the terms are within 10x ({_fmt(ratio, 2)})"
-        parts.append(s + ".")
+def _jproj_terms(proto: str, model: dict) -> str:
+    phi2, h2, j = _m(model.get("phi2")), _m(model.get("h2")), _m(model.get("jproj"))
+    s = f"Under `{proto}`: J_proj = {_fmt(j)}, ||varphi(q)||^2 = {_fmt(phi2)}, ||h||^2 = {_fmt(h2)}"
+    if j is not None and j < 0:
+        s += "; the mean J_proj is negative (||h||^2 > ||varphi(q)||^2), which contradicts reading h as a projection of varphi(q)"
+    if phi2 and h2:
+        ratio = h2 / phi2
+        if ratio > 10 or ratio < 0.1:
+            big = "||h||^2" if ratio > 1 else "||varphi(q)||^2"
+            s += f"; the terms differ by {_fmt(max(ratio, 1 / ratio), 1)}x, so J_proj is dominated by {big}"
+        else:
+            s += f"; the terms are within 10x ({_fmt(ratio, 2)})"
+    return s + "."
+
+
+def _jproj_history(result: dict) -> List[str]:
     hist = result.get("history")
-    if hist and len(hist) >= 2:
-        for proto in result["protocols"]:
-            keys = [f"jproj/{proto}/model/{t}" for t in ("jproj", "phi2", "h2")]
-            rec = [r for r in hist if all(k in r and r[k] is not None for k in keys)]
-            if len(rec) >= 2:
-                dj, dp, dh = (rec[-1][k] - rec[0][k] for k in keys)
-                driver = "||h||^2" if abs(dh) > abs(dp) else "||varphi(q)||^2"
-                parts.append(f"Over {len(rec)} logged epochs ({proto}): J_proj changed by {_fmt(dj)}, ||varphi(q)||^2 by "
-                             f"{_fmt(dp)} and ||h||^2 by {_fmt(dh)}, so the change is driven by {driver}.")
-    else:
-        parts.append("No J_proj history was logged for this model (train with `--set train.callbacks=[jproj]`), "
-                     "so nothing is said about how training changes J_proj.")
-    lines.append(" ".join(parts) + " Rule: " + RULES["jproj"])
+    if not hist or len(hist) < 2:
+        return ["No J_proj history was logged for this model (train with `--set train.callbacks=[jproj]`), "
+                "so nothing is said about how training changes J_proj."]
+    parts = []
+    for proto in result["protocols"]:
+        keys = [f"jproj/{proto}/model/{t}" for t in ("jproj", "phi2", "h2")]
+        rec = [r for r in hist if all(k in r and r[k] is not None for k in keys)]
+        if len(rec) >= 2:
+            dj, dp, dh = (rec[-1][k] - rec[0][k] for k in keys)
+            driver = "||h||^2" if abs(dh) > abs(dp) else "||varphi(q)||^2"
+            parts.append(f"Over {len(rec)} logged epochs ({proto}): J_proj changed by {_fmt(dj)}, ||varphi(q)||^2 by "
+                         f"{_fmt(dp)} and ||h||^2 by {_fmt(dh)}, so the change is driven by {driver}.")
+    return parts
+
+
+def _jproj_section(result: dict) -> List[str]:
+    parts = [_jproj_terms(proto, res["model"]) for proto, res in result["protocols"].items()]
+    parts += _jproj_history(result)
+    return ["## Projection loss J_proj (claim 1)", "", " ".join(parts) + " Rule: " + RULES["jproj"], ""]
+
+
+def _pap_section(pap: Optional[dict]) -> List[str]:
+    if not pap:
+        return []
+    parts = []
+    for name, st in pap["clean"].items():
+        s = (f"`{name}`: clean ||S||/||K|| = {_fmt(st['rel_norm'])}, zero fraction {_fmt(st['zero_fraction'])}, "
+             f"tokens with non-zero S {_fmt(st['token_fraction'])}")
+        for cond in ("fgsm", "noise"):
+            if cond in pap and name in pap[cond]:
+                r = pap[cond][name]["rel_norm"]
+                grows = r > st["rel_norm"] * 1.05
+                s += f"; {cond} {_fmt(r)} ({'grows' if grows else 'unchanged'})"
+        parts.append(s + ".")
+    if "note" in pap:
+        parts.append(pap["note"] + ".")
+    return ["## RPC layers: the sparse part S of PAP", "", " ".join(parts) + " Rule: " + RULES["pap"], ""]
+
+
+def _failures_section(failures: List[dict]) -> List[str]:
+    if not failures:
+        return []
+    lines = [f"## Failures ({len(failures)}, all listed in kpca.json)", ""]
+    groups: Dict[tuple, List[str]] = {}
+    counts: Dict[tuple, int] = {}
+    for f in failures:
+        key = (f.get("protocol", ""), f.get("stage", ""), str(f.get("error", "")))
+        groups.setdefault(key, [])
+        counts[key] = counts.get(key, 0) + 1
+        layer = f.get("layer")
+        if layer is not None and layer not in groups[key]:
+            groups[key].append(layer)
+    for (proto, stage, err), layers in list(groups.items())[:30]:
+        where = f" in {', '.join(layers[:6])}{' ...' if len(layers) > 6 else ''}" if layers else ""
+        lines.append(f"- {proto + ' ' if proto else ''}{stage}: {err} ({counts[(proto, stage, err)]}x{where})")
+    return lines + [""]
+
+
+def summary_markdown(result: dict) -> str:
+    """``summary.md``: the table of every protocol, then one paragraph per claim with its rule."""
+    meta = result["meta"]
+    lines = [f"# Kernel-PCA analysis: {meta.get('model') or meta.get('run') or 'model'}", ""]
+    lines.append(f"Source: {meta.get('source')}; weights: {meta.get('weights', meta.get('run', 'n/a'))}; "
+                 f"probe: {meta.get('examples')} examples ({meta.get('inputs', meta.get('split', ''))}); "
+                 f"layers analysed: {len(meta.get('layers', []))}; float64. Every number names its protocol "
+                 "(`paper`: per-token standardised q, k; `exact`: the definitions).")
     lines.append("")
-    return lines
-
-
-def _md_pap(result: dict) -> List[str]:
-    lines = []
-    pap = result.get("pap")
-    if pap:
-        lines.append("## RPC layers: the sparse part S of PAP")
-        lines.append("")
-        parts = []
-        for name, st in pap["clean"].items():
-            s = (f"`{name}`: clean ||S||/||K|| = {_fmt(st['rel_norm'])}, zero fraction {_fmt(st['zero_fraction'])}, "
-                 f"tokens with non-zero S {_fmt(st['token_fraction'])}")
-            for cond in ("fgsm", "noise"):
-                if cond in pap and name in pap[cond]:
-                    r = pap[cond][name]["rel_norm"]
-                    grows = r > st["rel_norm"] * 1.05
-                    s += f"; {cond} {_fmt(r)} ({'grows' if grows else 'unchanged'})"
-            parts.append(s + ".")
-        if "note" in pap:
-            parts.append(pap["note"] + ".")
-        lines.append(" ".join(parts) + " Rule: " + RULES["pap"])
-        lines.append("")
-    return lines
-
-
-def _md_failures(result: dict) -> List[str]:
-    lines = []
-    if result.get("failures"):
-        lines.append(f"## Failures ({len(result['failures'])}, all listed in kpca.json)")
-        lines.append("")
-        groups: Dict[tuple, List[str]] = {}
-        for f in result["failures"]:
-            key = (f.get("protocol", ""), f.get("stage", ""), str(f.get("error", "")))
-            groups.setdefault(key, [])
-            layer = f.get("layer")
-            if layer is not None and layer not in groups[key]:
-                groups[key].append(layer)
-        for (proto, stage, err), layers in list(groups.items())[:30]:
-            n = sum(1 for f in result["failures"] if (f.get("protocol", ""), f.get("stage", ""), str(f.get("error", ""))) == (proto, stage, err))
-            where = f" in {', '.join(layers[:6])}{' ...' if len(layers) > 6 else ''}" if layers else ""
-            lines.append(f"- {proto + ' ' if proto else ''}{stage}: {err} ({n}x{where})")
-        lines.append("")
-    return lines
+    chance = {k: _pooled_chance(result, k) for k in ALIGN_METRICS}
+    lines += _summary_table(result, chance) + [""]
+    lines += _alignment_section(result, chance) + _gamma_section(result) + _jproj_section(result)
+    lines += _pap_section(result.get("pap")) + _failures_section(result.get("failures") or [])
+    # the prose writes norms as "||x||"; the norm sign keeps them from reading as table cells
+    return ("\n".join(lines) + "\n").replace("||", "\u2016")

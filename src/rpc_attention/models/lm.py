@@ -20,7 +20,7 @@ cost O(n_iter * t^2 * d) per head and token instead of O(t * d)).
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import dataclass, field, fields
 from typing import Dict, List, Optional, Sequence, Union
 
 import torch
@@ -346,9 +346,6 @@ class Symlm(nn.Module):
         """(B, vocab) log-probabilities of the next word after the last position of ``idx``."""
         h = self._hidden(idx, cache)[:, -1]
         return self.crit.full_logprob(h, self.out_weight)
-
-    def config_dict(self) -> Dict:
-        return asdict(self.config)
 
 
 @torch.no_grad()

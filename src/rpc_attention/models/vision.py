@@ -73,6 +73,7 @@ class SymViTBlock(Block):
     def __init__(self, dim: int, num_heads: int, *, attn_factory, depth: int = 0, qkv_bias: bool = False,
                  attn_drop: float = 0.0, proj_drop: float = 0.0, attn_layer=None, device=None, dtype=None,
                  **kwargs) -> None:
+        # attn_layer: timm's VisionTransformer passes one to every block; ``attn_factory`` replaces it
         super().__init__(dim, num_heads, qkv_bias=qkv_bias, attn_drop=attn_drop, proj_drop=proj_drop,
                          attn_layer=_NoAttention, depth=depth, device=device, dtype=dtype, **kwargs)
         self.attn = attn_factory(depth, dim=dim, num_heads=num_heads, qkv_bias=qkv_bias, attn_drop=attn_drop,
@@ -136,14 +137,13 @@ class SymViT(VisionTransformer):
         rpc_set = set(layers)
 
         def attn_factory(index: int, **akw):
-            fused = True
             if attention == "attn":
-                return Attention(fused_attn=fused, **akw)
+                return Attention(**akw)
             if attention in ("scaled_s", "scaled_alpha"):
-                return ScaledAttention(mode=attention.split("_", 1)[1], num_tokens=num_tokens, fused_attn=fused, **akw)
+                return ScaledAttention(mode=attention.split("_", 1)[1], num_tokens=num_tokens, **akw)
             if index in rpc_set:
-                return RPCAttention(fused_attn=fused, **pap, **akw)
-            return SymmetricAttention(fused_attn=fused, **akw)
+                return RPCAttention(**pap, **akw)
+            return SymmetricAttention(**akw)
 
         kwargs.setdefault("norm_layer", partial(nn.LayerNorm, eps=1e-6))
         super().__init__(block_fn=partial(SymViTBlock, attn_factory=attn_factory), **kwargs)

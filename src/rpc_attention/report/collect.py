@@ -102,7 +102,7 @@ def _cpu_model() -> str:
     return platform.processor() or platform.machine()
 
 
-def setup_info(study, pipeline) -> Dict[str, Any]:
+def setup_info(study) -> Dict[str, Any]:
     import torch
 
     info: Dict[str, Any] = {
@@ -162,7 +162,7 @@ def collect_results(out_dir, study, pipeline) -> Dict[str, Any]:
     res: Dict[str, Any] = {
         "study": study.name, "description": study.description, "settings": study.settings,
         "generated": time.strftime("%Y-%m-%d %H:%M:%S %Z"), "out_dir": str(out_dir.resolve()),
-        "setup": setup_info(study, pipeline), "stages": stages, "notes": list(study.notes),
+        "setup": setup_info(study), "stages": stages, "notes": list(study.notes),
         "rules": RULES_TEXT, "paper": {"label": PAPER_LABEL, "rows": PAPER_ROWS},
         "models": {}, "training": {}, "evals": {}, "tables": {}, "claims": [], "analysis": {},
     }

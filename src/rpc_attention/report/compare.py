@@ -4,6 +4,8 @@ study's ``compare`` stage call :func:`compare_runs`."""
 
 from __future__ import annotations
 
+from ..markdown import markdown_table
+
 __all__ = ["compare_runs", "read_curves", "summarise", "lower_is_better", "LOWER_IS_BETTER", "DEFAULT_PRIMARY"]
 
 LOWER_IS_BETTER = ("loss", "ppl", "err", "error", "mce", "bpc")
@@ -78,14 +80,14 @@ def compare_runs(runs, out_dir, metrics=None, labels=None, split: str = "val"):
     for m in metrics:
         arrow = "lower better" if lower_is_better(m) else "higher better"
         head += [f"best {m} ({arrow})", "at epoch", f"final {m}"]
-    lines.append("| " + " | ".join(head) + " |")
-    lines.append("|" + "---|" * len(head))
+    body = []
     for row in table["runs"]:
         cells = [row["label"], str(row["epochs"])]
         for m in metrics:
             s = row[m]
             cells += ["n/a"] * 3 if s is None else [f"{s['best']:.4g}", f"{s['best_epoch']:g}", f"{s['final']:.4g}"]
-        lines.append("| " + " | ".join(cells) + " |")
+        body.append(cells)
+    lines += markdown_table(head, body)
     fin = [r for r in table["runs"] if "final_eval" in r]
     if fin:
         lines += ["", "Final evaluation (the trainer's last record with `final: true`):", ""]

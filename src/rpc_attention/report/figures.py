@@ -157,13 +157,6 @@ def corruption_bars(res: Dict[str, Any], out_dir: Path) -> List[dict]:
     return [{"path": p, "caption": cap, "section": "vision"}]
 
 
-def _xkey(recs: List[dict]) -> Optional[str]:
-    for k in ("step", "global_step", "iter", "epoch"):
-        if any(k in r for r in recs):
-            return k
-    return None
-
-
 _VAL_KEYS = ("acc1", "top1", "miou", "mIoU", "ppl", "acc")
 
 

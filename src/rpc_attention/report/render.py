@@ -9,6 +9,8 @@ import re
 from pathlib import Path
 from typing import Any, Dict, List, Optional
 
+from ..markdown import markdown_table
+
 __all__ = ["render_markdown", "render_html", "fmt", "format_seconds"]
 
 
@@ -50,15 +52,8 @@ def _cell_text(c: Dict[str, Any]) -> str:
     return s
 
 
-def _esc(s: Any) -> str:
-    return str(s).replace("|", "\\|").replace("\n", " ")
-
-
 def _table(header: List[str], rows: List[List[Any]]) -> List[str]:
-    out = ["| " + " | ".join(_esc(h) for h in header) + " |", "|" + "|".join("---" for _ in header) + "|"]
-    for r in rows:
-        out.append("| " + " | ".join(_esc(x) for x in r) + " |")
-    return out + [""]
+    return markdown_table(header, rows) + [""]
 
 
 def _figs(res: Dict[str, Any], section: str) -> List[str]:
@@ -156,40 +151,30 @@ def _claim_row(c: Dict[str, Any]) -> List[Any]:
             delta, fmt(c["margin"]), paper, f"**{c['verdict']}**"]
 
 
-def render_markdown(res: Dict[str, Any]) -> str:
-    L: List[str] = [f"# Reproduction report: `{res['study']}` study", ""]
-    L += [res.get("description", ""), "",
-          f"Generated {res['generated']} by `rpc-attention reproduce --preset {res['study']}` in `{res['out_dir']}`. "
-          "Every number below is also in `results.json`; verdicts are computed by the rules stated at the end, "
-          "never written by hand.", ""]
-    # ---- verdict summary
-    if res.get("claims"):
-        L += ["## Verdicts", ""]
-        L += _table(["claim (paper)", "metric", "baseline (ours)", "RPC (ours)", "delta, RPC better > 0", "margin",
-                     "paper: baseline → RPC (its data set)", "verdict"], [_claim_row(c) for c in res["claims"]])
-        L += ["Reasons:", ""]
-        L += [f"- {c['title']}: {c['verdict']} — {c['reason']}." for c in res["claims"]] + [""]
-    # ---- setup
-    s = res["setup"]
-    v = s.get("versions", {})
-    L += ["## Setup", ""]
-    L += [f"- Hardware: {s.get('cpu')} ({s.get('cpu_count')} logical CPUs), "
-          + (f"GPUs: {', '.join(s['gpus'])}" if s.get("gpus") else "no GPU") + f"; device `{s.get('device')}`; "
-          f"torch threads {s.get('torch_threads')}; load average at report time {s.get('load_average')}.",
-          "- Software: " + ", ".join(f"{k} {val}" for k, val in v.items()) + f"; {s.get('platform')}.",
-          f"- Seeds: {', '.join(str(x) for x in s.get('seeds', []))}.", ""]
-    data_lines = []
+def _verdicts_section(claims: List[Dict[str, Any]]) -> List[str]:
+    if not claims:
+        return []
+    L = ["## Verdicts", ""]
+    L += _table(["claim (paper)", "metric", "baseline (ours)", "RPC (ours)", "delta, RPC better > 0", "margin",
+                 "paper: baseline → RPC (its data set)", "verdict"], [_claim_row(c) for c in claims])
+    L += ["Reasons:", ""]
+    return L + [f"- {c['title']}: {c['verdict']} — {c['reason']}." for c in claims] + [""]
+
+
+def _training_data_rows(res: Dict[str, Any]) -> List[List[str]]:
+    rows = []
     for run, t in res.get("training", {}).items():
         d = t.get("data") or {}
         sch = t.get("schedule") or {}
         if d or sch:
-            data_lines.append([run, d.get("name") or d.get("source") or "—",
-                               ", ".join(f"{k}={val}" for k, val in d.items() if k not in ("name",)) or "—",
-                               ", ".join(f"{k}={val}" for k, val in sch.items()) or "—"])
-    if data_lines:
-        L += ["Training runs (data and schedule, from each run's config.yaml):", ""]
-        L += _table(["run", "data", "data options", "schedule"], data_lines)
-    ev_lines = []
+            rows.append([run, d.get("name") or d.get("source") or "—",
+                         ", ".join(f"{k}={val}" for k, val in d.items() if k not in ("name",)) or "—",
+                         ", ".join(f"{k}={val}" for k, val in sch.items()) or "—"])
+    return rows
+
+
+def _eval_data_rows(res: Dict[str, Any]) -> List[List[str]]:
+    rows = []
     for suite, per_model in res.get("evals", {}).items():
         ns = sorted({str(e.get("n_examples")) for pm in per_model.values() for e in pm.values() if e.get("n_examples")})
         ds = sorted({str((e.get("data") or {}).get("dataset") or (e.get("data") or {}).get("source")
@@ -197,15 +182,32 @@ def render_markdown(res: Dict[str, Any]) -> str:
                                                          (e.get("data") or {}).get("ood")) if x) or "")
                      for pm in per_model.values() for e in pm.values() if e.get("data")})
         if ns:
-            ev_lines.append([suite, ", ".join(d for d in ds if d) or "—", ", ".join(ns)])
-    if ev_lines:
+            rows.append([suite, ", ".join(d for d in ds if d) or "—", ", ".join(ns)])
+    return rows
+
+
+def _setup_section(res: Dict[str, Any]) -> List[str]:
+    s = res["setup"]
+    v = s.get("versions", {})
+    L = ["## Setup", ""]
+    L += [f"- Hardware: {s.get('cpu')} ({s.get('cpu_count')} logical CPUs), "
+          + (f"GPUs: {', '.join(s['gpus'])}" if s.get("gpus") else "no GPU") + f"; device `{s.get('device')}`; "
+          f"torch threads {s.get('torch_threads')}; load average at report time {s.get('load_average')}.",
+          "- Software: " + ", ".join(f"{k} {val}" for k, val in v.items()) + f"; {s.get('platform')}.",
+          f"- Seeds: {', '.join(str(x) for x in s.get('seeds', []))}.", ""]
+    data_rows = _training_data_rows(res)
+    if data_rows:
+        L += ["Training runs (data and schedule, from each run's config.yaml):", ""]
+        L += _table(["run", "data", "data options", "schedule"], data_rows)
+    eval_rows = _eval_data_rows(res)
+    if eval_rows:
         L += ["Evaluation data (examples per model):", ""]
-        L += _table(["suite", "data", "examples"], ev_lines)
-    L += ["Study settings: " + ", ".join(f"`{k}={val}`" for k, val in res.get("settings", {}).items()), ""]
-    # ---- time per stage
+        L += _table(["suite", "data", "examples"], eval_rows)
+    return L + ["Study settings: " + ", ".join(f"`{k}={val}`" for k, val in res.get("settings", {}).items()), ""]
+
+
+def _stage_time_section(stages: List[Dict[str, Any]], cpu_count: Any) -> List[str]:
     rows, total, cpu_total = [], 0.0, 0.0
-    # the report stage writing this page is still running: it is not a pending stage
-    stages = [r for r in res["stages"] if not (r.get("kind") == "report" and r["status"] == "running")]
     for r in stages:
         total += r.get("seconds") or 0.0
         note = r.get("reason") or ""
@@ -215,83 +217,112 @@ def render_markdown(res: Dict[str, Any]) -> str:
         cpu_total += r.get("cpu_s") or 0.0
         rows.append([r["name"], r["kind"], r["status"], format_seconds(r.get("seconds")), format_seconds(r.get("cpu_s")),
                      format_seconds(r.get("estimate_s")), " → ".join(f"{x:.1f}" for x in ld) or "—", note[:160]])
-    L += ["### Time per stage", ""]
+    L = ["### Time per stage", ""]
     L += _table(["stage", "kind", "status", "wall time", "CPU time", "estimate", "load avg (start → end)", "note"], rows)
-    L += [f"Total stage time: {format_seconds(total)} wall, {format_seconds(cpu_total)} CPU (process time, all threads; "
-          "the report stage's own time is not included). Load average: "
-          f"1-minute system load when each stage started and ended; on a machine with {s.get('cpu_count')} logical "
-          f"CPUs, a load above {s.get('cpu_count')} means other processes competed for them and times are inflated.", ""]
-    # ---- task tables
-    for tname, t in res.get("tables", {}).items():
-        L += [f"## {t['title']}", ""]
-        header = ["model"] + [c["header"] for c in t["columns"]]
-        rows = [[r["label"]] + [_cell_text(r["cells"][c["key"]]) for c in t["columns"]] for r in t["rows"]]
-        if any(t["paper"]["baseline"].values()):
-            scale = t.get("paper_scale", "ImageNet-scale")
-            rows.append([f"*paper: baseline ({scale})*"] + [
-                fmt(t["paper"]["baseline"][c["key"]]["value"]) if c["key"] in t["paper"]["baseline"] else "" for c in t["columns"]])
-            rows.append([f"*paper: RPC ({scale})*"] + [
-                f"{fmt(t['paper']['rpc'][c['key']]['value'])} ({t['paper']['rpc'][c['key']]['change']})"
-                if c["key"] in t["paper"]["rpc"] else "" for c in t["columns"]])
-        L += _table(header, rows)
-        L += [f"Ours: mean ± std across seeds (n = number of seeds) where there are several. Rows in italics are "
-              f"the paper's ({t.get('paper_scale', 'ImageNet-scale')}; not comparable in absolute terms, SPEC "
-              "section 7): compare directions, not values.", ""]
-        if tname == "vision":
-            L += _eps_table(res, "fgsm") + _eps_table(res, "pgd") + _corruption_table(res)
-        if tname == "lm":
-            L += _lm_rows(res)
-        L += _figs(res, tname)
-    # ---- claims detail and rules
-    L += ["## Verdict rules", "", res["rules"], ""]
-    # ---- KPCA
-    if res.get("analysis"):
-        L += ["## Kernel-PCA analysis (claims 1 and 2 of section 2 of the paper)", ""]
-        rows = []
-        for run, a in res["analysis"].items():
-            if not a.get("protocols"):
-                rows.append([a["label"], run, f"— ({a['status']}{': ' + a['reason'] if a.get('reason') else ''})"] + [""] * 7)
-                continue
-            chance = a.get("chance") or {}
+    return L + [f"Total stage time: {format_seconds(total)} wall, {format_seconds(cpu_total)} CPU (process time, all threads; "
+                "the report stage's own time is not included). Load average: "
+                f"1-minute system load when each stage started and ended; on a machine with {cpu_count} logical "
+                f"CPUs, a load above {cpu_count} means other processes competed for them and times are inflated.", ""]
 
-            def ch(k):
-                xs = [c[k]["mean"] for c in chance.values() if isinstance(c.get(k), dict) and c[k].get("mean") is not None]
-                return fmt(sum(xs) / len(xs), 3) if xs else "—"
 
-            for proto, pr in a["protocols"].items():
-                mo = pr["model"]
-                g = (mo.get("jproj") or {})
+def _task_section(res: Dict[str, Any], tname: str, t: Dict[str, Any]) -> List[str]:
+    L = [f"## {t['title']}", ""]
+    header = ["model"] + [c["header"] for c in t["columns"]]
+    rows = [[r["label"]] + [_cell_text(r["cells"][c["key"]]) for c in t["columns"]] for r in t["rows"]]
+    if any(t["paper"]["baseline"].values()):
+        scale = t.get("paper_scale", "ImageNet-scale")
+        rows.append([f"*paper: baseline ({scale})*"] + [
+            fmt(t["paper"]["baseline"][c["key"]]["value"]) if c["key"] in t["paper"]["baseline"] else "" for c in t["columns"]])
+        rows.append([f"*paper: RPC ({scale})*"] + [
+            f"{fmt(t['paper']['rpc'][c['key']]['value'])} ({t['paper']['rpc'][c['key']]['change']})"
+            if c["key"] in t["paper"]["rpc"] else "" for c in t["columns"]])
+    L += _table(header, rows)
+    L += [f"Ours: mean ± std across seeds (n = number of seeds) where there are several. Rows in italics are "
+          f"the paper's ({t.get('paper_scale', 'ImageNet-scale')}; not comparable in absolute terms, SPEC "
+          "section 7): compare directions, not values.", ""]
+    if tname == "vision":
+        L += _eps_table(res, "fgsm") + _eps_table(res, "pgd") + _corruption_table(res)
+    if tname == "lm":
+        L += _lm_rows(res)
+    return L + _figs(res, tname)
 
-                def m(k, d=3):
-                    x = mo.get(k)
-                    return fmt(x.get("mean"), d) if isinstance(x, dict) else "—"
 
-                rows.append([a["label"], f"{run} ({proto})", f"{fmt(g.get('mean'), 4)} ± {fmt(g.get('std'), 4)}",
-                             m("phi2", 4), m("h2", 4), f"{m('optimal_cosine')} (chance {ch('optimal_cosine')})",
-                             f"{m('linear_cka')} (chance {ch('linear_cka')})", f"{m('rbf_cka')} (chance {ch('rbf_cka')})",
-                             m("direct_cosine"),
-                             " / ".join(fmt(_g.get("mean"), 3) for _g in (pr.get("gamma", {}).get(k, {}) for k in ("learned", "perturbed", "random")))])
-        L += _table(["model", "run (protocol)", "J_proj", "‖varphi(q)‖²", "‖h‖²", "optimal cosine", "linear CKA",
-                     "RBF CKA", "direct cosine", "mean |Δgamma| learned / perturbed / random"], rows)
-        for run, a in res["analysis"].items():
-            for fm in a.get("failure_messages") or []:
-                L += [f"- `{run}`: {fm['count']} analysis record(s) failed: {fm['error']}"]
-        if any(a.get("failure_messages") for a in res["analysis"].values()):
-            L += [""]
-        L += ["Protocols: `paper` standardises q and k per token (the paper's undocumented detail), `exact` uses the "
-              "definitions of SPEC section 1. Chance: independent random matrices of the same shapes. The analysis "
-              "tool's own summary, with its stated rules, is in each `analysis/<run>/summary.md`.", ""]
-        L += _figs(res, "kpca")
-    if any(f.get("section") == "seg_examples" for f in res.get("figures", [])):
-        L += ["## Example segmentations", ""] + _figs(res, "seg_examples")
-    # ---- skipped / failed
+def _kpca_rows(run: str, a: Dict[str, Any]) -> List[List[str]]:
+    """The analysis table's rows of one run: one per protocol, or one saying why there is none."""
+    if not a.get("protocols"):
+        return [[a["label"], run, f"— ({a['status']}{': ' + a['reason'] if a.get('reason') else ''})"] + [""] * 7]
+    chance = a.get("chance") or {}
+
+    def ch(k):
+        xs = [c[k]["mean"] for c in chance.values() if isinstance(c.get(k), dict) and c[k].get("mean") is not None]
+        return fmt(sum(xs) / len(xs), 3) if xs else "—"
+
+    rows = []
+    for proto, pr in a["protocols"].items():
+        mo = pr["model"]
+        g = (mo.get("jproj") or {})
+
+        def m(k, d=3):
+            x = mo.get(k)
+            return fmt(x.get("mean"), d) if isinstance(x, dict) else "—"
+
+        rows.append([a["label"], f"{run} ({proto})", f"{fmt(g.get('mean'), 4)} ± {fmt(g.get('std'), 4)}",
+                     m("phi2", 4), m("h2", 4), f"{m('optimal_cosine')} (chance {ch('optimal_cosine')})",
+                     f"{m('linear_cka')} (chance {ch('linear_cka')})", f"{m('rbf_cka')} (chance {ch('rbf_cka')})",
+                     m("direct_cosine"),
+                     " / ".join(fmt(_g.get("mean"), 3) for _g in (pr.get("gamma", {}).get(k, {}) for k in ("learned", "perturbed", "random")))])
+    return rows
+
+
+def _kpca_section(res: Dict[str, Any]) -> List[str]:
+    analysis = res.get("analysis")
+    if not analysis:
+        return []
+    L = ["## Kernel-PCA analysis (claims 1 and 2 of section 2 of the paper)", ""]
+    rows = [row for run, a in analysis.items() for row in _kpca_rows(run, a)]
+    L += _table(["model", "run (protocol)", "J_proj", "‖varphi(q)‖²", "‖h‖²", "optimal cosine", "linear CKA",
+                 "RBF CKA", "direct cosine", "mean |Δgamma| learned / perturbed / random"], rows)
+    for run, a in analysis.items():
+        for fm in a.get("failure_messages") or []:
+            L += [f"- `{run}`: {fm['count']} analysis record(s) failed: {fm['error']}"]
+    if any(a.get("failure_messages") for a in analysis.values()):
+        L += [""]
+    L += ["Protocols: `paper` standardises q and k per token (the paper's undocumented detail), `exact` uses the "
+          "definitions of SPEC section 1. Chance: independent random matrices of the same shapes. The analysis "
+          "tool's own summary, with its stated rules, is in each `analysis/<run>/summary.md`.", ""]
+    return L + _figs(res, "kpca")
+
+
+def _problems_section(res: Dict[str, Any], stages: List[Dict[str, Any]]) -> List[str]:
     bad = [r for r in stages if r["status"] not in ("done",)]
     errs = [f for f in res.get("figures", []) if f.get("section") == "errors"]
-    if bad or errs:
-        L += ["## Skipped, failed and pending stages", ""]
-        L += [f"- `{r['name']}`: {r['status']}" + (f" — {r['reason']}" if r.get("reason") else "") for r in bad]
-        L += [f"- figure: {f['caption']}" for f in errs]
-        L += [""]
+    if not (bad or errs):
+        return []
+    L = ["## Skipped, failed and pending stages", ""]
+    L += [f"- `{r['name']}`: {r['status']}" + (f" — {r['reason']}" if r.get("reason") else "") for r in bad]
+    L += [f"- figure: {f['caption']}" for f in errs]
+    return L + [""]
+
+
+def render_markdown(res: Dict[str, Any]) -> str:
+    """``report.md``: verdicts, setup, time per stage, one section per task, the rules, KPCA, problems."""
+    L: List[str] = [f"# Reproduction report: `{res['study']}` study", ""]
+    L += [res.get("description", ""), "",
+          f"Generated {res['generated']} by `rpc-attention reproduce --study {res['study']}` in `{res['out_dir']}`. "
+          "Every number below is also in `results.json`; verdicts are computed by the rules stated at the end, "
+          "never written by hand.", ""]
+    L += _verdicts_section(res.get("claims") or [])
+    L += _setup_section(res)
+    # the report stage writing this page is still running: it is not a pending stage
+    stages = [r for r in res["stages"] if not (r.get("kind") == "report" and r["status"] == "running")]
+    L += _stage_time_section(stages, res["setup"].get("cpu_count"))
+    for tname, t in res.get("tables", {}).items():
+        L += _task_section(res, tname, t)
+    L += ["## Verdict rules", "", res["rules"], ""]
+    L += _kpca_section(res)
+    if any(f.get("section") == "seg_examples" for f in res.get("figures", [])):
+        L += ["## Example segmentations", ""] + _figs(res, "seg_examples")
+    L += _problems_section(res, stages)
     return "\n".join(L).rstrip() + "\n"
 
 

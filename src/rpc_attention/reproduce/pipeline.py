@@ -24,6 +24,7 @@ import contextlib
 import fnmatch
 import hashlib
 import json
+import logging
 import os
 import socket
 import sys
@@ -35,6 +36,8 @@ from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence
 
 from ..io import atomic_write_bytes, atomic_write_json, atomic_write_text, json_default  # re-exported for stages
 from ..report.render import format_seconds
+
+logger = logging.getLogger(__name__)
 
 __all__ = [
     "Stage", "StageContext", "StageSkipped", "Pipeline", "PlanEntry", "atomic_write_text",
@@ -91,9 +94,6 @@ class StageContext:
     @property
     def params(self) -> Dict[str, Any]:
         return self.stage.params
-
-    def dep_marker(self, name: str) -> Optional[dict]:
-        return self.pipeline.marker(name)
 
     def log(self, msg: str) -> None:
         self.pipeline.log(f"  [{self.stage.name}] {msg}")
@@ -163,7 +163,7 @@ class Pipeline:
             seen.add(s.name)
         self.out_dir = Path(out_dir)
         self.marker_dir = self.out_dir / "stages"
-        self._log = log or (lambda m: print(m, flush=True))
+        self._log = log or logger.info
         # Under torchrun every rank runs the stage function; only rank 0 writes markers.
         self.is_writer = is_writer
 

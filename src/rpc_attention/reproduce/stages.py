@@ -3,20 +3,22 @@
 Each calls the owning package's library function (the same one its command calls): the trainer's
 ``run_training``, ``evaluate.runner.evaluate_model``, ``kpca.options.analyze_run``,
 ``report.compare.compare_runs`` and ``report.build_report``; none re-implements training, evaluation or
-analysis, and none goes through the command line. What a stage prints goes to ``logs/<stage>.log``. A
-component that is not installed (a trainer preset or an evaluation suite) makes the stage raise
-:class:`StageSkipped` with the reason, which the report shows as skipped.
+analysis, and none goes through the command line. What a stage prints or logs goes to ``logs/<stage>.log``. Presets,
+suites and callbacks are this package's own: an unknown name is an error of the owning registry
+(with its "did you mean"), not a skipped stage.
 """
 
 from __future__ import annotations
 
 import contextlib
+import logging
 import shutil
-import sys
 from pathlib import Path
 from typing import Iterator, Optional
 
-from .pipeline import StageContext, StageSkipped, read_json
+from .pipeline import StageContext, read_json
+
+logger = logging.getLogger(__name__)
 
 __all__ = ["train_stage", "eval_stage", "analyze_stage", "compare_stage", "report_stage", "run_dir_of",
            "output_to_log"]
@@ -28,8 +30,9 @@ def run_dir_of(out_dir: Path, run: str) -> Path:
 
 @contextlib.contextmanager
 def output_to_log(log_path: Optional[Path], title: str) -> Iterator[None]:
-    """Send what is printed inside the block to ``log_path`` (appended, after a ``$ title`` line), or
-    leave it on the console when ``log_path`` is None."""
+    """Send what is printed or logged inside the block to ``log_path`` (appended, after a ``$ title``
+    line), or leave it on the console when ``log_path`` is None. Log records reach the file because the
+    command line's handler writes to whatever ``sys.stderr`` is when a record is emitted."""
     if log_path is None:
         yield
         return
@@ -49,12 +52,10 @@ def train_stage(ctx: StageContext) -> dict:
     """params: run, preset, overrides (list of "a.b=v"), seed, task (vision/lm/seg), label."""
     from .. import kpca  # noqa: F401  (registers the jproj epoch-end callback the studies ask for)
     from .. import train
-    from ..train.config import list_presets, resolve_config
+    from ..train.config import resolve_config
     from ..train.rundir import RunDir
 
     p = ctx.params
-    if p["preset"] not in {n for n, _ in list_presets()}:
-        raise StageSkipped(f"trainer preset {p['preset']!r} is not installed")
     overrides = list(p.get("overrides", [])) + [f"train.seed={int(p['seed'])}"]
     cfg = resolve_config(p["preset"], overrides)
     run_dir = run_dir_of(ctx.out_dir, p["run"])
@@ -64,13 +65,7 @@ def train_stage(ctx: StageContext) -> dict:
             + (" (resuming from the last checkpoint)" if RunDir(run_dir).is_run() and not ctx.fresh else ""))
     callbacks = list(p.get("callbacks") or [])
     if callbacks:
-        from ..train.callbacks import list_callbacks
-
-        have = set(list_callbacks())
-        missing = [c for c in callbacks if c not in have]
-        if missing:
-            ctx.log(f"callbacks {missing} are not installed; training without them")
-        cfg["train"]["callbacks"] = list(cfg["train"].get("callbacks") or []) + [c for c in callbacks if c in have]
+        cfg["train"]["callbacks"] = list(cfg["train"].get("callbacks") or []) + callbacks
     # --threads applies at run time; it is not a parameter of the stage (changing it retrains nothing)
     threads = getattr(ctx.pipeline, "threads", None)
     runtime = [f"train.threads={int(threads)}"] if threads else []
@@ -96,13 +91,9 @@ def train_stage(ctx: StageContext) -> dict:
 # -------------------------------------------------------------------------------------------- eval
 def _suite_options(items, out_dir: Path) -> dict:
     """``["pgd.eps=1:6/255", "corruptions.baseline={out}/runs/x"]`` -> dict, ``{out}`` = the study folder."""
-    sets = {}
-    for item in items:
-        key, eq, value = str(item).partition("=")
-        if not eq or not key:
-            raise ValueError(f"suite option {item!r} is not KEY=VALUE")
-        sets[key] = value.replace("{out}", str(out_dir))
-    return sets
+    from ..evaluate.suites import parse_sets
+
+    return parse_sets([str(item).replace("{out}", str(out_dir)) for item in items])
 
 
 def eval_stage(ctx: StageContext) -> dict:
@@ -112,10 +103,7 @@ def eval_stage(ctx: StageContext) -> dict:
     from ..train import run_loader
 
     p = ctx.params
-    try:
-        S.get_suite(p["suite"])
-    except ValueError:
-        raise StageSkipped(f"evaluation suite {p['suite']!r} is not installed") from None
+    S.get_suite(p["suite"])  # an unknown suite fails here, before any work, with the registry's message
     run_dir = run_dir_of(ctx.out_dir, p["run"])
     out = run_dir / "eval" / f"{p['suite']}.json"
     if ctx.fresh and out.exists():
@@ -126,8 +114,7 @@ def eval_stage(ctx: StageContext) -> dict:
             + "".join(f" --set {k}={v}" for k, v in sets.items()))
     with output_to_log(_log_path(ctx), f"eval {p['suite']} on {run_dir}"):
         evaluate_model([p["suite"]], run_loader(run_dir), sets, limit, str(run_dir / "eval"),
-                       log=lambda msg: print(msg, file=sys.stderr, flush=True),
-                       on_result=lambda record, path: print(S.render_markdown(record)))
+                       log=logger.info, on_result=lambda record, path: logger.info(S.render_markdown(record)))
     rec = read_json(out)
     if rec is None:
         raise RuntimeError(f"the evaluation finished but {out} is missing or unreadable")
@@ -138,16 +125,16 @@ def eval_stage(ctx: StageContext) -> dict:
 
 # ----------------------------------------------------------------------------------------- analyze
 def analyze_stage(ctx: StageContext) -> dict:
-    """params: run, args (``rpc-attention analyze`` options, e.g. ``["--limit", "8"]``), out (relative folder)."""
-    from ..kpca.options import analyze_run, parse_analysis_args
+    """params: run, sets (analysis settings, e.g. ``["limit=8"]``), out (relative folder)."""
+    from ..kpca.options import analyze_run, options_from_settings
 
     p = ctx.params
-    options = parse_analysis_args(p.get("args", []))
+    options = options_from_settings(p.get("sets", []))
     run_dir = run_dir_of(ctx.out_dir, p["run"])
     out = ctx.out_dir / p["out"]
     if ctx.fresh and out.exists():
         shutil.rmtree(out)
-    ctx.log(" ".join(["--run", str(run_dir), "--out", str(out)] + list(p.get("args", []))))
+    ctx.log(" ".join(["--run", str(run_dir), "--out", str(out)] + list(p.get("sets", []))))
     with output_to_log(_log_path(ctx), f"analyze {run_dir} -> {out}"):
         analyze_run(run_dir, out, options)
     return {"outputs": {"dir": str(out)}, "result": {}}

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional, Sequence
 
+from ..overrides import parse_assignments, parse_number, parse_value, unknown_key
 from . import estimates as E
 from .pipeline import Stage
 
@@ -73,7 +74,7 @@ class Study:
     description: str
     models: List[ModelSpec]
     evals: List[EvalSpec] = field(default_factory=list)
-    analyses: List[Dict[str, Any]] = field(default_factory=list)   # {"model": key, "args": [...]}
+    analyses: List[Dict[str, Any]] = field(default_factory=list)   # {"model": key, "sets": ["limit=8", ...]}
     compare: Optional[Dict[str, Any]] = None                        # {"models": [keys], "metrics": [...], "split": "val"}
     claims: List[ClaimSpec] = field(default_factory=list)
     settings: Dict[str, Any] = field(default_factory=dict)
@@ -88,42 +89,42 @@ class Study:
 
 
 # --------------------------------------------------------------------------------------- settings
-def _parse_scalar(text: str) -> Any:
-    import yaml
-
-    try:
-        return yaml.safe_load(text)
-    except Exception:  # noqa: BLE001
-        return text
+def _setting_value(key: str, value: Any, default: Any) -> Any:
+    """A parsed ``--set`` value checked against the type of the setting's default."""
+    if value is None:
+        return None
+    if isinstance(default, list):
+        if isinstance(value, str):  # "0,1,2" as well as "[0, 1, 2]"
+            return [parse_value(x.strip()) for x in value.split(",") if x.strip()]
+        return list(value) if isinstance(value, (list, tuple)) else [value]
+    if isinstance(default, bool):
+        if not isinstance(value, bool):
+            raise StudyError(f"--set {key}={value}: expected true or false")
+        return value
+    if isinstance(default, int):
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise StudyError(f"--set {key}={value}: expected an integer")
+        return value
+    if isinstance(default, float):
+        try:
+            return parse_number(value, f"--set {key}")
+        except ValueError as exc:
+            raise StudyError(str(exc)) from None
+    return value if isinstance(value, str) else str(value)
 
 
 def parse_settings(items: Optional[Sequence[str]], defaults: Dict[str, Any], study: str) -> Dict[str, Any]:
-    """``["seeds=0,1", "eval_limit=300"]`` on top of the study's defaults; unknown keys are errors."""
+    """``["seeds=0,1", "eval_limit=300"]`` on top of the study's defaults (the package's one ``KEY=VALUE``
+    grammar, :mod:`rpc_attention.overrides`); unknown keys and values of the wrong type are StudyErrors."""
     out = copy.deepcopy(defaults)
-    for item in items or []:
-        if "=" not in item:
-            raise StudyError(f"--set expects KEY=VALUE, got {item!r}")
-        k, v = item.split("=", 1)
-        k = k.strip()
-        if k not in out:
-            raise StudyError(f"--set {k}: study {study!r} has no setting {k!r}; settings: {', '.join(sorted(out))}")
-        d = out[k]
-        if isinstance(d, list):
-            out[k] = [_parse_scalar(x.strip()) for x in v.split(",") if x.strip()]
-        elif isinstance(d, bool):
-            out[k] = str(v).lower() in ("1", "true", "yes", "on")
-        elif isinstance(d, int) and not isinstance(d, bool):
-            try:
-                out[k] = int(v)
-            except ValueError:
-                raise StudyError(f"--set {k}={v}: expected an integer") from None
-        elif isinstance(d, float):
-            try:
-                out[k] = float(v)
-            except ValueError:
-                raise StudyError(f"--set {k}={v}: expected a number") from None
-        else:
-            out[k] = None if v.strip().lower() in ("", "none", "null") else v
+    try:
+        pairs = parse_assignments(items, "--set")
+    except ValueError as exc:
+        raise StudyError(str(exc)) from None
+    for key, value in pairs:
+        if key not in out:
+            raise StudyError(str(unknown_key(key, out, f"setting of study {study!r}")))
+        out[key] = _setting_value(key, value, out[key])
     return out
 
 
@@ -265,7 +266,7 @@ QUICK_DEFAULTS: Dict[str, Any] = {
     "ood_limit": 1000,
     "ood_sets": [],
     "strong_attack_limit": 200,
-    "analyze_args": ["--limit", "8"],
+    "analyze_sets": ["limit=8"],     # KPCA analysis options (rpc_attention.kpca.options.AnalysisOptions)
     # language model (the LM engineer's presets on the embedded Wikipedia corpus; 1200 steps there)
     "preset_symlm": "wiki-symlm",
     "preset_rpc_symlm": "wiki-rpc-symlm",
@@ -299,7 +300,7 @@ SMOKE_DEFAULTS: Dict[str, Any] = dict(QUICK_DEFAULTS, **{
                      "model.kwargs.d_inner=64", "model.kwargs.context=32", "train.threads=0",
                      "train.eval_every=0", "eval.final_split=null"],
     "lm_eval_limit": 400,
-    "analyze_args": ["--limit", "2", "--protocol", "exact"],
+    "analyze_sets": ["limit=2", "protocol=exact"],
 })
 
 
@@ -372,7 +373,7 @@ def _fmnist_study(name: str, s: Dict[str, Any], description: str, suites: Sequen
     models = _fmnist_models(s, seeds)
     keys = [m.key for m in models]
     evals = _vision_evals(s, keys, suites)
-    analyses = [{"model": "symvit", "args": list(s.get("analyze_args") or [])}]
+    analyses = [{"model": "symvit", "sets": list(s.get("analyze_sets") or [])}]
     claims = _vision_claims(suites, extra=[
         ("autoattack", "RPC (6 iters, layer 1) is more accurate under AutoAttack", "autoattack", "top1@1/255", "rpc6", True, 1.0),
         ("square", "RPC (6 iters, layer 1) is more accurate under the Square attack", "square", "top1@1/255", "rpc6", True, 1.0),
@@ -451,7 +452,7 @@ def imagenet(settings: Optional[Sequence[str]] = None) -> Study:
     st = Study("imagenet", "The paper's ImageNet-1K configuration (SPEC 4-5): SymViT-tiny vs RPC-SymViT-tiny, "
                "300 epochs of the DeiT recipe. For GPU clusters: run the train stages one by one under torchrun "
                "(docs/reproduce.md).", models, evals,
-               [{"model": "symvit", "args": []}], None, claims, s, device=str(s["device"]))
+               [{"model": "symvit", "sets": []}], None, claims, s, device=str(s["device"]))
     return st
 
 
@@ -541,7 +542,7 @@ def build_stages(study: Study, device: Optional[str] = None) -> List[Stage]:
         for run in m.runs():
             name = f"analyze.{run}"
             stages.append(Stage(name, "analyze", S.analyze_stage, deps=[train_names[run]], params={
-                "run": run, "args": list(a.get("args", [])), "out": f"analysis/{run}", "model": m.key},
+                "run": run, "sets": list(a.get("sets", [])), "out": f"analysis/{run}", "model": m.key},
                 estimate_s=E.ANALYZE_S, description=f"KPCA analysis (J_proj, alignment) of {m.label}"))
     if study.compare:
         runs = [r for k in study.compare["models"] for r in study.model(k).runs()]

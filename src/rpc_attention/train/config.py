@@ -1,57 +1,231 @@
-"""Training configs: YAML presets, defaults and ``--set a.b=value`` overrides.
+"""Training configs: typed sections with their defaults, YAML presets and ``--set a.b=value`` overrides.
 
-A config is a nested dict with top-level sections ``task``, ``model``, ``data``, ``optim``,
-``schedule``, ``train``, ``eval``. :func:`resolve_config` merges, in order: the trainer defaults
-(:data:`DEFAULTS`), the task's own defaults (``task.default_config()`` if it has one), the preset
-file, and the overrides. An override must name a key that exists after the merge, except below the
-open sections :data:`OPEN_SECTIONS` (``model.kwargs`` takes any model keyword); an unknown key is a
-``ValueError`` naming it and its closest known neighbours.
+The defaults live in one place, the dataclasses below (:class:`TrainConfig` and its sections): the
+trainer reads ``TrainConfig.from_dict(cfg).train.ema.decay`` and never repeats a default.
+:func:`resolve_config` merges, in order: those defaults (:data:`DEFAULTS` is their dict form), the
+task's own defaults (``task.default_config()``), the preset file and the overrides, checks every
+value's type and returns the nested dict that ``config.yaml`` holds and tasks and suites read.
+
+Overrides use the package's one settings grammar (:mod:`rpc_attention.overrides`): a key must exist
+after the merge, except below the open sections :data:`OPEN_SECTIONS` (``model.kwargs`` takes any
+model keyword); an unknown key is a ``ValueError`` naming it and its closest known neighbours.
+Keys a task adds to a section (``data.val_size``, ``train.mixup``, ...) are kept in that section's
+``extra`` dict of the typed view; the task owns and reads them.
 """
 
 from __future__ import annotations
 
 import copy
+import dataclasses
 import difflib
 import os
+import typing
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Dict, Iterable, List, Optional, Tuple
+from typing import Any, Dict, Iterable, List, Optional, Tuple, Union
 
 import yaml
 
 from ..io import read_yaml_mapping
+from ..overrides import apply_assignments, parse_assignments, parse_number
 
 __all__ = [
-    "DEFAULTS", "OPEN_SECTIONS", "PRESET_DIR", "list_presets", "load_preset", "parse_overrides",
+    "TrainConfig", "ModelConfig", "DataConfig", "OptimConfig", "ScheduleConfig", "LoopConfig", "EMAConfig",
+    "EvalConfig", "DEFAULTS", "OPEN_SECTIONS", "PRESET_DIR", "list_presets", "load_preset", "parse_overrides",
     "apply_overrides", "resolve_config", "deep_merge", "dump_config", "load_config_file",
 ]
 
 PRESET_DIR = Path(__file__).resolve().parent.parent / "presets"
 
 # Sections whose children may be created by overrides (free-form keyword dicts).
-OPEN_SECTIONS = ("model.kwargs", "data.augment", "eval.kwargs", "data.kwargs", "task_options")
+OPEN_SECTIONS = ("model.kwargs", "data.augment", "data.kwargs")
 
-DEFAULTS: Dict[str, Any] = {
-    "task": "classification",
-    "description": "",
-    "model": {"name": None, "kwargs": {}},
-    "data": {
-        "name": None, "root": None, "num_workers": 0, "mean": None, "std": None, "num_classes": None,
-        "in_chans": None, "img_size": None, "augment": {},
-    },
-    "optim": {
-        "name": "adamw", "lr": 1e-3, "lr_scale_batch": None, "weight_decay": 0.05, "momentum": 0.9,
-        "betas": [0.9, 0.999], "eps": 1e-8, "clip_grad": None,
-    },
-    "schedule": {"name": "cosine", "warmup_epochs": 0.0, "warmup_lr": 1e-6, "min_lr": 1e-5,
-                 "decay_rate": None, "decay_epochs": None},
-    "train": {
-        "epochs": 1, "max_steps": None, "batch_size": 64, "seed": 0, "device": "auto", "amp": False,
-        "compile": False, "deterministic": False, "threads": None, "save_every": 500, "keep_checkpoints": 2,
-        "log_every": 50, "eval_every": 1, "callbacks": [], "repeated_aug": 1,
-        "ema": {"enabled": False, "decay": 0.99996},
-    },
-    "eval": {"batch_size": 256, "final_split": "test"},
-}
+
+@dataclass(frozen=True)
+class ModelConfig:
+    name: Optional[str] = None  # a timm / Symlm model name; the task says which
+    kwargs: Dict[str, Any] = field(default_factory=dict)  # keyword arguments of the model constructor
+    extra: Dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class DataConfig:
+    name: Optional[str] = None
+    root: Optional[str] = None
+    num_workers: int = 0
+    mean: Optional[List[float]] = None  # None: the data set's own (filled by the task)
+    std: Optional[List[float]] = None
+    num_classes: Optional[int] = None
+    in_chans: Optional[int] = None
+    img_size: Optional[int] = None
+    augment: Dict[str, Any] = field(default_factory=dict)
+    extra: Dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class OptimConfig:
+    name: str = "adamw"  # any timm optimizer name
+    lr: float = 1e-3
+    lr_scale_batch: Optional[float] = None  # lr is scaled by global batch / lr_scale_batch when set
+    weight_decay: float = 0.05
+    momentum: float = 0.9
+    betas: List[float] = field(default_factory=lambda: [0.9, 0.999])
+    eps: float = 1e-8
+    clip_grad: Optional[float] = None
+    extra: Dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class ScheduleConfig:
+    name: str = "cosine"  # any timm scheduler name
+    warmup_epochs: float = 0.0
+    warmup_lr: float = 1e-6
+    min_lr: float = 1e-5
+    decay_rate: Optional[float] = None  # poly: the power; step: the factor
+    decay_epochs: Optional[float] = None
+    extra: Dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class EMAConfig:
+    enabled: bool = False
+    decay: float = 0.99996  # DeiT's value, per optimizer step
+
+
+AMP_MODES = (False, True, "bf16", "fp16")
+
+
+@dataclass(frozen=True)
+class LoopConfig:
+    """The ``train`` section: length, batch, device and bookkeeping of the training loop."""
+
+    epochs: int = 1
+    max_steps: Optional[int] = None
+    batch_size: int = 64  # global, over all processes
+    seed: int = 0
+    device: str = "auto"  # auto: cuda when available (the --device flag sets it)
+    amp: Union[bool, str] = False  # false, true (= bf16), bf16 or fp16 (CUDA only)
+    compile: bool = False
+    deterministic: bool = False
+    threads: Optional[int] = None  # torch intra-op threads; None or 0: torch's default
+    save_every: int = 500  # steps between checkpoints
+    keep_checkpoints: int = 2
+    log_every: int = 50
+    eval_every: int = 1  # epochs between validations; 0: never
+    callbacks: List[str] = field(default_factory=list)  # epoch-end callbacks by registered name
+    repeated_aug: int = 1
+    ema: EMAConfig = field(default_factory=EMAConfig)
+    extra: Dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if self.amp not in AMP_MODES:
+            raise ValueError(f"train.amp: expected one of {', '.join(map(str, AMP_MODES))}, got {self.amp!r}")
+
+
+@dataclass(frozen=True)
+class EvalConfig:
+    batch_size: int = 256
+    final_split: Optional[str] = "test"  # evaluated once after training; None: skip
+    extra: Dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    """A whole training config, typed. Build it with :meth:`from_dict`; :meth:`to_dict` gives the file form."""
+
+    task: str = "classification"
+    description: str = ""
+    model: ModelConfig = field(default_factory=ModelConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    schedule: ScheduleConfig = field(default_factory=ScheduleConfig)
+    train: LoopConfig = field(default_factory=LoopConfig)
+    eval: EvalConfig = field(default_factory=EvalConfig)
+
+    @classmethod
+    def from_dict(cls, cfg: Dict[str, Any]) -> "TrainConfig":
+        """The typed view of a config dict; a ValueError names the first key whose value has the wrong type."""
+        return _from_dict(cls, cfg, "")
+
+    def to_dict(self) -> Dict[str, Any]:
+        """The nested dict (sections' ``extra`` keys merged back in)."""
+        return _to_dict(self)
+
+
+def _check_type(value: Any, hint: Any, key: str) -> Any:
+    """``value`` as type ``hint`` (int, float, bool, str, Optional, List, Dict); ValueError naming ``key``."""
+    origin, args = typing.get_origin(hint), typing.get_args(hint)
+    if origin is typing.Union:  # Optional[X], Union[bool, str]
+        if value is None and type(None) in args:
+            return None
+        errors = []
+        for arg in (a for a in args if a is not type(None)):
+            try:
+                return _check_type(value, arg, key)
+            except ValueError as exc:
+                errors.append(str(exc).split(": expected ", 1)[-1].split(", got")[0])
+        raise ValueError(f"{key}: expected {' or '.join(errors)}, got {value!r}")
+    if origin is list:
+        if not isinstance(value, (list, tuple)):
+            raise ValueError(f"{key}: expected a list, got {value!r}")
+        return [_check_type(v, args[0], f"{key}[{i}]") for i, v in enumerate(value)]
+    if origin is dict:
+        if not isinstance(value, dict):
+            raise ValueError(f"{key}: expected a mapping, got {value!r}")
+        return dict(value)
+    if hint is bool:
+        if not isinstance(value, bool):
+            raise ValueError(f"{key}: expected true or false, got {value!r}")
+        return value
+    if hint is int:
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise ValueError(f"{key}: expected an integer, got {value!r}")
+        return value
+    if hint is float:
+        return parse_number(value, key)
+    if hint is str:
+        if not isinstance(value, str):
+            raise ValueError(f"{key}: expected a string, got {value!r}")
+        return value
+    return value
+
+
+def _from_dict(cls: type, raw: Dict[str, Any], prefix: str) -> Any:
+    if not isinstance(raw, dict):
+        raise ValueError(f"{prefix.rstrip('.') or 'config'}: expected a mapping, got {raw!r}")
+    hints = typing.get_type_hints(cls)
+    names = [f.name for f in dataclasses.fields(cls) if f.name != "extra"]
+    values: Dict[str, Any] = {}
+    for name in names:
+        if name not in raw:
+            continue
+        hint = hints[name]
+        if dataclasses.is_dataclass(hint):
+            values[name] = _from_dict(hint, raw[name] or {}, f"{prefix}{name}.")
+        else:
+            values[name] = _check_type(raw[name], hint, f"{prefix}{name}")
+    extra = {k: v for k, v in raw.items() if k not in names}
+    if extra and "extra" not in hints:
+        raise ValueError(f"unknown config key(s) {', '.join(prefix + k for k in extra)}")
+    if "extra" in hints:
+        values["extra"] = extra
+    return cls(**values)
+
+
+def _to_dict(obj: Any) -> Dict[str, Any]:
+    out: Dict[str, Any] = {}
+    for f in dataclasses.fields(obj):
+        value = getattr(obj, f.name)
+        if f.name == "extra":
+            out.update(copy.deepcopy(value))
+        elif dataclasses.is_dataclass(value):
+            out[f.name] = _to_dict(value)
+        else:
+            out[f.name] = copy.deepcopy(value)
+    return out
+
+
+DEFAULTS: Dict[str, Any] = TrainConfig().to_dict()  # the defaults' dict form (read-only by convention)
 
 
 def deep_merge(base: Dict[str, Any], over: Dict[str, Any]) -> Dict[str, Any]:
@@ -95,74 +269,14 @@ def load_preset(name: str) -> Dict[str, Any]:
     return load_config_file(path)
 
 
-def _parse_value(text: str) -> Any:
-    try:
-        value = yaml.safe_load(text) if text.strip() != "" else ""
-    except yaml.YAMLError:
-        return text
-    if isinstance(value, str):  # YAML 1.1 reads "1e-3" as a string
-        try:
-            return float(value) if value.strip().lower() not in ("nan", "inf", "-inf", "infinity") else value
-        except ValueError:
-            pass
-    return value
-
-
 def parse_overrides(items: Optional[Iterable[str]]) -> List[Tuple[str, Any]]:
     """``["a.b=1", "c=[1,2]"]`` -> ``[("a.b", 1), ("c", [1, 2])]`` (values parsed as YAML)."""
-    out = []
-    for item in items or []:
-        if "=" not in item:
-            raise ValueError(f"--set expects key=value, got {item!r}")
-        key, value = item.split("=", 1)
-        key = key.strip()
-        if not key or any(not part for part in key.split(".")):
-            raise ValueError(f"--set key {key!r} is not a dotted name like train.epochs")
-        out.append((key, _parse_value(value)))
-    return out
-
-
-def _all_keys(d: Dict[str, Any], prefix: str = "") -> List[str]:
-    keys = []
-    for k, v in d.items():
-        name = f"{prefix}{k}"
-        keys.append(name)
-        if isinstance(v, dict):
-            keys.extend(_all_keys(v, name + "."))
-    return keys
+    return parse_assignments(items, "--set")
 
 
 def apply_overrides(cfg: Dict[str, Any], overrides: Iterable[Tuple[str, Any]]) -> Dict[str, Any]:
     """Apply ``(dotted_key, value)`` pairs; unknown keys raise ``ValueError`` naming the key."""
-    cfg = copy.deepcopy(cfg)
-    for key, value in overrides:
-        parts = key.split(".")
-        node = cfg
-        for i, part in enumerate(parts[:-1]):
-            parent = ".".join(parts[: i + 1])
-            if part not in node or node[part] is None:
-                if any(parent == s or parent.startswith(s + ".") for s in OPEN_SECTIONS):
-                    node[part] = {}
-                else:
-                    _unknown(cfg, key)
-            if not isinstance(node[part], dict):
-                raise ValueError(f"--set {key}: {parent} is a value ({node[part]!r}), not a section")
-            node = node[part]
-        leaf = parts[-1]
-        parent = ".".join(parts[:-1])
-        if leaf not in node and not any(parent == s or parent.startswith(s + ".") for s in OPEN_SECTIONS):
-            _unknown(cfg, key)
-        if isinstance(node.get(leaf), dict) and not isinstance(value, dict):
-            raise ValueError(f"--set {key}: {key} is a section; set one of its keys "
-                             f"({', '.join(sorted(node[leaf])) or 'model.kwargs.NAME'})")
-        node[leaf] = value
-    return cfg
-
-
-def _unknown(cfg: Dict[str, Any], key: str) -> None:
-    close = difflib.get_close_matches(key, _all_keys(cfg), n=3)
-    hint = f" (did you mean {', '.join(close)}?)" if close else ""
-    raise ValueError(f"unknown config key {key!r}{hint}; open sections taking new keys: {', '.join(OPEN_SECTIONS)}")
+    return apply_assignments(cfg, overrides, OPEN_SECTIONS)
 
 
 def resolve_config(preset: Optional[str] = None, overrides: Iterable[str] = (),
@@ -186,11 +300,14 @@ def resolve_config(preset: Optional[str] = None, overrides: Iterable[str] = (),
         cfg = deep_merge(cfg, task_defaults() or {})
     cfg = deep_merge(cfg, raw)
     cfg = apply_overrides(cfg, pairs)
+    TrainConfig.from_dict(cfg)  # type errors name the key before the task reads it
     finalize = getattr(task, "finalize_config", None)
     if callable(finalize):
         cfg = finalize(cfg) or cfg
+    TrainConfig.from_dict(cfg)
     return cfg
 
 
 def dump_config(cfg: Dict[str, Any]) -> str:
+    """The YAML text of ``cfg`` (as written to ``config.yaml``)."""
     return yaml.safe_dump(cfg, sort_keys=False, default_flow_style=None)

@@ -20,6 +20,7 @@ other line that is not a JSON object is corruption and an error naming the file 
 from __future__ import annotations
 
 import json
+import logging
 import os
 import shutil
 import sys
@@ -29,6 +30,8 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 import torch
 
 from ..io import atomic_write_bytes, atomic_write_text
+
+logger = logging.getLogger(__name__)
 
 __all__ = ["RunDir", "RunExistsError", "MetricsLogger", "RUN_FILES", "load_run", "run_loader"]
 
@@ -227,7 +230,7 @@ def load_run(run_dir: os.PathLike, device: Any = "cpu", ema: bool = False) -> Tu
         if ckpt is None or not (ckpt / path.name).is_file():
             what = "EMA weights (train.ema.enabled was off?)" if ema else "weights"
             raise FileNotFoundError(f"{run.path} has no {what}: expected {path} or a checkpoint under {run.checkpoints}")
-        print(f"note: {run.path} is unfinished; loading {ckpt.name}", file=sys.stderr)
+        logger.warning("%s is unfinished; loading %s", run.path, ckpt.name)
         path = ckpt / path.name
     model = task.build_model(cfg)
     try:

@@ -20,7 +20,7 @@ Loss: pixel-wise cross-entropy, label 255 ignored. Metrics: ``loss``, ``pixel_ac
 
 from __future__ import annotations
 
-import sys
+import logging
 from pathlib import Path
 from typing import Any, Dict
 
@@ -28,6 +28,8 @@ import torch
 import torch.nn.functional as F
 
 from .tasks import register_task
+
+logger = logging.getLogger(__name__)
 
 __all__ = ["SegmentationTask"]
 
@@ -104,7 +106,7 @@ class SegmentationTask:
             if not (p.is_file() or (p / "model.safetensors").is_file()):
                 # Only reached when rebuilding a finished run (load_run / resume): its own weights
                 # replace the encoder init anyway (finalize_config rejects a missing path at train time).
-                print(f"note: encoder_init {init} is gone; building the encoder without it", file=sys.stderr)
+                logger.warning("encoder_init %s is gone; building the encoder without it", init)
                 mcfg["encoder_init"] = None
         return build_segmenter(mcfg)
 

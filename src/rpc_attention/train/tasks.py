@@ -19,7 +19,8 @@ and optionally
 * ``default_config() -> dict``: task defaults merged below the preset
 * ``finalize_config(cfg) -> cfg``: fill derived values (e.g. ``data.mean``) after overrides
 * ``setup(cfg, device)``: called once per run before training (e.g. to build Mixup)
-* ``primary_metric``: name of the metric shown in the progress bar / summary (default ``"acc"``)
+* ``primary_metric``: name of the metric shown in the progress bar / summary (default
+  :data:`DEFAULT_PRIMARY_METRIC`, ``"acc1"``; read it with :func:`primary_metric`)
 
 Register with :func:`register_task`. The built-in tasks (``classification``, ``lm``, ``segmentation``)
 are listed in :func:`_register_builtin_tasks` and imported on first lookup (their modules import models
@@ -32,7 +33,9 @@ from __future__ import annotations
 
 from typing import Any, Dict, List
 
-__all__ = ["register_task", "get_task", "list_tasks"]
+__all__ = ["register_task", "get_task", "list_tasks", "primary_metric", "DEFAULT_PRIMARY_METRIC"]
+
+DEFAULT_PRIMARY_METRIC = "acc1"  # top-1 accuracy, what the classification task's evaluate reports
 
 _TASKS: Dict[str, Any] = {}
 _BUILTINS_REGISTERED = False
@@ -72,3 +75,8 @@ def get_task(name: str) -> Any:
 def list_tasks() -> List[str]:
     _register_builtin_tasks()
     return sorted(_TASKS)
+
+
+def primary_metric(task: Any) -> str:
+    """The metric ``task`` is judged by: its ``primary_metric``, else :data:`DEFAULT_PRIMARY_METRIC`."""
+    return str(getattr(task, "primary_metric", DEFAULT_PRIMARY_METRIC))

@@ -27,7 +27,6 @@ import random
 import sys
 import time
 from contextlib import nullcontext
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Dict, Iterator, List, Optional, Tuple
 
@@ -39,10 +38,11 @@ from torch.utils.data import DataLoader, Sampler
 from ..data.batch import to_device
 from .checkpoint import (CheckpointError, latest_checkpoint, list_checkpoints, load_checkpoint, rng_state,
                          save_checkpoint, save_safetensors_atomic, set_rng_state)
-from .config import dump_config, resolve_config
+from .config import OptimConfig, ScheduleConfig, TrainConfig, dump_config, resolve_config
 from .rundir import RUN_FILES, MetricsLogger, RunDir, RunExistsError
+from .tasks import primary_metric
 
-__all__ = ["run_training", "Trainer", "TrainSettings", "TrainingDiverged", "RunExistsError", "StepSampler",
+__all__ = ["run_training", "Trainer", "TrainingDiverged", "RunExistsError", "StepSampler",
            "MetricsLogger", "RUN_FILES"]
 
 
@@ -140,38 +140,33 @@ def _fmt_time(s: float) -> str:
     return f"{s // 3600}:{s % 3600 // 60:02d}:{s % 60:02d}" if s >= 3600 else f"{s // 60}:{s % 60:02d}"
 
 
-def _build_optimizer(model: torch.nn.Module, cfg: Dict[str, Any], global_batch: int):
+def _build_optimizer(model: torch.nn.Module, o: OptimConfig, global_batch: int):
     from timm.optim import create_optimizer_v2
 
-    o = cfg["optim"]
-    lr = float(o["lr"])
-    if o.get("lr_scale_batch"):
-        lr = lr * global_batch / float(o["lr_scale_batch"])
-    name = str(o.get("name", "adamw")).lower()
+    lr = o.lr * global_batch / o.lr_scale_batch if o.lr_scale_batch else o.lr
+    name = o.name.lower()
     kwargs: Dict[str, Any] = {}
     if "adam" in name or "lamb" in name:
-        kwargs["betas"] = tuple(float(b) for b in o.get("betas", (0.9, 0.999)))
-        kwargs["eps"] = float(o.get("eps", 1e-8))
+        kwargs["betas"] = tuple(o.betas)
+        kwargs["eps"] = o.eps
     try:
-        return create_optimizer_v2(model, opt=name, lr=lr, weight_decay=float(o.get("weight_decay", 0.0)),
-                                   momentum=float(o.get("momentum", 0.9)), **kwargs)
+        return create_optimizer_v2(model, opt=name, lr=lr, weight_decay=o.weight_decay, momentum=o.momentum,
+                                   **kwargs)
     except (AssertionError, ValueError) as exc:
         raise ValueError(f"optim.name={name!r}: {exc}") from None
 
 
-def _build_scheduler(optimizer, cfg: Dict[str, Any], steps_per_epoch: int, epochs: int):
-    s = cfg["schedule"]
-    name = str(s.get("name", "cosine")).lower()
+def _build_scheduler(optimizer, s: ScheduleConfig, steps_per_epoch: int, epochs: int):
+    name = s.name.lower()
     if name in ("none", "constant", ""):
         return None
     from timm.scheduler import create_scheduler_v2
 
     # decay_rate: the poly power, the step factor (timm's meaning); decay_epochs: the step period
-    extra = {key: s[key] for key in ("decay_rate", "decay_epochs") if s.get(key) is not None}
+    extra = {key: getattr(s, key) for key in ("decay_rate", "decay_epochs") if getattr(s, key) is not None}
     sched, _ = create_scheduler_v2(
-        optimizer, sched=name, num_epochs=epochs, warmup_epochs=float(s.get("warmup_epochs", 0)),
-        warmup_lr=float(s.get("warmup_lr", 1e-6)), min_lr=float(s.get("min_lr", 0.0)),
-        step_on_epochs=False, updates_per_epoch=steps_per_epoch, **{k: float(v) for k, v in extra.items()})
+        optimizer, sched=name, num_epochs=epochs, warmup_epochs=s.warmup_epochs, warmup_lr=s.warmup_lr,
+        min_lr=s.min_lr, step_on_epochs=False, updates_per_epoch=steps_per_epoch, **extra)
     return sched
 
 
@@ -187,53 +182,6 @@ def _gather_objects(obj: Any, world: int) -> List[Any]:
 def _barrier(world: int) -> None:
     if world > 1:
         dist.barrier()
-
-
-# ---------------------------------------------------------------------------------------- settings
-@dataclass(frozen=True)
-class TrainSettings:
-    """What the trainer reads from the config, read in one place (:meth:`from_config`).
-
-    The task, model, data and optimizer sections go to their builders as they are.
-    """
-
-    device: str
-    seed: int
-    global_batch: int
-    epochs: int
-    max_steps: int  # 0: no cap below epochs * steps per epoch
-    save_every: int  # 0: only at the end
-    log_every: int
-    eval_every: int  # in epochs; 0: never
-    keep_checkpoints: int
-    clip_grad: Optional[float]
-    amp: Any
-    ema_decay: Optional[float]  # None: no EMA
-    compile: bool
-    callbacks: Tuple[str, ...]
-    threads: int  # 0: leave torch's thread count alone
-    deterministic: bool
-    repeated_aug: int
-    num_workers: int
-    eval_batch_size: int
-    final_split: Optional[str]
-
-    @classmethod
-    def from_config(cls, cfg: Dict[str, Any]) -> "TrainSettings":
-        t = cfg["train"]
-        ema = t.get("ema") or {}
-        clip = cfg["optim"].get("clip_grad")
-        return cls(
-            device=str(t.get("device", "auto") or "auto"), seed=int(t.get("seed", 0)),
-            global_batch=int(t["batch_size"]), epochs=int(t["epochs"]), max_steps=int(t.get("max_steps") or 0),
-            save_every=int(t.get("save_every") or 0), log_every=max(1, int(t.get("log_every") or 50)),
-            eval_every=int(t.get("eval_every") or 0), keep_checkpoints=int(t.get("keep_checkpoints", 2) or 2),
-            clip_grad=float(clip) if clip else None, amp=t.get("amp", False),
-            ema_decay=float(ema.get("decay", 0.9999)) if ema.get("enabled") else None,
-            compile=bool(t.get("compile")), callbacks=tuple(t.get("callbacks") or ()),
-            threads=int(t.get("threads") or 0), deterministic=bool(t.get("deterministic")),
-            repeated_aug=int(t.get("repeated_aug", 1) or 1), num_workers=int(cfg["data"].get("num_workers", 0) or 0),
-            eval_batch_size=int(cfg["eval"].get("batch_size", 256)), final_split=cfg["eval"].get("final_split", "test"))
 
 
 # ------------------------------------------------------------------------------------------ train
@@ -256,7 +204,7 @@ def run_training(cfg: Optional[Dict[str, Any]], out_dir: os.PathLike, resume: bo
         cfg = resolve_config(base=run.read_config(), overrides=overrides or ())
     else:
         cfg = resolve_config(base=cfg or {}, overrides=overrides or ())
-    device = _resolve_device(TrainSettings.from_config(cfg).device, env["local_rank"])
+    device = _resolve_device(TrainConfig.from_dict(cfg).train.device, env["local_rank"])
     started_pg = False
     if world > 1 and not dist.is_initialized():
         if device.type == "cuda":
@@ -332,7 +280,8 @@ class Trainer:
     def __init__(self, cfg: Dict[str, Any], run: RunDir, task: Any, device: torch.device, rank: int = 0,
                  world: int = 1) -> None:
         self.cfg, self.run, self.task = cfg, run, task
-        self.settings = s = TrainSettings.from_config(cfg)
+        self.config = TrainConfig.from_dict(cfg)  # the typed view; tasks and callbacks get the dict
+        self.loop = loop = self.config.train
         self.device, self.rank, self.world, self.is_main = device, rank, world, rank == 0
         self._configure_process()
         # data first: clear errors before any expensive work
@@ -340,22 +289,22 @@ class Trainer:
         if "train" not in self.datasets:
             raise ValueError(f"task {cfg['task']!r} built no 'train' data set")
         train_ds = self.datasets["train"]
-        self.sampler = StepSampler(len(train_ds), s.global_batch, rank, world, s.seed, s.repeated_aug,
+        self.sampler = StepSampler(len(train_ds), loop.batch_size, rank, world, loop.seed, loop.repeated_aug or 1,
                                    positions=bool(getattr(train_ds, "seeded_positions", False)))
         self.steps_per_epoch = self.sampler.steps_per_epoch
-        self.total_steps = s.epochs * self.steps_per_epoch
-        if s.max_steps:
-            self.total_steps = min(self.total_steps, s.max_steps)
-        _seed_all(s.seed)  # identical initial weights on every rank
+        self.total_steps = loop.epochs * self.steps_per_epoch
+        if loop.max_steps:
+            self.total_steps = min(self.total_steps, loop.max_steps)
+        _seed_all(loop.seed)  # identical initial weights on every rank
         self.model = task.build_model(cfg).to(device)
-        self.optimizer = _build_optimizer(self.model, cfg, s.global_batch)
-        self.scheduler = _build_scheduler(self.optimizer, cfg, self.steps_per_epoch, s.epochs)
-        self.amp, self.scaler = _amp_context(s.amp, device)
+        self.optimizer = _build_optimizer(self.model, self.config.optim, loop.batch_size)
+        self.scheduler = _build_scheduler(self.optimizer, self.config.schedule, self.steps_per_epoch, loop.epochs)
+        self.amp, self.scaler = _amp_context(loop.amp, device)
         self.ema = None
-        if s.ema_decay is not None:
+        if loop.ema.enabled:
             from timm.utils import ModelEmaV3
 
-            self.ema = ModelEmaV3(self.model, decay=s.ema_decay)
+            self.ema = ModelEmaV3(self.model, decay=loop.ema.decay)
         self.logger = MetricsLogger(run.path, enabled=self.is_main)
         if self.is_main:  # on resume this records any overrides (e.g. a longer train.epochs)
             run.write_config(dump_config(cfg))
@@ -367,15 +316,15 @@ class Trainer:
         self._t_start = time.time()
 
     def _configure_process(self) -> None:
-        s = self.settings
-        if s.threads:
-            torch.set_num_threads(s.threads)
+        loop = self.loop
+        if loop.threads:
+            torch.set_num_threads(loop.threads)
         if self.device.type == "cpu":
             # PAP's shrinkage drives many entries towards zero; denormal arithmetic on x86 CPUs is
             # up to 100x slower (docs/performance.md), so flush them as GPUs do. The CLI sets this at
             # start-up; here it covers library callers (threads created from now on inherit it).
             torch.set_flush_denormal(True)
-        if s.deterministic:
+        if loop.deterministic:
             torch.use_deterministic_algorithms(True, warn_only=True)
             torch.backends.cudnn.benchmark = False
             os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
@@ -383,7 +332,7 @@ class Trainer:
     # ------------------------------------------------------------------------------ start / resume
     def seed_ranks(self) -> None:
         """Seed this process's training RNGs (dropout, augmentation): a function of seed and rank."""
-        _seed_all(self.settings.seed + 7919 * self.rank)
+        _seed_all(self.loop.seed + 7919 * self.rank)
 
     def restore(self) -> None:
         """Continue from the newest good checkpoint (none yet: a fresh start); drop later metrics records."""
@@ -421,7 +370,7 @@ class Trainer:
             if self.is_main:
                 print(f"warning: checkpoint was written by {len(rngs)} process(es), now {self.world}: RNG states "
                       f"are re-seeded, the continuation is not bit-identical", file=sys.stderr)
-            torch.manual_seed(self.settings.seed + 7919 * self.rank + self.global_step)
+            torch.manual_seed(self.loop.seed + 7919 * self.rank + self.global_step)
         self.last_checkpoint = ckpt
         if self.is_main:
             print(f"resuming {self.run.path} from {ckpt.name} (step {self.global_step}/{self.total_steps})",
@@ -433,14 +382,14 @@ class Trainer:
             from torch.nn.parallel import DistributedDataParallel as DDP
 
             self.train_model = DDP(self.model, device_ids=[self.device.index] if self.device.type == "cuda" else None)
-        if self.settings.compile:
+        if self.loop.compile:
             self.train_model = torch.compile(self.train_model)
         setup = getattr(self.task, "setup", None)
         if callable(setup):
             setup(self.cfg, self.device)
         from .callbacks import get_callback
 
-        self.callbacks = [(name, get_callback(name)) for name in self.settings.callbacks]
+        self.callbacks = [(name, get_callback(name)) for name in self.loop.callbacks]
 
     # ------------------------------------------------------------------------------------- loop
     def fit(self) -> Path:
@@ -448,12 +397,11 @@ class Trainer:
         from tqdm import tqdm
 
         self._wrap_model()
-        s = self.settings
         bar = tqdm(total=self.total_steps, initial=self.global_step, disable=not _progress_enabled(self.rank),
                    dynamic_ncols=True, unit="step", file=sys.stderr)
         self._t_start = time.time()
         self.window = _Window(self.global_step + 1)
-        loader_gen = torch.Generator().manual_seed(s.seed)
+        loader_gen = torch.Generator().manual_seed(self.loop.seed)
         if self.scheduler is not None:
             self.scheduler.step_update(self.global_step)
         collate = self.task.collate_fn(self.cfg)
@@ -461,7 +409,8 @@ class Trainer:
             while self.global_step < self.total_steps:
                 epoch = self.global_step // self.steps_per_epoch
                 self.sampler.set_epoch(epoch, self.global_step - epoch * self.steps_per_epoch)
-                loader = DataLoader(self.datasets["train"], batch_sampler=self.sampler, num_workers=s.num_workers,
+                loader = DataLoader(self.datasets["train"], batch_sampler=self.sampler,
+                                    num_workers=self.config.data.num_workers,
                                     collate_fn=collate, pin_memory=self.device.type == "cuda", generator=loader_gen,
                                     persistent_workers=False)
                 for batch in loader:
@@ -484,7 +433,7 @@ class Trainer:
         with self.amp():
             loss, stats = self.task.loss(self.train_model, batch, self.cfg)
         self.optimizer.zero_grad(set_to_none=True)
-        clip = self.settings.clip_grad
+        clip = self.config.optim.clip_grad
         if self.scaler is not None:
             self.scaler.scale(loss).backward()
             if clip:
@@ -506,10 +455,10 @@ class Trainer:
         self.window.add(loss, stats, int(count(batch)) * self.world, self.device)
 
     def _after_step(self, bar) -> None:
-        step, s = self.global_step, self.settings
+        step, loop = self.global_step, self.loop
         epoch_end = step % self.steps_per_epoch == 0 or step == self.total_steps
-        save = bool(s.save_every and step % s.save_every == 0) or step == self.total_steps
-        if step % s.log_every == 0 or epoch_end:
+        save = bool(loop.save_every and step % loop.save_every == 0) or step == self.total_steps
+        if step % max(1, loop.log_every or 50) == 0 or epoch_end:
             self._check_finite()
             self._log_window(bar)
         if epoch_end:
@@ -565,14 +514,14 @@ class Trainer:
     # ---------------------------------------------------------------------- evaluation, callbacks
     def end_epoch(self, bar) -> None:
         """At an epoch's end: validate when due (rank 0), run the callbacks (rank 0), then meet."""
-        step, s = self.global_step, self.settings
+        step, eval_every = self.global_step, self.loop.eval_every
         epoch = math.ceil(step / self.steps_per_epoch)
         val_ds = self.datasets.get("val")
-        due = s.eval_every and (epoch % s.eval_every == 0 or step == self.total_steps)
+        due = eval_every and (epoch % eval_every == 0 or step == self.total_steps)
         if self.is_main and val_ds is not None and due:
             res = self.evaluate(val_ds)
             self.logger.log({"step": step, "epoch": epoch, "split": "val", **res})
-            key = getattr(self.task, "primary_metric", "acc1")
+            key = primary_metric(self.task)
             if key in res:
                 msg = f"epoch {epoch}: val {key} {res[key]:.2f}" + (
                     f" (ema {res['ema_' + key]:.2f})" if "ema_" + key in res else "")
@@ -589,8 +538,8 @@ class Trainer:
 
     def evaluate(self, dataset) -> Dict[str, float]:
         """The task's metrics of the model (and, with EMA, ``ema_``-prefixed ones of the EMA model) on ``dataset``."""
-        loader = DataLoader(dataset, batch_size=self.settings.eval_batch_size, shuffle=False,
-                            num_workers=self.settings.num_workers, collate_fn=self.task.collate_fn(self.cfg),
+        loader = DataLoader(dataset, batch_size=self.config.eval.batch_size, shuffle=False,
+                            num_workers=self.config.data.num_workers, collate_fn=self.task.collate_fn(self.cfg),
                             pin_memory=self.device.type == "cuda", generator=torch.Generator().manual_seed(0))
         res: Dict[str, float] = {}
         for prefix, model in (("", self.model), ("ema_", self.ema.module if self.ema is not None else None)):
@@ -613,7 +562,7 @@ class Trainer:
             step, sched, scaler = self.global_step, self.scheduler, self.scaler
             state = {
                 "step": step, "epoch": step // self.steps_per_epoch, "steps_per_epoch": self.steps_per_epoch,
-                "global_batch": self.settings.global_batch, "world_size": self.world,
+                "global_batch": self.loop.batch_size, "world_size": self.world,
                 "optimizer": self.optimizer.state_dict(),
                 "scheduler": sched.state_dict() if sched is not None else None,
                 "scaler": scaler.state_dict() if scaler is not None else None,
@@ -622,7 +571,7 @@ class Trainer:
             }
             path = save_checkpoint(self.run.checkpoints, step, self.model.state_dict(), state,
                                    ema_sd=self.ema.module.state_dict() if self.ema is not None else None,
-                                   keep=self.settings.keep_checkpoints)
+                                   keep=self.loop.keep_checkpoints or 2)
         _barrier(self.world)
         return path
 
@@ -633,13 +582,13 @@ class Trainer:
             save_safetensors_atomic(self.model.state_dict(), self.run.weights())
             if self.ema is not None:
                 save_safetensors_atomic(self.ema.module.state_dict(), self.run.weights(ema=True))
-            split, step = self.settings.final_split, self.global_step
+            split, step = self.config.eval.final_split, self.global_step
             dataset = self.datasets.get(split) if split else None
             if dataset is not None:
                 final = self.evaluate(dataset)
                 self.logger.log({"step": step, "epoch": round(step / self.steps_per_epoch, 4), "split": split,
                                  "final": True, **final})
-                key = getattr(self.task, "primary_metric", "acc1")
+                key = primary_metric(self.task)
                 if key in final:
                     print(f"final {split} {key}: {final[key]:.2f}", file=sys.stderr, flush=True)
             self.run.write_final_metrics({"step": step, "split": split,
