@@ -178,6 +178,21 @@ def test_every_pap_run_records_sparsity_each_epoch_and_in_final_metrics(tmp_path
     assert sp["epoch"] == 2 and sp["probe"]["split"] == "val" and sp["probe"]["examples"] == 32
     assert sp["blocks"][0]["frac_nonzero"] == logged[-1]["sparsity/blocks.0.attn/frac_nonzero"]
     assert all(math.isfinite(sp["blocks"][0][k]) for k in ACTIVITY_KEYS)
+    # `rpc-attention analyze --run` reports the same probe's S activity (kpca.json, summary.md, stdout)
+    from rpc_attention.cli import main
+
+    assert main(["analyze", "--run", str(run), "--out", str(tmp_path / "an"), "--limit", "2", "--no-figures",
+                 "--protocol", "exact"]) == 0
+    got = json.loads((tmp_path / "an" / "kpca.json").read_text())["sparsity"]
+    assert got["probe"] == sp["probe"] and got["verdict"] == sp["verdict"]
+    (block,) = got["blocks"]
+    # the same float32 forward, maybe on another thread count: summation order moves the continuous
+    # statistics by float32 round-off, and may move an entry lying within round-off of tau
+    entries = block["tokens"] * 16  # S entries: tokens x width (heads x head dim)
+    assert block["frac_nonzero"] == pytest.approx(sp["blocks"][0]["frac_nonzero"], abs=2 / entries)
+    for k in ("s_over_k", "tau_mean", "abs_k_max"):
+        assert block[k] == pytest.approx(sp["blocks"][0][k], rel=1e-4)
+    assert "PAP's sparse step" in (tmp_path / "an" / "summary.md").read_text()
     # a model without PAP layers gets no record
     cfg["model"]["name"] = "symvit_tiny_patch16_224"
     for k in ("n_iter", "lambd", "threshold"):

@@ -16,6 +16,7 @@ from ..io import atomic_write_text
 from .analysis import ALIGN_METRICS, analyze_captures, chance_baselines, pap_stats
 from .hooks import AttentionCapture
 from .sources import Probe
+from .sparsity import FIRED_RULE, measure_sparsity, probe_sparsity, sparsity_summary, sparsity_verdict
 
 __all__ = ["run_analysis", "load_history", "write_json_atomic", "summary_markdown", "RULES"]
 
@@ -160,6 +161,10 @@ def run_analysis(
         result["failures"].append({"stage": "pap-perturbation", "error": f"{type(exc).__name__}: {exc}"})
     if pap:
         result["pap"] = pap
+    try:
+        result["sparsity"] = _sparsity(probe)
+    except Exception as exc:
+        result["failures"].append({"stage": "sparsity", "error": f"{type(exc).__name__}: {exc}"})
     if probe.run_dir is not None:
         hist = load_history(probe.run_dir)
         if hist:
@@ -176,6 +181,17 @@ def run_analysis(
     write_json_atomic(out_dir / "kpca.json", result)
     atomic_write_text(out_dir / "summary.md", summary_markdown(result))
     return result
+
+
+def _sparsity(probe: Probe) -> Dict[str, Any]:
+    """S activity of the PAP blocks: a training run's on its fixed probe (the one its training logged),
+    any other model's on the analysis probe."""
+    if probe.cfg is not None:
+        return probe_sparsity(probe.model, probe.cfg)
+    blocks = measure_sparsity(probe.model, probe.forward)
+    return {"probe": {"split": probe.description.get("split") or probe.description.get("inputs"),
+                      "examples": probe.description.get("examples")},
+            "blocks": blocks, "verdict": sparsity_verdict(blocks)}
 
 
 # ------------------------------------------------------------------ summary
@@ -334,6 +350,13 @@ def summary_markdown(result: dict) -> str:
             parts.append(pap["note"] + ".")
         lines.append(" ".join(parts) + " Rule: " + RULES["pap"])
         lines.append("")
+    sp = result.get("sparsity") or {}
+    if sp.get("blocks"):
+        probe = sp.get("probe") or {}
+        lines += [f"## PAP's sparse step: {sp['verdict']}", "",
+                  f"S activity of each PAP block on {probe.get('examples')} {probe.get('split')} examples:", ""]
+        lines += [f"- {line}" for line in sparsity_summary(sp)]
+        lines += ["", "Rule: " + FIRED_RULE, ""]
     if result.get("failures"):
         lines.append(f"## Failures ({len(result['failures'])}, all listed in kpca.json)")
         lines.append("")
