@@ -9,6 +9,8 @@ import re
 from pathlib import Path
 from typing import Any, Dict, List, Optional
 
+from .sparsity import render_sparse_corruption, render_sparsity
+
 __all__ = ["render_markdown", "render_html", "fmt", "format_seconds"]
 
 
@@ -239,9 +241,11 @@ def render_markdown(res: Dict[str, Any]) -> str:
               "section 7): compare directions, not values.", ""]
         if tname == "vision":
             L += _eps_table(res, "fgsm") + _eps_table(res, "pgd") + _corruption_table(res)
+            L += render_sparse_corruption(res)
         if tname == "lm":
             L += _lm_rows(res)
         L += _figs(res, tname)
+    L += render_sparsity(res)
     # ---- claims detail and rules
     L += ["## Verdict rules", "", res["rules"], ""]
     # ---- KPCA
