@@ -127,7 +127,9 @@ def test_callback_logs_probe_of_200_held_out_examples_and_returns_the_record(tmp
     cfg = {"task": "sparsity-test-fake", "train": {}}
     model = _vit(rpc_layers=[1], n_iter=3, lambd=0.05, threshold="lambda_over_mu")
     log = _Logger()
+    before = torch.get_rng_state()
     ret = sparsity_callback(model, cfg, 3, tmp_path, log)
+    assert torch.equal(torch.get_rng_state(), before)  # the training's random stream does not move
     assert ret["epoch"] == 3 and ret["probe"] == {"split": "val", "examples": 200, "task": "sparsity-test-fake"}
     (block,) = ret["blocks"]
     assert block["block"] == 1 and block["tokens"] == 200 * 17 and ret["verdict"] == block["verdict"]

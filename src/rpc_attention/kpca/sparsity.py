@@ -19,9 +19,11 @@ last one lands in ``final_metrics.json`` under ``"sparsity"``; models without PA
 
 from __future__ import annotations
 
+import random
 import re
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
+import numpy as np
 import torch
 from torch import Tensor, nn
 
@@ -145,7 +147,8 @@ def _probe(cfg: dict, examples: Optional[int]):
         if ds is None or not len(ds):
             raise ValueError("sparsity probe: the task has no 'val' or 'test' data set")
         collate = task.collate_fn(cfg) if callable(getattr(task, "collate_fn", None)) else None
-        batch = next(iter(DataLoader(ds, batch_size=n, shuffle=False, collate_fn=collate)))
+        batch = next(iter(DataLoader(ds, batch_size=n, shuffle=False, collate_fn=collate,
+                                     generator=torch.Generator().manual_seed(0))))
         _PROBES[key] = (task, batch, {"split": split, "examples": min(n, len(ds)), "task": task_name})
     return _PROBES[key]
 
@@ -186,7 +189,12 @@ def sparsity_callback(model, cfg, epoch, run_dir, logger) -> Optional[Dict[str, 
     (the trainer writes the last one into ``final_metrics.json``). No PAP block: nothing."""
     if not pap_blocks(model):
         return None
-    result = probe_sparsity(model, cfg)
+    # Measuring must not move the training's random streams: a run trains the same with or without it.
+    py_state, np_state = random.getstate(), np.random.get_state()
+    with torch.random.fork_rng(devices=[]):
+        result = probe_sparsity(model, cfg)
+    random.setstate(py_state)
+    np.random.set_state(np_state)
     rec: Dict[str, Any] = {"epoch": epoch, "split": "sparsity"}
     for b in result["blocks"]:
         rec.update({f"sparsity/{b['layer']}/{k}": b[k] for k in ACTIVITY_KEYS})
