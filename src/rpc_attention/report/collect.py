@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any, Dict, List, Optional
 
 from .paper import PAPER_LABEL, PAPER_ROWS
+from .sparsity import collect_sparsity
 from .verdict import RULES_TEXT, verdict
 
 __all__ = ["collect_results", "setup_info", "metric_value", "TABLES"]
@@ -32,6 +33,7 @@ TABLES: Dict[str, Dict[str, Any]] = {
         ("corruptions", "mCE", "mCE, SymViT = 100 (lower better)", False, "mce"),
         ("corruptions", "mean_corruption_error", "corruption error (%, lower better)", False, None),
         ("ood", "AUPR", "OOD AUPR (%)", True, "ood_aupr"),
+        ("sparse", "mean_top1", "sparse corruption top-1, mean (%)", True, None),
         ("imagenet-a", "top1", "ImageNet-A top-1 (%)", True, None),
         ("imagenet-r", "top1", "ImageNet-R top-1 (%)", True, None),
     ]},
@@ -257,8 +259,9 @@ def collect_results(out_dir, study, pipeline) -> Dict[str, Any]:
             "margin": v["effect"]["margin"] if v["effect"]["margin"] is not None else c.margin,
             "relative_margin": c.relative, "baseline_values": bv, "rpc_values": rv,
             "verdict": v["verdict"], "reason": reason, "effect": v["effect"],
-            "paper": PAPER_ROWS.get(c.id),
+            "paper": PAPER_ROWS.get(getattr(c, "paper_id", None) or c.id),
         })
+    res["sparsity"] = collect_sparsity(out_dir, study)  # S activity of every RPC model's runs
     # KPCA analyses
     for a in study.analyses:
         m = study.model(a["model"])

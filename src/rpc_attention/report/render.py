@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any, Dict, List, Optional
 
 from ..markdown import markdown_table
+from .sparsity import render_sparse_corruption, render_sparsity
 
 __all__ = ["render_markdown", "render_html", "fmt", "format_seconds"]
 
@@ -242,6 +243,7 @@ def _task_section(res: Dict[str, Any], tname: str, t: Dict[str, Any]) -> List[st
           "section 7): compare directions, not values.", ""]
     if tname == "vision":
         L += _eps_table(res, "fgsm") + _eps_table(res, "pgd") + _corruption_table(res)
+        L += render_sparse_corruption(res)
     if tname == "lm":
         L += _lm_rows(res)
     return L + _figs(res, tname)
@@ -318,6 +320,7 @@ def render_markdown(res: Dict[str, Any]) -> str:
     L += _stage_time_section(stages, res["setup"].get("cpu_count"))
     for tname, t in res.get("tables", {}).items():
         L += _task_section(res, tname, t)
+    L += render_sparsity(res)
     L += ["## Verdict rules", "", res["rules"], ""]
     L += _kpca_section(res)
     if any(f.get("section") == "seg_examples" for f in res.get("figures", [])):

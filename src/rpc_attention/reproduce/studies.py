@@ -66,6 +66,7 @@ class ClaimSpec:
     higher: bool = True
     margin: float = 1.0
     relative: bool = False  # margin is a fraction of the baseline value
+    paper_id: Optional[str] = None  # the paper's row this claim is compared with (default: id)
 
 
 @dataclass
@@ -160,11 +161,30 @@ VISION_CLAIMS = [
 ]
 
 
-def _vision_claims(have_suites: Sequence[str], extra: Sequence[tuple] = ()) -> List[ClaimSpec]:
+# Our own claim, the premise of PAP: keys with sparse corruption are where robust PCA helps.
+SPARSE_CLAIM = ("sparse", "RPC (6 iters, layer 1) is more accurate under sparse corruption (salt-and-pepper, "
+                "occlusion, corrupted keys; mean)", "sparse", "mean_top1", "rpc6", True, 1.0)
+# The PCP-active RPC (a threshold at which S is non-zero) against SymViT on the same claims as the
+# official RPC 6iter/layer1; each row is compared with the paper's row of the same claim.
+PCP_LABEL = "PCP-active RPC (6 iters, layer 1)"
+
+
+def _pcp_claims(claims: Sequence[tuple]) -> List[tuple]:
     out = []
-    for cid, title, suite, metric, rpc, higher, margin in list(VISION_CLAIMS) + list(extra):
+    for cid, title, suite, metric, rpc, higher, margin in claims:
+        if rpc == "rpc6":
+            out.append((f"{cid}_pcp", title.replace("RPC (6 iters, layer 1)", PCP_LABEL).replace("RPC (layer 1)", PCP_LABEL),
+                        suite, metric, "rpc_pcp", higher, margin))
+    return out
+
+
+def _vision_claims(have_suites: Sequence[str], extra: Sequence[tuple] = (), pcp: bool = False) -> List[ClaimSpec]:
+    base = list(VISION_CLAIMS) + [SPARSE_CLAIM] + list(extra)
+    out = []
+    for cid, title, suite, metric, rpc, higher, margin in base + (_pcp_claims(base) if pcp else []):
         if suite in have_suites:
-            out.append(ClaimSpec(cid, title, "vision", suite, metric, "symvit", rpc, higher, margin))
+            paper_id = cid[: -len("_pcp")] if cid.endswith("_pcp") else None
+            out.append(ClaimSpec(cid, title, "vision", suite, metric, "symvit", rpc, higher, margin, paper_id=paper_id))
     return out
 
 
@@ -199,6 +219,8 @@ def _fmnist_models(s: Dict[str, Any], seeds: List[int]) -> List[ModelSpec]:
                   E.pap_factor(6, 1, int(s["depth"]))),
         ModelSpec("rpc2all", "RPC-SymViT 2iter/all-layer", s["preset_rpc2all"], common, "vision", "rpc", seeds,
                   samples, E.pap_factor(2, int(s["depth"]), int(s["depth"]))),
+        ModelSpec("rpc_pcp", "RPC-SymViT 6iter/layer1, PCP-active", s["preset_rpc_pcp"], common, "vision", "rpc", seeds,
+                  samples, E.pap_factor(6, 1, int(s["depth"]))),
     ]
 
 
@@ -235,6 +257,8 @@ def _vision_evals(s: Dict[str, Any], keys: List[str], suites: Sequence[str]) -> 
                                 baseline_model="symvit"))
         elif suite == "ood":
             out.append(EvalSpec("ood", keys, list(s.get("ood_sets") or []), s.get("ood_limit") or lim, copies=2))
+        elif suite == "sparse":
+            out.append(EvalSpec("sparse", keys, [], s.get("sparse_limit") or lim))
         else:
             out.append(EvalSpec(suite, keys, [], s.get("strong_attack_limit") or lim))
     return out
@@ -246,6 +270,8 @@ QUICK_DEFAULTS: Dict[str, Any] = {
     "preset_symvit": "fmnist-symvit",
     "preset_rpc6": "fmnist-rpc-symvit",
     "preset_rpc2all": "fmnist-rpc-symvit-all",
+    # RPC-SymViT whose sparse step fires: classic PCP threshold lambd / mu on the head-width mu
+    "preset_rpc_pcp": "fmnist-rpc-symvit-pcp",
     "depth": 6,
     "epochs": 2,                 # presets: 3 epochs of 55,000 images
     "batch_size": 128,
@@ -266,6 +292,7 @@ QUICK_DEFAULTS: Dict[str, Any] = {
     "ood_limit": 1000,
     "ood_sets": [],
     "strong_attack_limit": 200,
+    "sparse_limit": 1000,            # sparse corruption: 7 corrupted settings + clean per image
     "analyze_sets": ["limit=8"],     # KPCA analysis options (rpc_attention.kpca.options.AnalysisOptions)
     # language model (the LM engineer's presets on the embedded Wikipedia corpus; 1200 steps there)
     "preset_symlm": "wiki-symlm",
@@ -281,11 +308,12 @@ QUICK_DEFAULTS: Dict[str, Any] = {
 
 def quick(settings: Optional[Sequence[str]] = None) -> Study:
     s = parse_settings(settings, QUICK_DEFAULTS, "quick")
-    return _fmnist_study("quick", s, "Fashion-MNIST SymViT vs RPC-SymViT (6iter/layer1, 2iter/all-layer), one "
-                         "seed, shortened schedules; clean/FGSM/PGD/corruptions/OOD on test subsets; KPCA "
-                         "analysis of the SymViT; small Symlm vs RPC-Symlm on the embedded Wikipedia corpus. "
-                         "About 15-20 minutes on 2 idle CPU cores.",
-                         suites=("clean", "fgsm", "pgd", "corruptions", "ood"))
+    return _fmnist_study("quick", s, "Fashion-MNIST SymViT vs RPC-SymViT (6iter/layer1, 2iter/all-layer, and "
+                         "6iter/layer1 with a PCP threshold at which the sparse step fires), one seed, shortened "
+                         "schedules; clean/FGSM/PGD/corruptions/OOD/sparse corruption on test subsets; S activity "
+                         "of every PAP block; KPCA analysis of the SymViT; small Symlm vs RPC-Symlm on the "
+                         "embedded Wikipedia corpus. About 20 minutes on 2 idle CPU cores.",
+                         suites=("clean", "fgsm", "pgd", "corruptions", "ood", "sparse"))
 
 
 SMOKE_DEFAULTS: Dict[str, Any] = dict(QUICK_DEFAULTS, **{
@@ -294,7 +322,7 @@ SMOKE_DEFAULTS: Dict[str, Any] = dict(QUICK_DEFAULTS, **{
                         "train.log_every=2", "train.threads=0"],
     "depth": 2, "eval_limit": 128, "attack_limit": 32, "eps": "2/255,6/255", "pgd_steps": 3,
     "corruptions": ["gaussian_noise", "contrast"], "corruption_limit": 32, "ood_limit": 128,
-    "strong_attack_limit": 16,
+    "strong_attack_limit": 16, "sparse_limit": 64,
     "lm_steps": 4, "lm_batch_size": 4,
     "lm_overrides": ["model.kwargs.d_model=32", "model.kwargs.n_layer=2", "model.kwargs.n_head=2",
                      "model.kwargs.d_inner=64", "model.kwargs.context=32", "train.threads=0",
@@ -308,12 +336,12 @@ def smoke(settings: Optional[Sequence[str]] = None) -> Study:
     s = parse_settings(settings, SMOKE_DEFAULTS, "smoke")
     return _fmnist_study("smoke", s, "The quick study's pipeline on a few hundred examples and a few steps "
                          "(end-to-end check, about 90 s; its numbers mean nothing).",
-                         suites=("clean", "fgsm", "pgd", "corruptions", "ood"))
+                         suites=("clean", "fgsm", "pgd", "corruptions", "ood", "sparse"))
 
 
 FULL_DEFAULTS: Dict[str, Any] = dict(QUICK_DEFAULTS, **{
     "seeds": [0, 1, 2], "epochs": 20, "val_size": 5000, "train_subset": 0, "eval_limit": 0, "attack_limit": 1000,
-    "corruptions": [], "corruption_limit": 1000, "ood_limit": 0, "strong_attack_limit": 500,
+    "corruptions": [], "corruption_limit": 1000, "ood_limit": 0, "strong_attack_limit": 500, "sparse_limit": 0,
     "lm_steps": 1200, "lm_batch_size": 16, "lm_eval_sets": [],
     "preset_scaled": "fmnist-scaled-s", "preset_scaled_alpha": "fmnist-scaled-alpha",
     "preset_asym": "fmnist-vit", "preset_seg": "seg-fmnist-symvit", "preset_seg_rpc": "seg-fmnist-rpc-symvit",
@@ -327,8 +355,8 @@ def fmnist_full(settings: Optional[Sequence[str]] = None) -> Study:
                        "including AutoAttack and Square, all 15 corruptions, OOD, Scaled Attention S/alpha vs "
                        "the asymmetric baseline, segmentation on the composed Fashion-MNIST scenes, LM. "
                        "Hours on CPU; minutes on one GPU.",
-                       suites=("clean", "fgsm", "pgd", "corruptions", "ood", "noise", "sld", "spsa", "cw",
-                               "autoattack", "square"))
+                       suites=("clean", "fgsm", "pgd", "corruptions", "ood", "sparse", "noise", "sld", "spsa",
+                               "cw", "autoattack", "square"))
     seeds = list(s["seeds"])
     common, samples = st.models[0].overrides, st.models[0].train_samples
     scaled = [
@@ -377,7 +405,7 @@ def _fmnist_study(name: str, s: Dict[str, Any], description: str, suites: Sequen
     claims = _vision_claims(suites, extra=[
         ("autoattack", "RPC (6 iters, layer 1) is more accurate under AutoAttack", "autoattack", "top1@1/255", "rpc6", True, 1.0),
         ("square", "RPC (6 iters, layer 1) is more accurate under the Square attack", "square", "top1@1/255", "rpc6", True, 1.0),
-    ] if "autoattack" in suites else [])
+    ] if "autoattack" in suites else [], pcp=True)
     st = Study(name, description, models, evals, analyses, None, claims, s)
     if s.get("lm"):
         lm = _lm_models(s, seeds)

@@ -424,9 +424,10 @@ def _train(cfg, out: Path, resume: bool, force: bool, device: torch.device, rank
     setup = getattr(task, "setup", None)
     if callable(setup):
         setup(cfg, device)
-    from .callbacks import get_callback
+    from .callbacks import resolve_callbacks
 
-    callbacks = [(name, get_callback(name)) for name in loop.callbacks]
+    callbacks = resolve_callbacks(loop.callbacks)
+    callback_final: Dict[str, Any] = {}  # the last dict each callback returned, for final_metrics.json
     val_ds = datasets.get("val")
 
     def make_eval_loader(ds):
@@ -565,7 +566,9 @@ def _train(cfg, out: Path, resume: bool, force: bool, device: torch.device, rank
                     if is_main:
                         for name, fn in callbacks:
                             raw_model.eval()
-                            fn(raw_model, cfg, ep, out, logger)
+                            ret = fn(raw_model, cfg, ep, out, logger)
+                            if isinstance(ret, dict):
+                                callback_final[name] = ret
                             raw_model.train()
                     _barrier(world)
                 if (save_every and step % save_every == 0) or step == total_steps:
@@ -585,7 +588,8 @@ def _train(cfg, out: Path, resume: bool, force: bool, device: torch.device, rank
                 key = primary_metric(task)
                 if key in final:
                     print(f"final {split} {key}: {final[key]:.2f}", file=sys.stderr, flush=True)
-            summary = {"step": step, "split": split, "elapsed_s": elapsed_before + time.time() - t_start, **final}
+            summary = {"step": step, "split": split, "elapsed_s": elapsed_before + time.time() - t_start, **final,
+                       **callback_final}
             atomic_write_bytes(out / "final_metrics.json", (json.dumps(summary, indent=1) + "\n").encode())
         _barrier(world)
     finally:
