@@ -643,37 +643,37 @@ _RPC = dict(token_mixing="sym", rpc_layers=[0], n_iter=4, lambd=4.0)
 @register_model
 def fan_tiny_12_p16_224(pretrained: bool = False, **kwargs: Any) -> FAN:
     """FAN-tiny (NVlabs FAN-T-ViT): 192 wide, 12 blocks, 4 heads, asymmetric token mixing."""
-    return _create("fan_tiny_12_p16_224", pretrained, **dict(_TINY, token_mixing="attn", **kwargs))
+    return _create("fan_tiny_12_p16_224", pretrained, **{**_TINY, "token_mixing": "attn", **kwargs})
 
 
 @register_model
 def fan_small_12_p16_224(pretrained: bool = False, **kwargs: Any) -> FAN:
     """FAN-small (NVlabs FAN-S-ViT): 384 wide, 12 blocks, 8 heads, asymmetric token mixing."""
-    return _create("fan_small_12_p16_224", pretrained, **dict(_SMALL, token_mixing="attn", **kwargs))
+    return _create("fan_small_12_p16_224", pretrained, **{**_SMALL, "token_mixing": "attn", **kwargs})
 
 
 @register_model
 def symfan_tiny_12_p16_224(pretrained: bool = False, **kwargs: Any) -> FAN:
     """SymFAN-tiny: FAN-tiny with symmetric token mixing and class attention (the RPC paper's FAN baseline)."""
-    return _create("symfan_tiny_12_p16_224", pretrained, **dict(_TINY, token_mixing="sym", **kwargs))
+    return _create("symfan_tiny_12_p16_224", pretrained, **{**_TINY, "token_mixing": "sym", **kwargs})
 
 
 @register_model
 def symfan_small_12_p16_224(pretrained: bool = False, **kwargs: Any) -> FAN:
     """SymFAN-small: FAN-small with symmetric token mixing and class attention."""
-    return _create("symfan_small_12_p16_224", pretrained, **dict(_SMALL, token_mixing="sym", **kwargs))
+    return _create("symfan_small_12_p16_224", pretrained, **{**_SMALL, "token_mixing": "sym", **kwargs})
 
 
 @register_model
 def rpc_fan_tiny_12_p16_224(pretrained: bool = False, **kwargs: Any) -> FAN:
     """RPC-FAN-tiny: SymFAN-tiny with PAP in block 0, 4 softmax evaluations, lambda 4 ("4iter/layer1")."""
-    return _create("rpc_fan_tiny_12_p16_224", pretrained, **dict(_TINY, **_RPC, **kwargs))
+    return _create("rpc_fan_tiny_12_p16_224", pretrained, **{**_TINY, **_RPC, **kwargs})
 
 
 @register_model
 def rpc_fan_small_12_p16_224(pretrained: bool = False, **kwargs: Any) -> FAN:
     """RPC-FAN-small: SymFAN-small with PAP in block 0, 4 softmax evaluations, lambda 4."""
-    return _create("rpc_fan_small_12_p16_224", pretrained, **dict(_SMALL, **_RPC, **kwargs))
+    return _create("rpc_fan_small_12_p16_224", pretrained, **{**_SMALL, **_RPC, **kwargs})
 
 
 # ------------------------------------------------------------------------------ authors' checkpoints
