@@ -358,3 +358,107 @@ def test_init_follows_the_authors():
     dw = m.blocks[0].mlp.mlp_v.dwconv.conv1.weight
     assert abs(float(dw.detach().std()) - math.sqrt(2 / 9)) < 0.03  # normal(0, sqrt(2 / fan_out)), fan_out = 9
     assert torch.equal(m.blocks[1].gamma1, torch.ones(64)) and torch.equal(m.blocks[0].mlp.temperature, torch.ones(4, 1, 1))
+
+
+# ----------------------------------------------------------------- library tools on the FAN models
+def test_test_time_convert_of_symfan_block0_is_rpc_fan():
+    from rpc_attention.integrations.timm import convert, revert
+
+    torch.manual_seed(0)
+    sym = _tiny("symfan_tiny_12_p16_224").eval()
+    rpc = _tiny("rpc_fan_tiny_12_p16_224").eval()
+    rpc.load_state_dict(sym.state_dict())
+    x = torch.randn(2, 3, 32, 32)
+    before = sym(x)
+    convert(sym, rpc_layers=[0], n_iter=4, lambd=4.0)
+    assert type(sym.blocks[0].attn) is rnn.RPCAttention and type(sym.blocks[1].attn) is rnn.SymmetricAttention
+    assert torch.equal(sym(x), rpc(x)) and not torch.allclose(before, rpc(x), atol=1e-6)
+    assert set(sym.state_dict()) == set(rpc.state_dict())  # the authors' names survive conversion
+    revert(sym)
+    assert torch.equal(sym(x), before)
+
+
+def test_test_time_convert_of_asymmetric_fan():
+    from rpc_attention.integrations.timm import convert, converted_layers, revert
+
+    torch.manual_seed(0)
+    m = _tiny("fan_tiny_12_p16_224").eval()
+    with torch.no_grad():  # init-sized (std 0.02) projections give near-uniform attention; sharpen it
+        for blk in m.blocks:
+            blk.attn.qkv.weight.mul_(50)
+    x = torch.randn(2, 3, 32, 32)
+
+    def block0(model):  # the converted block's output (logits of a random-init model hardly see it)
+        return model.forward_intermediates(x, indices=[0], intermediates_only=True)[0]
+
+    before, logits = block0(m), m(x)
+    convert(m, rpc_layers="all", n_iter=2, lambd=1e9)  # S = 0: the layer's own attention
+    assert converted_layers(m) == [0, 1]
+    torch.testing.assert_close(block0(m), before, rtol=1e-5, atol=1e-6)
+    convert(m, rpc_layers=[0], n_iter=2, lambd=0.01)
+    assert (block0(m) - before).abs().max() > 1e-3
+    revert(m)
+    assert torch.equal(block0(m), before) and torch.equal(m(x), logits)
+
+
+FAN_RUN_CFG = {
+    "task": "classification",
+    "model": {"name": "rpc_fan_tiny_12_p16_224",
+              "kwargs": {"num_classes": 10, "img_size": 28, "in_chans": 1, "patch_size": 4, "embed_dim": 16,
+                         "depth": 2, "num_heads": 4, "lambd": 0.05}},
+    "data": {"name": "fashion_mnist", "mean": [0.2860], "std": [0.3530], "num_classes": 10, "in_chans": 1,
+             "img_size": 28},
+}
+
+
+@pytest.fixture(scope="module")
+def fan_run(tmp_path_factory):
+    """A run directory holding an (untrained) tiny RPC-FAN, as the trainer writes it."""
+    import os
+
+    import yaml
+    from safetensors.torch import save_file
+
+    if not os.path.isdir(os.environ.get("RPC_ATTENTION_FASHION_MNIST", "/usr/share/datasets/fashion-mnist")):
+        pytest.skip("Fashion-MNIST not installed")
+    torch.manual_seed(0)
+    m = timm.create_model(FAN_RUN_CFG["model"]["name"], **FAN_RUN_CFG["model"]["kwargs"])
+    d = tmp_path_factory.mktemp("fan_run")
+    (d / "config.yaml").write_text(yaml.safe_dump(FAN_RUN_CFG))
+    save_file({k: v.contiguous().clone() for k, v in m.state_dict().items()}, str(d / "model.safetensors"))
+    return d, m.eval()
+
+
+def test_eval_cli_on_a_fan_run(fan_run):
+    import json
+
+    import numpy as np
+
+    from rpc_attention.cli import main
+    from rpc_attention.data.images import fashion_mnist
+
+    run, model = fan_run
+    assert main(["eval", "--run", str(run), "--suite", "clean,fgsm", "--set", "fgsm.eps=2/255", "--limit", "32"]) == 0
+    rec = json.loads((run / "eval" / "clean.json").read_text())
+    xi, yi = fashion_mnist("test")
+    x = ((torch.from_numpy(np.array(xi[:32])).float() / 255 - 0.2860) / 0.3530).unsqueeze(1)
+    y = torch.from_numpy(np.array(yi[:32])).long()
+    with torch.no_grad():
+        top1 = 100.0 * float((model(x).argmax(1) == y).float().mean())
+    assert rec["n_examples"] == 32
+    assert json.dumps(rec).count(f"{top1:.4f}"[:5]) >= 1  # the suite's top-1 is this model's top-1
+    assert json.loads((run / "eval" / "fgsm.json").read_text())["rows"][0]["eps"] == "2/255"
+
+
+def test_analyze_cli_on_a_fan_run(fan_run, tmp_path):
+    import json
+
+    from rpc_attention.cli import main
+
+    run, _ = fan_run
+    out = tmp_path / "kpca"
+    assert main(["analyze", "--run", str(run), "--out", str(out), "--limit", "2", "--no-figures",
+                 "--protocol", "exact"]) == 0
+    data = json.loads((out / "kpca.json").read_text())
+    assert list(data["pap"]["clean"]) == ["blocks.0.attn"]  # the PAP block, with its sparse-term statistics
+    assert "blocks.1.attn" in json.dumps(data["protocols"]["exact"])
