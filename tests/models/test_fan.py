@@ -462,3 +462,30 @@ def test_analyze_cli_on_a_fan_run(fan_run, tmp_path):
     data = json.loads((out / "kpca.json").read_text())
     assert list(data["pap"]["clean"]) == ["blocks.0.attn"]  # the PAP block, with its sparse-term statistics
     assert "blocks.1.attn" in json.dumps(data["protocols"]["exact"])
+
+
+def test_studies_carry_the_rpc_fan_vs_fan_comparison(tmp_path):
+    from rpc_attention.report.collect import TABLES
+    from rpc_attention.report.paper import PAPER_ROWS
+    from rpc_attention.reproduce.studies import build_stages, get_study
+
+    st = get_study("fmnist-full", ["seeds=0"])
+    fan = {m.key: m for m in st.models if m.family == "fan"}
+    assert {k: m.preset for k, m in fan.items()} == {
+        "fan": "fmnist-fan", "symfan": "fmnist-symfan", "rpc_fan": "fmnist-rpc-fan"}
+    assert not any("num_heads" in o for m in fan.values() for o in m.overrides)  # the SymViT head override stays out
+    corr = [e for e in st.evals if e.suite == "corruptions" and "rpc_fan" in e.models]
+    assert len(corr) == 1 and corr[0].baseline_model == "symfan"
+    claims = {c.id: (c.baseline, c.rpc, c.table) for c in st.claims if c.table == "fan"}
+    assert claims == {"fan_clean": ("symfan", "rpc_fan", "fan"), "fan_mce": ("symfan", "rpc_fan", "fan")}
+    names = {s.name for s in build_stages(st)}
+    assert {"train.rpc_fan-s0", "eval.rpc_fan-s0.corruptions", "eval.fan-s0.pgd"} <= names
+    im = get_study("imagenet", [f"data.imagenet={tmp_path}"])
+    assert {m.key: m.preset for m in im.models if m.family == "fan"}["rpc_fan"] == "imagenet-rpc-fan-tiny"
+    # the paper's FAN numbers were not found: no invented values, and the report says so
+    for pid in ("fan_clean", "fan_mce", "fan_imagenet_a", "fan_imagenet_r"):
+        row = PAPER_ROWS[pid]
+        assert row["baseline"] is None and row["rpc"] is None and row["found"] is False
+        assert "not found" in row["setting"]
+    assert [c[4] for c in TABLES["fan"]["columns"] if c[4]] == ["fan_clean", "fan_mce", "fan_imagenet_a",
+                                                                   "fan_imagenet_r"]
