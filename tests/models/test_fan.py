@@ -489,3 +489,9 @@ def test_studies_carry_the_rpc_fan_vs_fan_comparison(tmp_path):
         assert "not found" in row["setting"]
     assert [c[4] for c in TABLES["fan"]["columns"] if c[4]] == ["fan_clean", "fan_mce", "fan_imagenet_a",
                                                                    "fan_imagenet_r"]
+
+
+def test_pretrained_cfg_overlay_reaches_the_model():
+    m = timm.create_model("symfan_tiny_12_p16_224", pretrained_cfg_overlay=dict(mean=(0.5,), std=(0.25,)), **TINY)
+    assert m.pretrained_cfg["mean"] == (0.5,) and m.pretrained_cfg["std"] == (0.25,)
+    assert m.pretrained_cfg["rpc_cfg"] == m.rpc_cfg and m.pretrained_cfg["crop_pct"] == 1.0

@@ -346,6 +346,24 @@ class ClassAttentionBlock(nn.Module):
 
 
 # ------------------------------------------------------------------------------------------ model
+def _pap_settings(token_mixing: str, rpc_layers: Union[None, str, int, Iterable[int]], depth: int,
+                  **pap: Any) -> Tuple[List[int], Dict[str, Any]]:
+    """Validate the token-mixing choice and the PAP options; returns the PAP blocks and options."""
+    if token_mixing not in TOKEN_MIXING_TYPES:
+        raise ValueError(f"token_mixing must be one of {TOKEN_MIXING_TYPES}, got {token_mixing!r}")
+    if depth < 1:
+        raise ValueError(f"depth must be >= 1, got {depth}")
+    layers = parse_layers(rpc_layers, depth)
+    if layers and token_mixing != "sym":
+        raise ValueError(f"rpc_layers needs symmetric token mixing (token_mixing='sym'), "
+                         f"got token_mixing={token_mixing!r}; use symfan_* / rpc_fan_* models")
+    if isinstance(pap["n_iter"], float) and float(pap["n_iter"]).is_integer():
+        pap["n_iter"] = int(pap["n_iter"])
+    RF.check_pap_options(**pap)
+    pap["lambd"] = float(pap["lambd"])
+    return layers, pap
+
+
 class FAN(nn.Module):
     """Fully Attentional Network (FAN-ViT) with :mod:`rpc_attention.nn` token mixing.
 
@@ -398,22 +416,10 @@ class FAN(nn.Module):
         fused_attn: bool = True,
     ) -> None:
         super().__init__()
-        if token_mixing not in TOKEN_MIXING_TYPES:
-            raise ValueError(f"token_mixing must be one of {TOKEN_MIXING_TYPES}, got {token_mixing!r}")
         if global_pool not in ("", "token", "avg"):
             raise ValueError(f"global_pool must be 'token', 'avg' or '', got {global_pool!r}")
-        if depth < 1:
-            raise ValueError(f"depth must be >= 1, got {depth}")
-        layers = parse_layers(rpc_layers, depth)
-        if layers and token_mixing != "sym":
-            raise ValueError(f"rpc_layers needs symmetric token mixing (token_mixing='sym'), "
-                             f"got token_mixing={token_mixing!r}; use symfan_* / rpc_fan_* models")
-        if isinstance(n_iter, float) and float(n_iter).is_integer():
-            n_iter = int(n_iter)
-        RF.check_pap_options(n_iter=n_iter, lambd=lambd, threshold=threshold, mu_mode=mu_mode, tol=tol,
-                             model_dim=model_dim)
-        pap = {"n_iter": n_iter, "lambd": float(lambd), "threshold": threshold, "mu_mode": mu_mode,
-               "model_dim": model_dim, "tol": tol}
+        layers, pap = _pap_settings(token_mixing, rpc_layers, depth, n_iter=n_iter, lambd=lambd,
+                                    threshold=threshold, mu_mode=mu_mode, model_dim=model_dim, tol=tol)
         self.num_classes = num_classes
         self.global_pool = global_pool
         self.num_features = self.head_hidden_size = self.embed_dim = embed_dim
