@@ -29,8 +29,6 @@ token mixing, ``blocks.i.mlp.*`` for the channel attention, ``cls_attn_blocks.*`
 ``qkv`` projection; state-dict hooks on :class:`FANBlock` translate between the two layouts.
 """
 
-from __future__ import annotations
-
 import math
 from functools import partial
 from typing import Any, Callable, Dict, Iterable, List, Optional, Tuple, Union
@@ -41,14 +39,20 @@ from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint
 
 from timm.layers import DropPath, Mlp, to_2tuple, trunc_normal_
-from timm.models import build_model_with_cfg, generate_default_cfgs, register_model
+from timm.models import generate_default_cfgs, register_model
 from timm.models._features import feature_take_indices
 
 from .. import functional as RF
-from ..nn import Attention, RPCAttention, SymmetricAttention, parse_layers
+from ..nn import Attention, RPCAttention, SymmetricAttention, _softmax_attention, parse_layers
+from ._timm import build_timm_model
 from .vision import _unwrap_state_dict, read_checkpoint
 
-__all__ = ["FAN", "FANBlock", "ChannelAttention", "ClassAttentionBlock", "FAN_MODEL_NAMES",
+# the class attention calls the attention kernel through nn's FX/TorchScript leaf; torch.fx.wrap patches
+# a name in the calling module's globals, so it is registered here too
+torch.fx.wrap("_softmax_attention")
+
+__all__ = ["FAN", "FANBlock", "ChannelAttention", "ClassAttention", "SymmetricClassAttention",
+           "ClassAttentionBlock", "FAN_MODEL_NAMES",
            "TOKEN_MIXING_TYPES", "load_fan_checkpoint", "checkpoint_filter_fn"]
 
 TOKEN_MIXING_TYPES = ("attn", "sym")
@@ -94,10 +98,10 @@ class ConvPatchEmbed(nn.Module):
             in_ch = out_ch
         self.proj = nn.Sequential(*layers)
 
-    def forward(self, x: Tensor) -> Tuple[Tensor, Tuple[int, int]]:
+    def forward(self, x: Tensor) -> Tuple[Tensor, int, int]:
         x = self.proj(x)
-        grid = (x.shape[2], x.shape[3])
-        return x.flatten(2).transpose(1, 2), grid
+        height, width = x.shape[2], x.shape[3]
+        return x.flatten(2).transpose(1, 2), height, width
 
 
 class FourierPositionalEncoding(nn.Module):
@@ -116,7 +120,7 @@ class FourierPositionalEncoding(nn.Module):
         self.temperature = temperature
         self.eps = 1e-6
 
-    def _features(self, n: int, dtype: torch.dtype, device) -> Tensor:
+    def _features(self, n: int, dtype: torch.dtype, device: torch.device) -> Tensor:
         """(n, hidden_dim) features of positions 1..n."""
         pos = torch.arange(1, n + 1, dtype=dtype, device=device)
         pos = pos / (pos[-1:] + self.eps) * (2 * math.pi)
@@ -280,36 +284,48 @@ def _authors_names_to_qkv(block: nn.Module, state_dict: Dict[str, Tensor], prefi
 class ClassAttention(nn.Module):
     """Attention of the class token (token 0) over all tokens; returns the new class token ``(B, 1, C)``.
 
-    ``symmetric=True`` (the RPC authors' FAN) has no query projection: the class token's key is its query.
+    Asymmetric (NVlabs FAN, CaiT): ``q`` projects the class token, ``k`` and ``v`` every token.
     """
 
     def __init__(self, dim: int, num_heads: int = 8, qkv_bias: bool = False, attn_drop: float = 0.0,
-                 proj_drop: float = 0.0, symmetric: bool = False, fused_attn: bool = True) -> None:
+                 proj_drop: float = 0.0, fused_attn: bool = True) -> None:
         super().__init__()
         if dim % num_heads:
             raise ValueError(f"dim ({dim}) must be divisible by num_heads ({num_heads})")
         self.num_heads = num_heads
         self.head_dim = dim // num_heads
         self.scale = self.head_dim ** -0.5
-        self.symmetric = symmetric
         self.fused_attn = fused_attn
-        if not symmetric:
-            self.q = nn.Linear(dim, dim, bias=qkv_bias)
+        self.q = nn.Linear(dim, dim, bias=qkv_bias)
         self.k = nn.Linear(dim, dim, bias=qkv_bias)
         self.v = nn.Linear(dim, dim, bias=qkv_bias)
         self.attn_drop = nn.Dropout(attn_drop)
         self.proj = nn.Linear(dim, dim)
         self.proj_drop = nn.Dropout(proj_drop)
 
+    def _query(self, cls: Tensor) -> Tensor:
+        return self.q(cls)
+
     def forward(self, x: Tensor) -> Tensor:
         b, n, c = x.shape
-        heads = (b, -1, self.num_heads, self.head_dim)
-        q = (self.k if self.symmetric else self.q)(x[:, :1]).reshape(heads).transpose(1, 2)
-        k = self.k(x).reshape(heads).transpose(1, 2)
-        v = self.v(x).reshape(heads).transpose(1, 2)
+        q = self._query(x[:, :1]).reshape(b, 1, self.num_heads, self.head_dim).transpose(1, 2)
+        k = self.k(x).reshape(b, n, self.num_heads, self.head_dim).transpose(1, 2)
+        v = self.v(x).reshape(b, n, self.num_heads, self.head_dim).transpose(1, 2)
         dropout_p = self.attn_drop.p if self.training else 0.0
-        out = RF.attention(q, k, v, dropout_p=dropout_p, scale=self.scale, fused=self.fused_attn)
+        out = _softmax_attention(q, k, v, None, False, dropout_p, self.scale, self.fused_attn)
         return self.proj_drop(self.proj(out.transpose(1, 2).reshape(b, 1, c)))
+
+
+class SymmetricClassAttention(ClassAttention):
+    """Class attention without a query projection (the RPC authors' FAN): the class token's key is its query."""
+
+    def __init__(self, dim: int, num_heads: int = 8, qkv_bias: bool = False, attn_drop: float = 0.0,
+                 proj_drop: float = 0.0, fused_attn: bool = True) -> None:
+        super().__init__(dim, num_heads, qkv_bias, attn_drop, proj_drop, fused_attn)
+        del self.q
+
+    def _query(self, cls: Tensor) -> Tensor:
+        return self.k(cls)
 
 
 class ClassAttentionBlock(nn.Module):
@@ -326,8 +342,8 @@ class ClassAttentionBlock(nn.Module):
                  act_layer: Callable[[], nn.Module] = nn.GELU) -> None:
         super().__init__()
         self.norm1 = norm_layer(dim)
-        self.attn = ClassAttention(dim, num_heads, qkv_bias=qkv_bias, attn_drop=attn_drop, proj_drop=drop,
-                                   symmetric=symmetric)
+        attn_cls = SymmetricClassAttention if symmetric else ClassAttention
+        self.attn = attn_cls(dim, num_heads, qkv_bias=qkv_bias, attn_drop=attn_drop, proj_drop=drop)
         self.norm2 = norm_layer(dim)
         self.mlp = Mlp(in_features=dim, hidden_features=int(dim * mlp_ratio), act_layer=act_layer, drop=drop)
         eta = 1.0 if eta is None else eta
@@ -507,15 +523,10 @@ class FAN(nn.Module):
 
     # ---------------------------------------------------------------------------- forward
     def _embed(self, x: Tensor) -> Tuple[Tensor, int, int]:
-        x, (height, width) = self.patch_embed(x)
+        x, height, width = self.patch_embed(x)
         if self.pos_embed is not None:
             x = x + self.pos_embed(height, width)
         return self.pos_drop(x), height, width
-
-    def _run_block(self, blk: nn.Module, x: Tensor, height: int, width: int) -> Tensor:
-        if self.grad_checkpointing and not torch.jit.is_scripting():
-            return checkpoint(blk, x, height, width, use_reentrant=False)
-        return blk(x, height, width)
 
     def forward_cls(self, x: Tensor) -> Tensor:
         """Prepend the class token and run the class-attention blocks."""
@@ -528,7 +539,10 @@ class FAN(nn.Module):
         """Images ``(B, C_in, H, W)`` to normalised tokens ``(B, 1 + N, C)`` (class token first)."""
         x, height, width = self._embed(x)
         for blk in self.blocks:
-            x = self._run_block(blk, x, height, width)
+            if self.grad_checkpointing and not torch.jit.is_scripting():
+                x = checkpoint(blk, x, height, width, use_reentrant=False)
+            else:
+                x = blk(x, height, width)
         if self.cls_token is not None:
             x = self.forward_cls(x)
         return self.norm(x)
@@ -564,7 +578,10 @@ class FAN(nn.Module):
         blocks = self.blocks[:max_index + 1] if stop_early else self.blocks
         intermediates = []
         for i, blk in enumerate(blocks):
-            x = self._run_block(blk, x, height, width)
+            if self.grad_checkpointing and not torch.jit.is_scripting():
+                x = checkpoint(blk, x, height, width, use_reentrant=False)
+            else:
+                x = blk(x, height, width)
             if i in take_indices:
                 y = self.norm(x) if norm else x
                 if output_fmt == "NCHW":
@@ -612,7 +629,7 @@ def checkpoint_filter_fn(state_dict: Dict[str, Tensor], model: Optional[nn.Modul
     fused class-attention ``qkv`` split into ``q``/``k``/``v`` (``k``/``v`` only for symmetric models)."""
     out: Dict[str, Tensor] = {}
     symmetric = model is not None and model.rpc_cfg["token_mixing"] == "sym"
-    for key, value in state_dict.items():
+    for key, value in _unwrap_state_dict(state_dict).items():
         key = key.replace("pos_embeder.", "pos_embed.")
         if key.startswith("cls_attn_blocks.") and ".attn.qkv." in key:
             head, kind = key.split(".attn.qkv.")
@@ -626,19 +643,10 @@ def checkpoint_filter_fn(state_dict: Dict[str, Tensor], model: Optional[nn.Modul
 
 
 def _create(variant: str, pretrained: bool = False, **kwargs: Any) -> FAN:
-    if pretrained:
-        raise ValueError(
-            f"{variant}: no pretrained weights are bundled; build the model and load the authors' FAN "
-            f"checkpoint with rpc_attention.models.fan.load_fan_checkpoint(model, path)")
-    kwargs.pop("cache_dir", None)
-    out_indices = kwargs.pop("out_indices", 3)
-    model = build_model_with_cfg(
-        FAN, variant, pretrained=False, pretrained_filter_fn=checkpoint_filter_fn,
-        feature_cfg=dict(out_indices=out_indices, feature_cls="getter"), **kwargs)
-    # with features_only, timm wraps the model: the wrapper has no rpc_cfg and is left as it is
-    if isinstance(model, FAN) and isinstance(getattr(model, "pretrained_cfg", None), dict):
-        model.pretrained_cfg = dict(model.pretrained_cfg, rpc_cfg=model.rpc_cfg)
-    return model
+    """Build through timm's factory: ``features_only``, ``pretrained_cfg_overlay`` and ``pretrained=True``
+    with a local file (``pretrained_cfg_overlay=dict(file=...)``, read by :func:`checkpoint_filter_fn`)."""
+    return build_timm_model(FAN, variant, pretrained, cfg_attrs=("rpc_cfg",),
+                            pretrained_filter_fn=checkpoint_filter_fn, **kwargs)
 
 
 _TINY = dict(patch_size=16, embed_dim=192, depth=12, num_heads=4)
