@@ -80,6 +80,8 @@ def test_every_preset_resolves_and_builds(name):
     import timm
     import torch
 
+    import rpc_attention.models  # noqa: F401  (registers the models; run alone, nothing else did)
+
     cfg = resolve_config(name)
     assert cfg["task"] == "classification" and cfg["model"]["name"]
     kw = dict(cfg["model"]["kwargs"])
