@@ -37,6 +37,17 @@ TABLES: Dict[str, Dict[str, Any]] = {
         ("imagenet-a", "top1", "ImageNet-A top-1 (%)", True, None),
         ("imagenet-r", "top1", "ImageNet-R top-1 (%)", True, None),
     ]},
+    "fan": {"title": "FAN: RPC-FAN (4iter/layer1) vs the symmetric FAN (asymmetric FAN for reference)",
+            "paper_scale": "ImageNet-scale", "columns": [
+        ("clean", "top1", "clean top-1 (%)", True, "fan_clean"),
+        ("clean", "top5", "clean top-5 (%)", True, None),
+        ("fgsm", "mean_top1", "FGSM top-1, mean over eps (%)", True, None),
+        ("pgd", "mean_top1", "PGD top-1, mean over eps (%)", True, None),
+        ("corruptions", "mCE", "mCE, SymFAN = 100 (lower better)", False, "fan_mce"),
+        ("corruptions", "mean_corruption_error", "corruption error (%, lower better)", False, None),
+        ("imagenet-a", "top1", "ImageNet-A top-1 (%)", True, "fan_imagenet_a"),
+        ("imagenet-r", "top1", "ImageNet-R top-1 (%)", True, "fan_imagenet_r"),
+    ]},
     "scaled": {"title": "Scaled Attention vs the asymmetric softmax baseline", "columns": [
         ("clean", "top1", "clean top-1 (%)", True, None),
         ("clean", "top5", "clean top-5 (%)", True, None),

@@ -32,7 +32,7 @@ class ModelSpec:
     label: str                  # as printed in tables ("RPC-SymViT 6iter/layer1")
     preset: str                 # trainer preset (src/rpc_attention/presets/<preset>.yaml)
     overrides: List[str] = field(default_factory=list)   # trainer --set overrides
-    family: str = "vision"      # vision | lm | seg | scaled
+    family: str = "vision"      # vision | fan | lm | seg | scaled
     role: str = "baseline"      # baseline | rpc | variant
     seeds: List[int] = field(default_factory=lambda: [0])
     train_samples: int = 0      # samples seen in training (for the time estimate)
@@ -58,7 +58,7 @@ class EvalSpec:
 class ClaimSpec:
     id: str                 # key into rpc_attention.report.paper.PAPER_ROWS, or our own id
     title: str              # one line, what the paper claims
-    table: str              # the task table it belongs to: vision | lm | seg | scaled
+    table: str              # the task table it belongs to: vision | fan | lm | seg | scaled
     suite: str
     metric: str             # key of the suite's "metrics"
     baseline: str           # model key
@@ -197,8 +197,42 @@ def _lm_claims() -> List[ClaimSpec]:
     ]
 
 
+# --------------------------------------------------------------------------------------------- FAN
+FAN_CLAIMS = [
+    ("fan_clean", "RPC-FAN (4 iters, layer 1) raises clean top-1 over the symmetric FAN", "clean", "top1", True),
+    ("fan_mce", "RPC-FAN lowers the corruption error (mCE relative to SymFAN)", "corruptions", "mCE", False),
+    ("fan_imagenet_a", "RPC-FAN is more accurate on ImageNet-A", "imagenet-a", "top1", True),
+    ("fan_imagenet_r", "RPC-FAN is more accurate on ImageNet-R", "imagenet-r", "top1", True),
+]
+
+
+def _fan_models(s: Dict[str, Any], seeds: List[int], common: List[str], samples: int, depth: int) -> List[ModelSpec]:
+    """FAN (asymmetric, for reference), SymFAN (the RPC paper's FAN baseline) and RPC-FAN 4iter/layer1."""
+    ov = list(common) + list(s.get("fan_overrides") or [])
+    return [
+        ModelSpec("fan", "FAN (asymmetric)", s["preset_fan"], ov, "fan", "variant", seeds, samples, 1.5),
+        ModelSpec("symfan", "SymFAN", s["preset_symfan"], ov, "fan", "baseline", seeds, samples, 1.5),
+        ModelSpec("rpc_fan", "RPC-FAN 4iter/layer1", s["preset_rpc_fan"], ov, "fan", "rpc", seeds, samples,
+                  1.5 * E.pap_factor(4, 1, depth)),
+    ]
+
+
+def _add_fan(st: "Study", models: List[ModelSpec], evals: List[EvalSpec]) -> None:
+    """Append the FAN comparison to a study: its models, its evaluations (corruption errors normalised
+    by SymFAN) and the paper's FAN claims for the suites it runs."""
+    st.models.extend(models)
+    for ev in evals:
+        if ev.suite == "corruptions":
+            ev.baseline_model = "symfan"
+    st.evals.extend(evals)
+    suites = {ev.suite for ev in evals}
+    st.claims += [ClaimSpec(cid, title, "fan", suite, metric, "symfan", "rpc_fan", higher, 1.0)
+                  for cid, title, suite, metric, higher in FAN_CLAIMS if suite in suites]
+
+
 # ------------------------------------------------------------------------------------------ fmnist
-def _fmnist_models(s: Dict[str, Any], seeds: List[int]) -> List[ModelSpec]:
+def _fmnist_common(s: Dict[str, Any]) -> tuple:
+    """Trainer overrides of the shortened schedules (without the model overrides) and the samples seen."""
     # Shortened schedules through the trainer's own keys: the cosine schedule spans `epochs` of
     # `train_subset` images, so a short run still decays its learning rate.
     epochs, bs, subset = int(s["epochs"]), int(s["batch_size"]), int(s.get("train_subset") or 0)
@@ -209,8 +243,12 @@ def _fmnist_models(s: Dict[str, Any], seeds: List[int]) -> List[ModelSpec]:
         common.append(f"data.val_size={int(s['val_size'])}")
     if s.get("test_subset"):
         common.append(f"data.test_subset={int(s['test_subset'])}")
+    return common, epochs * (subset or (60000 - int(s.get("val_size") or 0)))
+
+
+def _fmnist_models(s: Dict[str, Any], seeds: List[int]) -> List[ModelSpec]:
+    common, samples = _fmnist_common(s)
     common += list(s.get("train_overrides") or [])
-    samples = epochs * (subset or (60000 - int(s.get("val_size") or 0)))
     cb = ["jproj"] if s.get("jproj_history") else []
     return [
         ModelSpec("symvit", "SymViT", s["preset_symvit"], common, "vision", "baseline", seeds, samples, 1.0,
@@ -346,6 +384,8 @@ FULL_DEFAULTS: Dict[str, Any] = dict(QUICK_DEFAULTS, **{
     "preset_scaled": "fmnist-scaled-s", "preset_scaled_alpha": "fmnist-scaled-alpha",
     "preset_asym": "fmnist-vit", "preset_seg": "seg-fmnist-symvit", "preset_seg_rpc": "seg-fmnist-rpc-symvit",
     "seg_epochs": 8, "seg_overrides": [], "seg_limit": 500, "seg_corruption_limit": 100,
+    "preset_fan": "fmnist-fan", "preset_symfan": "fmnist-symfan", "preset_rpc_fan": "fmnist-rpc-fan",
+    "fan_depth": 3, "fan_overrides": [],
 })
 
 
@@ -353,7 +393,8 @@ def fmnist_full(settings: Optional[Sequence[str]] = None) -> Study:
     s = parse_settings(settings, FULL_DEFAULTS, "fmnist-full")
     st = _fmnist_study("fmnist-full", s, "Fashion-MNIST, several seeds per model (mean +- std): every attack "
                        "including AutoAttack and Square, all 15 corruptions, OOD, Scaled Attention S/alpha vs "
-                       "the asymmetric baseline, segmentation on the composed Fashion-MNIST scenes, LM. "
+                       "the asymmetric baseline, segmentation on the composed Fashion-MNIST scenes, LM, and RPC-FAN vs "
+                       "SymFAN (FAN for reference) on clean/FGSM/PGD/corruptions. "
                        "Hours on CPU; minutes on one GPU.",
                        suites=("clean", "fgsm", "pgd", "corruptions", "ood", "sparse", "noise", "sld", "spsa",
                                "cw", "autoattack", "square"))
@@ -391,6 +432,9 @@ def fmnist_full(settings: Optional[Sequence[str]] = None) -> Study:
         ClaimSpec("seg_corrupt_miou", "RPC raises mIoU on corrupted scenes", "seg", "seg-corruptions",
                   "corrupted_miou", "seg_symvit", "seg_rpc"),
     ]
+    fan_common, fan_samples = _fmnist_common(s)
+    fan = _fan_models(s, seeds, fan_common, fan_samples, int(s["fan_depth"]))
+    _add_fan(st, fan, _vision_evals(s, [m.key for m in fan], ("clean", "fgsm", "pgd", "corruptions")))
     return st
 
 
@@ -428,6 +472,8 @@ IMAGENET_DEFAULTS: Dict[str, Any] = {
     "preset_symvit": "imagenet-symvit-tiny", "preset_rpc6": "imagenet-rpc-symvit-tiny-6iter-layer1",
     "preset_rpc2all": "imagenet-rpc-symvit-tiny-2iter-all", "train_overrides": [], "eval_limit": 0,
     "attack_limit": 0, "strong_attack_limit": 1000,
+    "preset_fan": "imagenet-fan-tiny", "preset_symfan": "imagenet-symfan-tiny", "preset_rpc_fan": "imagenet-rpc-fan-tiny",
+    "fan_overrides": [],
 }
 
 
@@ -478,9 +524,17 @@ def imagenet(settings: Optional[Sequence[str]] = None) -> Study:
         ("square", "RPC (6 iters, layer 1) is more accurate under the Square attack", "square", "top1@1/255", "rpc6", True, 1.0),
     ])
     st = Study("imagenet", "The paper's ImageNet-1K configuration (SPEC 4-5): SymViT-tiny vs RPC-SymViT-tiny, "
-               "300 epochs of the DeiT recipe. For GPU clusters: run the train stages one by one under torchrun "
+               "300 epochs of the DeiT recipe, and FAN-tiny / SymFAN-tiny vs RPC-FAN-tiny 4iter/layer1 with the "
+               "FAN authors' recipe. For GPU clusters: run the train stages one by one under torchrun "
                "(docs/reproduce.md).", models, evals,
                [{"model": "symvit", "sets": []}], None, claims, s, device=str(s["device"]))
+    fan_common = [f"data.root={root}"] + list(s["fan_overrides"])
+    fan = _fan_models(s, seeds, fan_common, samples, 12)
+    fan_keys = [m.key for m in fan]
+    fan_evals = [copy.deepcopy(ev) for ev in evals if ev.suite not in ("autoattack", "square")]
+    for ev in fan_evals:
+        ev.models = fan_keys
+    _add_fan(st, fan, fan_evals)
     return st
 
 
