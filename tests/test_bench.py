@@ -20,7 +20,7 @@ def rand(*shape, seed=0, dtype=torch.float64):
 
 
 def ref_pap_single(k, v, n_iter, lambd=4.0):
-    """SPEC section 3 line by line for one (batch, head) slice, float64."""
+    """docs/method.md#the-loop line by line for one (batch, head) slice, float64."""
     n, d = k.shape
     C = k.shape[-1] * HEADS
     mu = n * C / (4 * k.abs().sum())

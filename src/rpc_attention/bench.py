@@ -64,7 +64,7 @@ __all__ = ["official_pap", "OpShape", "Config", "config", "run_suite", "to_markd
 
 
 # ---------------------------------------------------------------------------------------------
-# The official formulation (reference for speed and memory, written from SPEC section 3)
+# The official formulation (reference for speed and memory, written from docs/method.md#the-loop)
 # ---------------------------------------------------------------------------------------------
 
 def official_pap(k, v, n_iter: int = 6, lambd: float = 4.0, is_causal: bool = False,

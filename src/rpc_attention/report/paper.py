@@ -1,4 +1,4 @@
-"""The paper's published numbers (SPEC section 7): Teo & Nguyen, NeurIPS 2024, ViT-tiny unless noted.
+"""The paper's published numbers (docs/method.md#published-numbers): Teo & Nguyen, NeurIPS 2024, ViT-tiny unless noted.
 
 They are ImageNet-1K / WikiText-103 / ADE20K numbers: our studies run on much smaller data sets, so
 they are shown next to ours for the *direction* of each effect only, never as comparable values.

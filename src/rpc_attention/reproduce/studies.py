@@ -523,7 +523,7 @@ def imagenet(settings: Optional[Sequence[str]] = None) -> Study:
         ("autoattack", "RPC (6 iters, layer 1) is more accurate under AutoAttack", "autoattack", "top1@1/255", "rpc6", True, 1.0),
         ("square", "RPC (6 iters, layer 1) is more accurate under the Square attack", "square", "top1@1/255", "rpc6", True, 1.0),
     ])
-    st = Study("imagenet", "The paper's ImageNet-1K configuration (SPEC 4-5): SymViT-tiny vs RPC-SymViT-tiny, "
+    st = Study("imagenet", "The paper's ImageNet-1K configuration (docs/method.md#model-families, #training-recipes): SymViT-tiny vs RPC-SymViT-tiny, "
                "300 epochs of the DeiT recipe, and FAN-tiny / SymFAN-tiny vs RPC-FAN-tiny 4iter/layer1 with the "
                "FAN authors' recipe. For GPU clusters: run the train stages one by one under torchrun "
                "(docs/reproduce.md).", models, evals,
@@ -555,7 +555,7 @@ def wikitext103(settings: Optional[Sequence[str]] = None) -> Study:
                         "rpc", seeds, 500_000 * 96 * 256, E.pap_factor(4, 4, 16))]
     keys = [m.key for m in models]
     evals = [EvalSpec("ppl", keys, [], None), EvalSpec("wordswap", keys, [], None)]
-    return Study("wikitext103", "The paper's WikiText-103 language-modelling configuration (SPEC 4-5): Symlm vs "
+    return Study("wikitext103", "The paper's WikiText-103 language-modelling configuration (docs/method.md#model-families, #training-recipes): Symlm vs "
                  "RPC-Symlm, 500k steps. For GPU clusters (docs/reproduce.md).", models, evals, [], None,
                  _lm_claims(), s, device=str(s["device"]))
 
