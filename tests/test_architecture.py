@@ -141,7 +141,7 @@ def _run(code: str) -> str:
 
 
 def test_registries_are_filled_by_explicit_imports():
-    """Tasks and suites come from the listed built-in modules; the jproj callback from importing kpca
+    """Tasks and suites come from the listed built-in modules; the jproj and sparsity callbacks from importing kpca
     (its owner); the CLI lists its commands. A trainer config naming jproj without kpca says how to fix it."""
     out = _run(
         "from rpc_attention.train import callbacks, tasks\n"
@@ -156,7 +156,7 @@ def test_registries_are_filled_by_explicit_imports():
     assert lines[0] == "['classification', 'lm', 'segmentation']"
     assert lines[1] == "True"
     assert "unknown callback 'jproj'" in lines[2] and "import rpc_attention.kpca" in lines[2]
-    assert lines[3] == "['jproj']"
+    assert lines[3] == "['jproj', 'sparsity']"
     assert lines[4] == str(["analyze", "bench", "compare", "eval", "eval-external", "generate", "pap-demo", "presets",
                             "reproduce", "train"])
 

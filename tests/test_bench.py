@@ -20,7 +20,7 @@ def rand(*shape, seed=0, dtype=torch.float64):
 
 
 def ref_pap_single(k, v, n_iter, lambd=4.0):
-    """SPEC section 3 line by line for one (batch, head) slice, float64."""
+    """docs/method.md#the-loop line by line for one (batch, head) slice, float64."""
     n, d = k.shape
     C = k.shape[-1] * HEADS
     mu = n * C / (4 * k.abs().sum())
@@ -109,6 +109,8 @@ def _tiny_config():
     cfg.models = ("symvit", "rpc6_layer1")
     cfg.vision_kwargs = dict(embed_dim=16, depth=1, num_heads=2)
     cfg.img_size = 16
+    cfg.fans = ("fan", "rpc_fan")
+    cfg.fan_kwargs = dict(embed_dim=16, depth=1, num_heads=4, patch_size=8)
     cfg.lms = ("symlm",)
     cfg.lm_kwargs = dict(n_layer=1, d_model=16, n_head=2, d_inner=16)
     cfg.lm_context = 8
@@ -142,8 +144,13 @@ def test_suite_machinery_writes_tables_and_json(tmp_path):
     assert all(r["train"]["median"] > 0 and r["infer_throughput"] > 0 for r in vision["rows"])
     assert "train_vs_base" in vision["rows"][1]["ratios"]
     assert any(f["family"] == "lm" for f in data["models"])
+    fan = next(f for f in data["models"] if f["family"] == "fan")
+    assert fan["baseline"] == "fan" and [r["key"] for r in fan["rows"]] == ["fan", "rpc_fan"]
+    assert all("error" not in r and r["train"]["median"] > 0 for r in fan["rows"])
+    assert "train_vs_base" in fan["rows"][1]["ratios"]
     assert {t["target"].split(",")[0] for t in data["targets"]}
-    for heading in ("## Targets", "## Operator level", "### tiny: B=1", "## Model level (vision)", "| official 2 |"):
+    for heading in ("## Targets", "## Operator level", "### tiny: B=1", "## Model level (vision)", "## Model level (fan)",
+                    "| RPC-FAN-tiny 4iter/layer1 |", "| official 2 |"):
         assert heading in md
 
 

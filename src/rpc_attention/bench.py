@@ -15,7 +15,8 @@ Operator level (``(B, H, N, d)`` keys and values, forward and forward+backward):
 
 Model level: a training step (forward, cross-entropy, backward, AdamW step) and inference throughput
 for SymViT-tiny, RPC-SymViT-tiny 6iter/layer1 and 2iter/all-layer, timm's DeiT-tiny (asymmetric),
-and Symlm-small vs RPC-Symlm-small (PAP in blocks 0-3, 4 iterations).
+FAN-tiny (asymmetric, the baseline of its family), SymFAN-tiny and RPC-FAN-tiny 4iter/layer1, and
+Symlm-small vs RPC-Symlm-small (PAP in blocks 0-3, 4 iterations).
 
 Time: :class:`torch.utils.benchmark.Timer` ``blocked_autorange`` after warm-up; ``repeats`` rounds over
 all cases of a group, the median of each round recorded; tables give the median over rounds with
@@ -63,7 +64,7 @@ __all__ = ["official_pap", "OpShape", "Config", "config", "run_suite", "to_markd
 
 
 # ---------------------------------------------------------------------------------------------
-# The official formulation (reference for speed and memory, written from SPEC section 3)
+# The official formulation (reference for speed and memory, written from docs/method.md#the-loop)
 # ---------------------------------------------------------------------------------------------
 
 def official_pap(k, v, n_iter: int = 6, lambd: float = 4.0, is_causal: bool = False,
@@ -102,8 +103,10 @@ class Config:
     shapes: List[OpShape]
     models: Sequence[str] = ("symvit", "rpc6_layer1", "rpc2_all", "deit")
     lms: Sequence[str] = ("symlm", "rpc_symlm")
+    fans: Sequence[str] = ("fan", "symfan", "rpc_fan")
     img_size: int = 224
     vision_kwargs: Dict = field(default_factory=dict)
+    fan_kwargs: Dict = field(default_factory=dict)
     train_batch: int = 8
     infer_batch: int = 16
     lm_kwargs: Dict = field(default_factory=dict)
@@ -156,6 +159,7 @@ def config(name: str = "full") -> Config:
             ],
             models=("symvit", "rpc6_layer1"), lms=("symlm",), img_size=32, train_batch=2, infer_batch=2,
             vision_kwargs=dict(embed_dim=32, depth=2, num_heads=2),
+            fans=("fan", "rpc_fan"), fan_kwargs=dict(embed_dim=32, depth=2, num_heads=4, patch_size=8),
             lm_kwargs=dict(n_layer=1, d_model=16, n_head=2, d_inner=32), lm_batch=2, lm_context=16,
             repeats=1, min_run_time=0.01, model_min_run_time=0.01, memory=True,
         )
@@ -515,6 +519,23 @@ def _build_vision(key: str, cfg: Config, device: torch.device):
     return label, model
 
 
+_FAN = {
+    "fan": ("FAN-tiny (asymmetric)", "fan_tiny_12_p16_224"),
+    "symfan": ("SymFAN-tiny", "symfan_tiny_12_p16_224"),
+    "rpc_fan": ("RPC-FAN-tiny 4iter/layer1", "rpc_fan_tiny_12_p16_224"),
+}
+
+
+def _build_fan(key: str, cfg: Config, device: torch.device):
+    import timm
+
+    from . import models  # noqa: F401  (registers the FAN family)
+
+    label, name = _FAN[key]
+    model = timm.create_model(name, pretrained=False, num_classes=1000, img_size=cfg.img_size, **cfg.fan_kwargs)
+    return label, model.to(device)
+
+
 def _build_lm(key: str, cfg: Config, device: torch.device):
     from .models.lm import build_lm
 
@@ -575,21 +596,22 @@ def _lm_steps(model, cfg: Config, device: torch.device):
 
 def bench_models(cfg: Config, device: torch.device, progress: bool = True) -> List[dict]:
     families = []
-    vision = [("vision", k) for k in cfg.models]
-    lms = [("lm", k) for k in cfg.lms]
-    for family, items, unit, base_key in (("vision", vision, "images", "symvit"), ("lm", lms, "tokens", "symlm")):
-        if not items:
+    plan = (("vision", cfg.models, "images", "symvit", _build_vision, _vision_steps),
+            ("fan", cfg.fans, "images", "fan", _build_fan, _vision_steps),
+            ("lm", cfg.lms, "tokens", "symlm", _build_lm, _lm_steps))
+    for family, keys, unit, base_key, build, steps in plan:
+        if not keys:
             continue
         rows = []
         note = None
-        for fam, key in items:
+        for key in keys:
             try:
-                label, model = (_build_vision if fam == "vision" else _build_lm)(key, cfg, device)
+                label, model = build(key, cfg, device)
             except (ImportError, KeyError, RuntimeError, ValueError) as exc:
                 note = f"{key} skipped: {type(exc).__name__}: {str(exc).splitlines()[0][:160]}"
                 _progress(f"[bench] {note}", progress)
                 continue
-            train, infer, n_train, n_infer = (_vision_steps if fam == "vision" else _lm_steps)(model, cfg, device)
+            train, infer, n_train, n_infer = steps(model, cfg, device)
             row = {"key": key, "model": label, "unit": unit, "train_batch_items": n_train,
                    "infer_batch_items": n_infer, "train_times": [], "infer_times": [],
                    "params": sum(p.numel() for p in model.parameters())}

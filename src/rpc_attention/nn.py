@@ -282,7 +282,7 @@ class RPCAttention(SymmetricAttention):
 
 
 class ScaledAttention(_AttentionBase):
-    """Scaled Attention (SPEC section 2): asymmetric attention with a re-parameterised value matrix.
+    """Scaled Attention (docs/method.md#scaled-attention): asymmetric attention with a re-parameterised value matrix.
 
     ``mode="s"``: ``softmax(s Q K^T) (I - S) V`` with ``S`` a learnable (heads, N, N) matrix,
     initialised to 0, so ``num_tokens`` (N) is required and fixed. ``mode="alpha"``:

@@ -41,7 +41,7 @@ OPTION_CASES = [
 @pytest.mark.parametrize("kw", OPTION_CASES)
 def test_fused_and_checkpointed_gradients_match_autograd_formulation(kw):
     """The fused path's hand-written backward (and its checkpointed variant) against plain autograd
-    through the SPEC loop (return_state=True takes that path), values and gradients, float64."""
+    through the definition (pap_loop) (return_state=True takes that path), values and gradients, float64."""
     k, v = rand(2, 3, 9, 4, seed=6) * 2, rand(2, 3, 9, 4, seed=7)
     ref = _out_and_grads(lambda a, b: RF.pap_attention(a, b, return_state=True, **kw), k, v)
     for ckpt in (False, True):

@@ -6,7 +6,7 @@ import pytest
 import timm
 import torch
 
-import rpc_attention.models  # noqa: F401  (registers our models in timm)
+import rpc_attention.models  # noqa: F401  (registers the timm models)
 from rpc_attention import nn as rnn
 from rpc_attention.cli import main
 from rpc_attention.kpca import metrics as M

@@ -10,7 +10,9 @@ from rpc_attention.reproduce import StageSkipped, get_study, make_pipeline
 from rpc_attention.reproduce.pipeline import atomic_write_json, atomic_write_text
 from rpc_attention.reproduce.studies import build_stages
 
-BASE = {"symvit": 80.0, "rpc6": 82.0, "rpc2all": 81.0, "symlm": 50.0, "rpc_symlm": 48.0}
+BASE = {"symvit": 80.0, "rpc6": 82.0, "rpc2all": 81.0, "rpc_pcp": 79.0, "symlm": 50.0, "rpc_symlm": 48.0}
+# S activity the fake training records: share of non-zero S entries per RPC model (0: S never fired)
+FRAC = {"rpc6": 0.0, "rpc2all": 0.0, "rpc_pcp": 0.12, "rpc_symlm": 0.4}
 
 
 def _num(run):
@@ -27,6 +29,16 @@ def fake_train(ctx):
     lines += [json.dumps({"step": 40, "split": "test", "final": True, "acc1": 72.0, "loss": 0.9})]
     atomic_write_text(rd / "metrics.jsonl", "\n".join(lines) + "\n")
     atomic_write_text(rd / "model.safetensors", "fake")
+    key = run.rsplit("-s", 1)[0]
+    if key in FRAC:  # what the sparsity callback puts into final_metrics.json
+        block = {"layer": "blocks.0.attn", "block": 0, "causal": key == "rpc_symlm", "n_iter": 6, "lambd": 4.0,
+                 "threshold": "lambda_mu", "mu_mode": None, "model_dim": 96, "tokens": 3400,
+                 "frac_nonzero": FRAC[key], "frac_rows_nonzero": min(1.0, 5 * FRAC[key]), "s_over_k": FRAC[key],
+                 "tau_mean": 23.6, "tau_max": 30.0, "abs_k_median": 0.2, "abs_k_p99": 1.0, "abs_k_max": 1.59,
+                 "verdict": "fired" if FRAC[key] else "acted as iterated attention"}
+        atomic_write_json(rd / "final_metrics.json", {"step": 40, "acc1": 72.0, "sparsity": {
+            "epoch": 2, "probe": {"split": "val", "examples": 200, "task": "classification"}, "blocks": [block],
+            "verdict": block["verdict"]}})
     return {"outputs": {"run_dir": str(rd)}}
 
 
@@ -54,6 +66,11 @@ def fake_eval(ctx):
             metrics["mCE"] = 100 * (100 - base + 3) / (100 - BASE["symvit"] - 0.3 * seed + 3)
     elif suite == "ood":
         metrics = {"AUPR": base - 40, "AUROC": 90.0}
+    elif suite == "sparse":
+        rows = [{"corruption": "none (clean)", "level": "-", "top1": base},
+                {"corruption": "salt-and-pepper", "level": "5% of pixels", "top1": base - 20},
+                {"corruption": "key corruption", "level": "5% of block-1 keys, +-5 std", "top1": base - 30}]
+        metrics = {"top1_clean": base, "mean_top1": base - 25}
     elif suite == "ppl":
         metrics = {"test_ppl_sliding": base, "valid_ppl_sliding": base + 1}
     elif suite == "wordswap":
@@ -136,6 +153,21 @@ def check_report_files_and_tables(study_dir):
     assert "Verdicts are computed from the numbers by fixed rules" in md
     # KPCA table shows chance baselines
     assert "(chance 0.180)" in md
+    # S activity of every RPC model (vision and LM) with the rule's verdict; SymViT has none
+    sp = res["sparsity"]
+    assert set(sp["models"]) == {"rpc6", "rpc2all", "rpc_pcp", "rpc_symlm"}
+    assert sp["models"]["rpc6"]["verdict"] == "acted as iterated attention"
+    assert sp["models"]["rpc_pcp"]["verdict"] == "fired" and sp["models"]["rpc_symlm"]["verdict"] == "fired"
+    section = md[md.index("## PAP's sparse step: did it fire?"):].split("\n## ")[0]
+    assert "*fired* when the share of non-zero entries of S" in section
+    assert "| RPC-SymViT 6iter/layer1, PCP-active | rpc_pcp-s1 | 0 | lambda_mu λ=4 | 200 val | 12 |" in section
+    assert "- **RPC-SymViT 6iter/layer1**: acted as iterated attention." in section
+    assert "- **RPC-Symlm**: fired." in section
+    # the sparse-corruption table, every vision model; the PCP-active model's verdict rows vs SymViT
+    assert "**Sparse corruption**" in md and "| key corruption: 5% of block-1 keys, +-5 std | 50.15 ± 0.21 |" in md
+    assert claims["sparse_pcp"]["rpc"] == "rpc_pcp" and claims["sparse_pcp"]["baseline"] == "symvit"
+    assert claims["clean_pcp"]["verdict"] == "not reproduced"  # 79 < 80
+    assert claims["clean_pcp"]["paper"] == claims["clean"]["paper"] is not None
 
 
 def check_figures_are_pngs_and_html_inlines_them(study_dir):

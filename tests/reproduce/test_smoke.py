@@ -26,19 +26,31 @@ def check_report(smoke_dir):
     names = [s["name"] for s in stages]
     assert {"train.symvit-s0", "train.rpc6-s0", "train.rpc2all-s0", "train.symlm-s0", "train.rpc_symlm-s0",
             "eval.rpc6-s0.pgd", "eval.rpc2all-s0.corruptions", "eval.symlm-s0.wordswap", "analyze.symvit-s0",
+            "train.rpc_pcp-s0", "eval.rpc_pcp-s0.pgd", "eval.symvit-s0.sparse", "eval.rpc_pcp-s0.sparse",
             "report"} <= set(names)
     for n in names:
         assert (smoke_dir / "stages" / f"{n}.done.json").exists(), n
     res = json.loads((smoke_dir / "results.json").read_text())
     claims = {c["id"]: c for c in res["claims"]}
-    assert set(claims) == {"clean", "fgsm", "pgd", "mce", "ood_aupr", "lm_ppl", "lm_wordswap"}
+    assert set(claims) == {"clean", "fgsm", "pgd", "mce", "ood_aupr", "sparse", "lm_ppl", "lm_wordswap",
+                           "clean_pcp", "fgsm_pcp", "mce_pcp", "ood_aupr_pcp", "sparse_pcp"}
     for c in claims.values():  # every claim measured; one seed -> never "reproduced"
         assert c["verdict"] in ("inconclusive at this scale", "not reproduced"), c
         assert c["baseline_values"] and c["rpc_values"]
     assert claims["mce"]["baseline_values"] == [100.0]   # normalised by SymViT's own errors
+    # every RPC model's training recorded its S activity; the PCP-active threshold makes S non-zero
+    sp = res["sparsity"]["models"]
+    assert set(sp) == {"rpc6", "rpc2all", "rpc_pcp", "rpc_symlm"}
+    for key, m in sp.items():
+        (run,) = m["runs"].values()
+        assert run["blocks"] and m["verdict"] in ("fired", "acted as iterated attention"), key
+    assert sp["rpc_pcp"]["verdict"] == "fired"
+    assert all(b["causal"] for b in sp["rpc_symlm"]["runs"]["rpc_symlm-s0"]["blocks"])
     md = (smoke_dir / "report.md").read_text()
+    assert "**Sparse corruption**" in md
     for heading in ("## Verdicts", "## Setup", "### Time per stage", "## Image classification and robustness",
-                    "## Language modelling", "## Kernel-PCA analysis", "## Verdict rules"):
+                    "## Language modelling", "## Kernel-PCA analysis", "## PAP's sparse step: did it fire?",
+                    "## Verdict rules"):
         assert heading in md
     figs = [f["path"] for f in res["figures"] if f.get("path")]
     assert "figures/attack_curves.png" in figs and "figures/jproj_symvit-s0.png" in figs
@@ -53,9 +65,9 @@ def check_rerun_does_nothing(smoke_dir, capsys):
     captured = capsys.readouterr()  # the pipeline logs its progress (stderr); the summary is output
     assert "> " not in "\n".join(l[:2] for l in captured.err.splitlines())   # no stage started
     assert "= report: done earlier" in captured.err
-    assert "26 cached" in captured.out
+    assert "36 cached" in captured.out
     assert main(["reproduce", "--study", "smoke", "--out", str(smoke_dir), "--dry-run"]) == 0
-    assert "0 of 26 stages to run" in capsys.readouterr().out
+    assert "0 of 36 stages to run" in capsys.readouterr().out
 
 
 def check_interrupted_training_resumes_from_checkpoint(smoke_dir, capsys):

@@ -9,7 +9,7 @@ FMNIST = ["fmnist-symvit", "fmnist-rpc-symvit", "fmnist-rpc-symvit-all", "fmnist
           "fmnist-vit"]
 IMAGENET = ["imagenet-symvit-tiny", "imagenet-rpc-symvit-tiny-6iter-layer1", "imagenet-rpc-symvit-tiny-4iter-layer1",
             "imagenet-rpc-symvit-tiny-2iter-all", "imagenet-rpc-symvit-base-2iter-all", "imagenet-scaled-s",
-            "imagenet-scaled-alpha"]
+            "imagenet-scaled-alpha", "imagenet-fan-tiny", "imagenet-symfan-tiny", "imagenet-rpc-fan-tiny"]
 
 
 def _err(capsys):
@@ -80,6 +80,8 @@ def test_every_preset_resolves_and_builds(name):
     import timm
     import torch
 
+    import rpc_attention.models  # noqa: F401  (registers the models; run alone, nothing else did)
+
     cfg = resolve_config(name)
     assert cfg["task"] == "classification" and cfg["model"]["name"]
     kw = dict(cfg["model"]["kwargs"])
@@ -103,3 +105,17 @@ def test_preset_rpc_settings():
     c = resolve_config("imagenet-rpc-symvit-base-2iter-all")
     assert c["optim"]["clip_grad"] == 1.0 and c["model"]["name"] == "rpc_symvit_base_patch16_224"
     assert [n for n, _ in list_presets()] == sorted(n for n, _ in list_presets())
+
+
+def test_fan_presets_follow_the_authors():
+    k = resolve_config("fmnist-rpc-fan")["model"]["kwargs"]
+    assert (k["rpc_layers"], k["n_iter"], k["lambd"], k["patch_size"]) == ([0], 4, 4.0, 4)
+    assert "rpc_layers" not in resolve_config("fmnist-symfan")["model"]["kwargs"]
+    for name in ("imagenet-fan-tiny", "imagenet-symfan-tiny", "imagenet-rpc-fan-tiny"):
+        c = resolve_config(name)
+        assert (c["optim"]["lr"], c["optim"]["lr_scale_batch"], c["optim"]["weight_decay"]) == (2e-3, None, 0.05)
+        assert c["train"]["ema"] == {"enabled": True, "decay": 0.99992}
+        assert c["train"]["mixup"]["cutmix"] == 1.0 and c["train"]["mixup"]["label_smoothing"] == 0.1
+        assert c["data"]["augment"]["reprob"] == 0.25 and c["model"]["kwargs"]["drop_path_rate"] == 0.0
+    k = resolve_config("imagenet-rpc-fan-tiny")["model"]["kwargs"]
+    assert (k["rpc_layers"], k["n_iter"], k["lambd"]) == ([0], 4, 4.0)

@@ -6,7 +6,7 @@ import argparse
 
 from ..kpca.options import add_analysis_arguments
 
-HELP = "Kernel-PCA analysis (J_proj, Gram eigenvectors, value alignment, PAP sparse part) of a model"
+HELP = "Kernel-PCA analysis (J_proj, Gram eigenvectors, value alignment, PAP sparse-step activity) of a model"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -87,6 +87,13 @@ def run(args: argparse.Namespace) -> int:
         row = {k: (mo.get(k) or {}).get("mean") for k in ("optimal_cosine", "linear_cka", "rbf_cka", "jproj", "phi2", "h2")}
         print(f"[{proto}] " + ", ".join(f"{k}={v:.4g}" if v is not None else f"{k}=n/a" for k, v in row.items()))
     print(f"chance: {json.dumps({k: {m: round(v[m]['mean'], 4) for m in v} for k, v in result['chance'].items()})}")
+    from ..kpca.sparsity import sparsity_summary
+
+    sp = result.get("sparsity") or {}
+    if sp.get("blocks"):
+        print(f"PAP sparse step ({sp['probe'].get('examples')} {sp['probe'].get('split')} examples): {sp['verdict']}")
+        for line in sparsity_summary(sp):
+            print("  " + line)
     if result["failures"]:
         print(f"{len(result['failures'])} failure(s) recorded in kpca.json")
     print(f"wrote {args.out}/kpca.json, summary.md and {len(result.get('figures', []))} figure(s) "

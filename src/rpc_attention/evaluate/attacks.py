@@ -1,6 +1,6 @@
 """Adversarial attacks in two input spaces, on any classifier ``nn.Module``.
 
-Spaces (SPEC section 6):
+Spaces (docs/method.md#adversarial-attacks):
 
 * ``pixel`` (default, correct): the model is wrapped with its normalisation
   (:class:`~rpc_attention.evaluate.common.Normalized`), inputs live in ``[0, 1]`` and adversarial

@@ -1,4 +1,4 @@
-"""Clean accuracy and adversarial-attack suites for image classifiers (SPEC section 6).
+"""Clean accuracy and adversarial-attack suites for image classifiers (docs/method.md#adversarial-attacks).
 
 Suites: ``clean`` (top-1/top-5), ``fgsm``, ``pgd``, ``spsa``, ``sld``, ``cw``, ``noise``,
 ``autoattack``, ``square``.  Every attack suite takes ``space=pixel|official`` (see

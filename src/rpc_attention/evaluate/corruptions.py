@@ -1,4 +1,4 @@
-"""Common-corruption robustness: 15 ImageNet-C corruptions x 5 severities, and mCE (SPEC section 6).
+"""Common-corruption robustness: 15 ImageNet-C corruptions x 5 severities, and mCE (docs/method.md#common-corruptions-and-mce).
 
 Images are corrupted on the fly with ``imagecorruptions`` (through
 :mod:`rpc_attention.evaluate._imagecorruptions_compat`), or read from an ImageNet-C directory tree

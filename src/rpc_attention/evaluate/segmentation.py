@@ -1,6 +1,6 @@
 """Segmentation metrics and the evaluation suites ``seg`` and ``seg-corruptions``.
 
-Metrics (SPEC section 6) come from one confusion matrix ``cm[gt, pred]`` accumulated over the whole
+Metrics (docs/method.md#segmentation-metrics) come from one confusion matrix ``cm[gt, pred]`` accumulated over the whole
 split (pixels labelled 255 are ignored):
 
 - pixel accuracy ``sum_c cm[c, c] / sum cm``;

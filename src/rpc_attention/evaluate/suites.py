@@ -84,7 +84,7 @@ def _register_builtin_suites() -> None:
     if _BUILTINS_REGISTERED:
         return
     _BUILTINS_REGISTERED = True
-    from . import classification, corruptions, lm, ood, segmentation  # noqa: F401
+    from . import classification, corruptions, lm, ood, segmentation, sparse  # noqa: F401
 
 
 def list_suites(task: Optional[str] = None) -> List[str]:

@@ -8,13 +8,17 @@
 * :mod:`.sources`, :mod:`.report`, :mod:`.plots` -- probes (run / timm / HF), JSON + figures + summary.
 * :mod:`.callbacks` -- the ``jproj`` trainer callback (J_proj on a fixed probe batch every epoch),
   registered with the trainer when this package is imported.
+* :mod:`.sparsity` -- what PAP's sparse step did (S activity per PAP block on a fixed probe) and the
+  ``sparsity`` trainer callback, registered to run in every run when this package is imported.
 
 Heavy dependencies (scipy, matplotlib, transformers) are imported lazily.
 """
 
 from . import callbacks  # noqa: F401  (registers the ``jproj`` trainer callback)
+from . import sparsity  # noqa: F401  (registers the always-on ``sparsity`` trainer callback)
 from .analysis import PROTOCOLS, analyze_captures, chance_baselines, pap_stats
 from .hooks import AttentionCapture, LayerCapture, find_attention_modules
+from .sparsity import measure_sparsity, probe_sparsity
 
 __all__ = ["PROTOCOLS", "analyze_captures", "chance_baselines", "pap_stats", "AttentionCapture", "LayerCapture",
-           "find_attention_modules"]
+           "find_attention_modules", "measure_sparsity", "probe_sparsity"]

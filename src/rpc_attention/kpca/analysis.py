@@ -3,7 +3,7 @@
 :func:`analyze_captures` turns :class:`~rpc_attention.kpca.hooks.LayerCapture` records into
 per-layer and model-level statistics under one measurement protocol:
 
-* ``exact``: the definitions of SPEC section 1 on the raw q, k;
+* ``exact``: the definitions (docs/method.md#kernel-pca-view-of-attention) on the raw q, k;
 * ``paper``: q and k standardised per token over the head dim (the paper's undocumented detail),
   the probe batch fixed, J_proj also reported as the log of its mean.
 

@@ -1,4 +1,4 @@
-"""Kernel-PCA metrics of one attention layer (SPEC section 1), in float64, batched over heads.
+"""Kernel-PCA metrics of one attention layer (docs/method.md#kernel-pca-view-of-attention), in float64, batched over heads.
 
 Every function takes per-example tensors shaped ``(H, N, d)`` (heads, tokens, head dim); callers
 loop over examples (the Gram analysis is per example by definition). Conventions:
@@ -47,7 +47,7 @@ _NEG_INF = float("-inf")
 def standardize_tokens(x: Tensor, eps: float = 1e-6) -> Tensor:
     """Per-token standardisation over the head dimension: ``(x - mean) / std`` (population std).
 
-    The paper's measurement protocol (SPEC section 1) applies it to q and k inside attention.
+    The paper's measurement protocol (docs/method.md#paper-protocol-and-exact-protocol) applies it to q and k inside attention.
     """
     mean = x.mean(dim=-1, keepdim=True)
     std = x.std(dim=-1, keepdim=True, unbiased=False)

@@ -16,6 +16,7 @@ from ..markdown import markdown_table
 from .analysis import ALIGN_METRICS, analyze_captures, chance_baselines, pap_stats
 from .hooks import AttentionCapture
 from .sources import Probe
+from .sparsity import FIRED_RULE, measure_sparsity, probe_sparsity, sparsity_summary, sparsity_verdict
 
 __all__ = ["run_analysis", "load_history", "summary_markdown", "RULES"]
 
@@ -126,6 +127,10 @@ def run_analysis(
         result["failures"].append({"stage": "pap-perturbation", "error": f"{type(exc).__name__}: {exc}"})
     if pap:
         result["pap"] = pap
+    try:
+        result["sparsity"] = _sparsity(probe)
+    except Exception as exc:
+        result["failures"].append({"stage": "sparsity", "error": f"{type(exc).__name__}: {exc}"})
     if probe.run_dir is not None:
         hist = load_history(probe.run_dir)
         if hist:
@@ -142,6 +147,17 @@ def run_analysis(
     atomic_write_json(out_dir / "kpca.json", result, sort_keys=False, default=str)
     atomic_write_text(out_dir / "summary.md", summary_markdown(result))
     return result
+
+
+def _sparsity(probe: Probe) -> Dict[str, Any]:
+    """S activity of the PAP blocks: a training run's on its fixed probe (the one its training logged),
+    any other model's on the analysis probe."""
+    if probe.cfg is not None:
+        return probe_sparsity(probe.model, probe.cfg)
+    blocks = measure_sparsity(probe.model, probe.forward)
+    return {"probe": {"split": probe.description.get("split") or probe.description.get("inputs"),
+                      "examples": probe.description.get("examples")},
+            "blocks": blocks, "verdict": sparsity_verdict(blocks)}
 
 
 # ------------------------------------------------------------------ summary
@@ -303,6 +319,15 @@ def _pap_section(pap: Optional[dict]) -> List[str]:
     return ["## RPC layers: the sparse part S of PAP", "", " ".join(parts) + " Rule: " + RULES["pap"], ""]
 
 
+def _sparsity_section(sp: dict) -> List[str]:
+    if not sp.get("blocks"):
+        return []
+    probe = sp.get("probe") or {}
+    lines = [f"## PAP's sparse step: {sp['verdict']}", "",
+             f"S activity of each PAP block on {probe.get('examples')} {probe.get('split')} examples:", ""]
+    return lines + [f"- {line}" for line in sparsity_summary(sp)] + ["", "Rule: " + FIRED_RULE, ""]
+
+
 def _failures_section(failures: List[dict]) -> List[str]:
     if not failures:
         return []
@@ -334,6 +359,7 @@ def summary_markdown(result: dict) -> str:
     chance = {k: _pooled_chance(result, k) for k in ALIGN_METRICS}
     lines += _summary_table(result, chance) + [""]
     lines += _alignment_section(result, chance) + _gamma_section(result) + _jproj_section(result)
-    lines += _pap_section(result.get("pap")) + _failures_section(result.get("failures") or [])
+    lines += _pap_section(result.get("pap")) + _sparsity_section(result.get("sparsity") or {})
+    lines += _failures_section(result.get("failures") or [])
     # the prose writes norms as "||x||"; the norm sign keeps them from reading as table cells
     return ("\n".join(lines) + "\n").replace("||", "\u2016")

@@ -1,4 +1,4 @@
-"""Symlm: a compact causal word-level language model with symmetric / RPC attention (SPEC section 4).
+"""Symlm: a compact causal word-level language model with symmetric / RPC attention (docs/method.md#symlm-and-rpc-symlm).
 
 One file in the spirit of nanoGPT's ``model.py``. The architecture follows the Symlm of the paper
 (lmtool-fwp / Transformer-XL lineage, without memory): word embeddings scaled by ``sqrt(d_model)``

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any, Dict, List, Optional
 
 from .paper import PAPER_LABEL, PAPER_ROWS
+from .sparsity import collect_sparsity
 from .verdict import RULES_TEXT, verdict
 
 __all__ = ["collect_results", "setup_info", "metric_value", "TABLES"]
@@ -32,8 +33,20 @@ TABLES: Dict[str, Dict[str, Any]] = {
         ("corruptions", "mCE", "mCE, SymViT = 100 (lower better)", False, "mce"),
         ("corruptions", "mean_corruption_error", "corruption error (%, lower better)", False, None),
         ("ood", "AUPR", "OOD AUPR (%)", True, "ood_aupr"),
+        ("sparse", "mean_top1", "sparse corruption top-1, mean (%)", True, None),
         ("imagenet-a", "top1", "ImageNet-A top-1 (%)", True, None),
         ("imagenet-r", "top1", "ImageNet-R top-1 (%)", True, None),
+    ]},
+    "fan": {"title": "FAN: RPC-FAN (4iter/layer1) vs the symmetric FAN (asymmetric FAN for reference)",
+            "paper_scale": "ImageNet-scale", "columns": [
+        ("clean", "top1", "clean top-1 (%)", True, "fan_clean"),
+        ("clean", "top5", "clean top-5 (%)", True, None),
+        ("fgsm", "mean_top1", "FGSM top-1, mean over eps (%)", True, None),
+        ("pgd", "mean_top1", "PGD top-1, mean over eps (%)", True, None),
+        ("corruptions", "mCE", "mCE, SymFAN = 100 (lower better)", False, "fan_mce"),
+        ("corruptions", "mean_corruption_error", "corruption error (%, lower better)", False, None),
+        ("imagenet-a", "top1", "ImageNet-A top-1 (%)", True, "fan_imagenet_a"),
+        ("imagenet-r", "top1", "ImageNet-R top-1 (%)", True, "fan_imagenet_r"),
     ]},
     "scaled": {"title": "Scaled Attention vs the asymmetric softmax baseline", "columns": [
         ("clean", "top1", "clean top-1 (%)", True, None),
@@ -170,6 +183,7 @@ def collect_results(out_dir, study, pipeline) -> Dict[str, Any]:
     _collect_evals(res, study, status, out_dir)
     _collect_tables(res, study)
     _collect_claims(res, study)
+    res["sparsity"] = collect_sparsity(out_dir, study)  # S activity of every RPC model's runs
     _collect_analyses(res, study, status, out_dir)
     return res
 
@@ -267,7 +281,7 @@ def _collect_claims(res: Dict[str, Any], study) -> None:
             "margin": v["effect"]["margin"] if v["effect"]["margin"] is not None else c.margin,
             "relative_margin": c.relative, "baseline_values": bv, "rpc_values": rv,
             "verdict": v["verdict"], "reason": reason, "effect": v["effect"],
-            "paper": PAPER_ROWS.get(c.id),
+            "paper": PAPER_ROWS.get(getattr(c, "paper_id", None) or c.id),
         })
 
 

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any, Dict, List, Optional
 
 from ..markdown import markdown_table
+from .sparsity import render_sparse_corruption, render_sparsity
 
 __all__ = ["render_markdown", "render_html", "fmt", "format_seconds"]
 
@@ -238,10 +239,11 @@ def _task_section(res: Dict[str, Any], tname: str, t: Dict[str, Any]) -> List[st
             if c["key"] in t["paper"]["rpc"] else "" for c in t["columns"]])
     L += _table(header, rows)
     L += [f"Ours: mean ± std across seeds (n = number of seeds) where there are several. Rows in italics are "
-          f"the paper's ({t.get('paper_scale', 'ImageNet-scale')}; not comparable in absolute terms, SPEC "
-          "section 7): compare directions, not values.", ""]
+          f"the paper's ({t.get('paper_scale', 'ImageNet-scale')}; not comparable in absolute terms, "
+          "docs/method.md#published-numbers): compare directions, not values.", ""]
     if tname == "vision":
         L += _eps_table(res, "fgsm") + _eps_table(res, "pgd") + _corruption_table(res)
+        L += render_sparse_corruption(res)
     if tname == "lm":
         L += _lm_rows(res)
     return L + _figs(res, tname)
@@ -288,7 +290,7 @@ def _kpca_section(res: Dict[str, Any]) -> List[str]:
     if any(a.get("failure_messages") for a in analysis.values()):
         L += [""]
     L += ["Protocols: `paper` standardises q and k per token (the paper's undocumented detail), `exact` uses the "
-          "definitions of SPEC section 1. Chance: independent random matrices of the same shapes. The analysis "
+          "definitions of docs/method.md#kernel-pca-view-of-attention. Chance: independent random matrices of the same shapes. The analysis "
           "tool's own summary, with its stated rules, is in each `analysis/<run>/summary.md`.", ""]
     return L + _figs(res, "kpca")
 
@@ -318,6 +320,7 @@ def render_markdown(res: Dict[str, Any]) -> str:
     L += _stage_time_section(stages, res["setup"].get("cpu_count"))
     for tname, t in res.get("tables", {}).items():
         L += _task_section(res, tname, t)
+    L += render_sparsity(res)
     L += ["## Verdict rules", "", res["rules"], ""]
     L += _kpca_section(res)
     if any(f.get("section") == "seg_examples" for f in res.get("figures", [])):

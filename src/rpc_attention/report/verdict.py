@@ -40,7 +40,7 @@ margin = the smallest effect that matters for that metric (shown in each table).
   **inconclusive at this scale** (a single run cannot separate an effect from seed noise; the direction is
   still reported).
 - A number that was not measured (stage skipped or failed) gives **not measured**.
-The paper's numbers are at ImageNet, WikiText-103 and ADE20K scale (SPEC section 7): they give the expected direction, never a target value."""
+The paper's numbers are at ImageNet, WikiText-103 and ADE20K scale (docs/method.md#published-numbers): they give the expected direction, never a target value."""
 
 
 @dataclass

@@ -50,6 +50,7 @@ SUITE_PASSES = {
     "pgd": (7, 6 * 20),      # 6 eps x 20 steps
     "noise": (7, 0),
     "ood": (2, 0),
+    "sparse": (8, 0),        # clean + 3 salt-and-pepper + 3 occlusion + key corruption
     "corruptions": (1, 0),   # per corrupted copy; see corrupt_estimate
     "autoattack": (1, 400),
     "square": (1000, 0),

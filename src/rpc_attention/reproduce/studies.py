@@ -32,7 +32,7 @@ class ModelSpec:
     label: str                  # as printed in tables ("RPC-SymViT 6iter/layer1")
     preset: str                 # trainer preset (src/rpc_attention/presets/<preset>.yaml)
     overrides: List[str] = field(default_factory=list)   # trainer --set overrides
-    family: str = "vision"      # vision | lm | seg | scaled
+    family: str = "vision"      # vision | fan | lm | seg | scaled
     role: str = "baseline"      # baseline | rpc | variant
     seeds: List[int] = field(default_factory=lambda: [0])
     train_samples: int = 0      # samples seen in training (for the time estimate)
@@ -58,7 +58,7 @@ class EvalSpec:
 class ClaimSpec:
     id: str                 # key into rpc_attention.report.paper.PAPER_ROWS, or our own id
     title: str              # one line, what the paper claims
-    table: str              # the task table it belongs to: vision | lm | seg | scaled
+    table: str              # the task table it belongs to: vision | fan | lm | seg | scaled
     suite: str
     metric: str             # key of the suite's "metrics"
     baseline: str           # model key
@@ -66,6 +66,7 @@ class ClaimSpec:
     higher: bool = True
     margin: float = 1.0
     relative: bool = False  # margin is a fraction of the baseline value
+    paper_id: Optional[str] = None  # the paper's row this claim is compared with (default: id)
 
 
 @dataclass
@@ -160,11 +161,30 @@ VISION_CLAIMS = [
 ]
 
 
-def _vision_claims(have_suites: Sequence[str], extra: Sequence[tuple] = ()) -> List[ClaimSpec]:
+# Our own claim, the premise of PAP: keys with sparse corruption are where robust PCA helps.
+SPARSE_CLAIM = ("sparse", "RPC (6 iters, layer 1) is more accurate under sparse corruption (salt-and-pepper, "
+                "occlusion, corrupted keys; mean)", "sparse", "mean_top1", "rpc6", True, 1.0)
+# The PCP-active RPC (a threshold at which S is non-zero) against SymViT on the same claims as the
+# official RPC 6iter/layer1; each row is compared with the paper's row of the same claim.
+PCP_LABEL = "PCP-active RPC (6 iters, layer 1)"
+
+
+def _pcp_claims(claims: Sequence[tuple]) -> List[tuple]:
     out = []
-    for cid, title, suite, metric, rpc, higher, margin in list(VISION_CLAIMS) + list(extra):
+    for cid, title, suite, metric, rpc, higher, margin in claims:
+        if rpc == "rpc6":
+            out.append((f"{cid}_pcp", title.replace("RPC (6 iters, layer 1)", PCP_LABEL).replace("RPC (layer 1)", PCP_LABEL),
+                        suite, metric, "rpc_pcp", higher, margin))
+    return out
+
+
+def _vision_claims(have_suites: Sequence[str], extra: Sequence[tuple] = (), pcp: bool = False) -> List[ClaimSpec]:
+    base = list(VISION_CLAIMS) + [SPARSE_CLAIM] + list(extra)
+    out = []
+    for cid, title, suite, metric, rpc, higher, margin in base + (_pcp_claims(base) if pcp else []):
         if suite in have_suites:
-            out.append(ClaimSpec(cid, title, "vision", suite, metric, "symvit", rpc, higher, margin))
+            paper_id = cid[: -len("_pcp")] if cid.endswith("_pcp") else None
+            out.append(ClaimSpec(cid, title, "vision", suite, metric, "symvit", rpc, higher, margin, paper_id=paper_id))
     return out
 
 
@@ -177,8 +197,42 @@ def _lm_claims() -> List[ClaimSpec]:
     ]
 
 
+# --------------------------------------------------------------------------------------------- FAN
+FAN_CLAIMS = [
+    ("fan_clean", "RPC-FAN (4 iters, layer 1) raises clean top-1 over the symmetric FAN", "clean", "top1", True),
+    ("fan_mce", "RPC-FAN lowers the corruption error (mCE relative to SymFAN)", "corruptions", "mCE", False),
+    ("fan_imagenet_a", "RPC-FAN is more accurate on ImageNet-A", "imagenet-a", "top1", True),
+    ("fan_imagenet_r", "RPC-FAN is more accurate on ImageNet-R", "imagenet-r", "top1", True),
+]
+
+
+def _fan_models(s: Dict[str, Any], seeds: List[int], common: List[str], samples: int, depth: int) -> List[ModelSpec]:
+    """FAN (asymmetric, for reference), SymFAN (the RPC paper's FAN baseline) and RPC-FAN 4iter/layer1."""
+    ov = list(common) + list(s.get("fan_overrides") or [])
+    return [
+        ModelSpec("fan", "FAN (asymmetric)", s["preset_fan"], ov, "fan", "variant", seeds, samples, 1.5),
+        ModelSpec("symfan", "SymFAN", s["preset_symfan"], ov, "fan", "baseline", seeds, samples, 1.5),
+        ModelSpec("rpc_fan", "RPC-FAN 4iter/layer1", s["preset_rpc_fan"], ov, "fan", "rpc", seeds, samples,
+                  1.5 * E.pap_factor(4, 1, depth)),
+    ]
+
+
+def _add_fan(st: "Study", models: List[ModelSpec], evals: List[EvalSpec]) -> None:
+    """Append the FAN comparison to a study: its models, its evaluations (corruption errors normalised
+    by SymFAN) and the paper's FAN claims for the suites it runs."""
+    st.models.extend(models)
+    for ev in evals:
+        if ev.suite == "corruptions":
+            ev.baseline_model = "symfan"
+    st.evals.extend(evals)
+    suites = {ev.suite for ev in evals}
+    st.claims += [ClaimSpec(cid, title, "fan", suite, metric, "symfan", "rpc_fan", higher, 1.0)
+                  for cid, title, suite, metric, higher in FAN_CLAIMS if suite in suites]
+
+
 # ------------------------------------------------------------------------------------------ fmnist
-def _fmnist_models(s: Dict[str, Any], seeds: List[int]) -> List[ModelSpec]:
+def _fmnist_common(s: Dict[str, Any]) -> tuple:
+    """Trainer overrides of the shortened schedules (without the model overrides) and the samples seen."""
     # Shortened schedules through the trainer's own keys: the cosine schedule spans `epochs` of
     # `train_subset` images, so a short run still decays its learning rate.
     epochs, bs, subset = int(s["epochs"]), int(s["batch_size"]), int(s.get("train_subset") or 0)
@@ -189,8 +243,12 @@ def _fmnist_models(s: Dict[str, Any], seeds: List[int]) -> List[ModelSpec]:
         common.append(f"data.val_size={int(s['val_size'])}")
     if s.get("test_subset"):
         common.append(f"data.test_subset={int(s['test_subset'])}")
+    return common, epochs * (subset or (60000 - int(s.get("val_size") or 0)))
+
+
+def _fmnist_models(s: Dict[str, Any], seeds: List[int]) -> List[ModelSpec]:
+    common, samples = _fmnist_common(s)
     common += list(s.get("train_overrides") or [])
-    samples = epochs * (subset or (60000 - int(s.get("val_size") or 0)))
     cb = ["jproj"] if s.get("jproj_history") else []
     return [
         ModelSpec("symvit", "SymViT", s["preset_symvit"], common, "vision", "baseline", seeds, samples, 1.0,
@@ -199,6 +257,8 @@ def _fmnist_models(s: Dict[str, Any], seeds: List[int]) -> List[ModelSpec]:
                   E.pap_factor(6, 1, int(s["depth"]))),
         ModelSpec("rpc2all", "RPC-SymViT 2iter/all-layer", s["preset_rpc2all"], common, "vision", "rpc", seeds,
                   samples, E.pap_factor(2, int(s["depth"]), int(s["depth"]))),
+        ModelSpec("rpc_pcp", "RPC-SymViT 6iter/layer1, PCP-active", s["preset_rpc_pcp"], common, "vision", "rpc", seeds,
+                  samples, E.pap_factor(6, 1, int(s["depth"]))),
     ]
 
 
@@ -235,6 +295,8 @@ def _vision_evals(s: Dict[str, Any], keys: List[str], suites: Sequence[str]) -> 
                                 baseline_model="symvit"))
         elif suite == "ood":
             out.append(EvalSpec("ood", keys, list(s.get("ood_sets") or []), s.get("ood_limit") or lim, copies=2))
+        elif suite == "sparse":
+            out.append(EvalSpec("sparse", keys, [], s.get("sparse_limit") or lim))
         else:
             out.append(EvalSpec(suite, keys, [], s.get("strong_attack_limit") or lim))
     return out
@@ -246,6 +308,8 @@ QUICK_DEFAULTS: Dict[str, Any] = {
     "preset_symvit": "fmnist-symvit",
     "preset_rpc6": "fmnist-rpc-symvit",
     "preset_rpc2all": "fmnist-rpc-symvit-all",
+    # RPC-SymViT whose sparse step fires: classic PCP threshold lambd / mu on the head-width mu
+    "preset_rpc_pcp": "fmnist-rpc-symvit-pcp",
     "depth": 6,
     "epochs": 2,                 # presets: 3 epochs of 55,000 images
     "batch_size": 128,
@@ -266,6 +330,7 @@ QUICK_DEFAULTS: Dict[str, Any] = {
     "ood_limit": 1000,
     "ood_sets": [],
     "strong_attack_limit": 200,
+    "sparse_limit": 1000,            # sparse corruption: 7 corrupted settings + clean per image
     "analyze_sets": ["limit=8"],     # KPCA analysis options (rpc_attention.kpca.options.AnalysisOptions)
     # language model (the LM engineer's presets on the embedded Wikipedia corpus; 1200 steps there)
     "preset_symlm": "wiki-symlm",
@@ -281,11 +346,12 @@ QUICK_DEFAULTS: Dict[str, Any] = {
 
 def quick(settings: Optional[Sequence[str]] = None) -> Study:
     s = parse_settings(settings, QUICK_DEFAULTS, "quick")
-    return _fmnist_study("quick", s, "Fashion-MNIST SymViT vs RPC-SymViT (6iter/layer1, 2iter/all-layer), one "
-                         "seed, shortened schedules; clean/FGSM/PGD/corruptions/OOD on test subsets; KPCA "
-                         "analysis of the SymViT; small Symlm vs RPC-Symlm on the embedded Wikipedia corpus. "
-                         "About 15-20 minutes on 2 idle CPU cores.",
-                         suites=("clean", "fgsm", "pgd", "corruptions", "ood"))
+    return _fmnist_study("quick", s, "Fashion-MNIST SymViT vs RPC-SymViT (6iter/layer1, 2iter/all-layer, and "
+                         "6iter/layer1 with a PCP threshold at which the sparse step fires), one seed, shortened "
+                         "schedules; clean/FGSM/PGD/corruptions/OOD/sparse corruption on test subsets; S activity "
+                         "of every PAP block; KPCA analysis of the SymViT; small Symlm vs RPC-Symlm on the "
+                         "embedded Wikipedia corpus. About 20 minutes on 2 idle CPU cores.",
+                         suites=("clean", "fgsm", "pgd", "corruptions", "ood", "sparse"))
 
 
 SMOKE_DEFAULTS: Dict[str, Any] = dict(QUICK_DEFAULTS, **{
@@ -294,7 +360,7 @@ SMOKE_DEFAULTS: Dict[str, Any] = dict(QUICK_DEFAULTS, **{
                         "train.log_every=2", "train.threads=0"],
     "depth": 2, "eval_limit": 128, "attack_limit": 32, "eps": "2/255,6/255", "pgd_steps": 3,
     "corruptions": ["gaussian_noise", "contrast"], "corruption_limit": 32, "ood_limit": 128,
-    "strong_attack_limit": 16,
+    "strong_attack_limit": 16, "sparse_limit": 64,
     "lm_steps": 4, "lm_batch_size": 4,
     "lm_overrides": ["model.kwargs.d_model=32", "model.kwargs.n_layer=2", "model.kwargs.n_head=2",
                      "model.kwargs.d_inner=64", "model.kwargs.context=32", "train.threads=0",
@@ -308,16 +374,18 @@ def smoke(settings: Optional[Sequence[str]] = None) -> Study:
     s = parse_settings(settings, SMOKE_DEFAULTS, "smoke")
     return _fmnist_study("smoke", s, "The quick study's pipeline on a few hundred examples and a few steps "
                          "(end-to-end check, about 90 s; its numbers mean nothing).",
-                         suites=("clean", "fgsm", "pgd", "corruptions", "ood"))
+                         suites=("clean", "fgsm", "pgd", "corruptions", "ood", "sparse"))
 
 
 FULL_DEFAULTS: Dict[str, Any] = dict(QUICK_DEFAULTS, **{
     "seeds": [0, 1, 2], "epochs": 20, "val_size": 5000, "train_subset": 0, "eval_limit": 0, "attack_limit": 1000,
-    "corruptions": [], "corruption_limit": 1000, "ood_limit": 0, "strong_attack_limit": 500,
+    "corruptions": [], "corruption_limit": 1000, "ood_limit": 0, "strong_attack_limit": 500, "sparse_limit": 0,
     "lm_steps": 1200, "lm_batch_size": 16, "lm_eval_sets": [],
     "preset_scaled": "fmnist-scaled-s", "preset_scaled_alpha": "fmnist-scaled-alpha",
     "preset_asym": "fmnist-vit", "preset_seg": "seg-fmnist-symvit", "preset_seg_rpc": "seg-fmnist-rpc-symvit",
     "seg_epochs": 8, "seg_overrides": [], "seg_limit": 500, "seg_corruption_limit": 100,
+    "preset_fan": "fmnist-fan", "preset_symfan": "fmnist-symfan", "preset_rpc_fan": "fmnist-rpc-fan",
+    "fan_depth": 3, "fan_overrides": [],
 })
 
 
@@ -325,10 +393,11 @@ def fmnist_full(settings: Optional[Sequence[str]] = None) -> Study:
     s = parse_settings(settings, FULL_DEFAULTS, "fmnist-full")
     st = _fmnist_study("fmnist-full", s, "Fashion-MNIST, several seeds per model (mean +- std): every attack "
                        "including AutoAttack and Square, all 15 corruptions, OOD, Scaled Attention S/alpha vs "
-                       "the asymmetric baseline, segmentation on the composed Fashion-MNIST scenes, LM. "
+                       "the asymmetric baseline, segmentation on the composed Fashion-MNIST scenes, LM, and RPC-FAN vs "
+                       "SymFAN (FAN for reference) on clean/FGSM/PGD/corruptions. "
                        "Hours on CPU; minutes on one GPU.",
-                       suites=("clean", "fgsm", "pgd", "corruptions", "ood", "noise", "sld", "spsa", "cw",
-                               "autoattack", "square"))
+                       suites=("clean", "fgsm", "pgd", "corruptions", "ood", "sparse", "noise", "sld", "spsa",
+                               "cw", "autoattack", "square"))
     seeds = list(s["seeds"])
     common, samples = st.models[0].overrides, st.models[0].train_samples
     scaled = [
@@ -363,6 +432,9 @@ def fmnist_full(settings: Optional[Sequence[str]] = None) -> Study:
         ClaimSpec("seg_corrupt_miou", "RPC raises mIoU on corrupted scenes", "seg", "seg-corruptions",
                   "corrupted_miou", "seg_symvit", "seg_rpc"),
     ]
+    fan_common, fan_samples = _fmnist_common(s)
+    fan = _fan_models(s, seeds, fan_common, fan_samples, int(s["fan_depth"]))
+    _add_fan(st, fan, _vision_evals(s, [m.key for m in fan], ("clean", "fgsm", "pgd", "corruptions")))
     return st
 
 
@@ -377,7 +449,7 @@ def _fmnist_study(name: str, s: Dict[str, Any], description: str, suites: Sequen
     claims = _vision_claims(suites, extra=[
         ("autoattack", "RPC (6 iters, layer 1) is more accurate under AutoAttack", "autoattack", "top1@1/255", "rpc6", True, 1.0),
         ("square", "RPC (6 iters, layer 1) is more accurate under the Square attack", "square", "top1@1/255", "rpc6", True, 1.0),
-    ] if "autoattack" in suites else [])
+    ] if "autoattack" in suites else [], pcp=True)
     st = Study(name, description, models, evals, analyses, None, claims, s)
     if s.get("lm"):
         lm = _lm_models(s, seeds)
@@ -400,6 +472,8 @@ IMAGENET_DEFAULTS: Dict[str, Any] = {
     "preset_symvit": "imagenet-symvit-tiny", "preset_rpc6": "imagenet-rpc-symvit-tiny-6iter-layer1",
     "preset_rpc2all": "imagenet-rpc-symvit-tiny-2iter-all", "train_overrides": [], "eval_limit": 0,
     "attack_limit": 0, "strong_attack_limit": 1000,
+    "preset_fan": "imagenet-fan-tiny", "preset_symfan": "imagenet-symfan-tiny", "preset_rpc_fan": "imagenet-rpc-fan-tiny",
+    "fan_overrides": [],
 }
 
 
@@ -449,10 +523,18 @@ def imagenet(settings: Optional[Sequence[str]] = None) -> Study:
         ("autoattack", "RPC (6 iters, layer 1) is more accurate under AutoAttack", "autoattack", "top1@1/255", "rpc6", True, 1.0),
         ("square", "RPC (6 iters, layer 1) is more accurate under the Square attack", "square", "top1@1/255", "rpc6", True, 1.0),
     ])
-    st = Study("imagenet", "The paper's ImageNet-1K configuration (SPEC 4-5): SymViT-tiny vs RPC-SymViT-tiny, "
-               "300 epochs of the DeiT recipe. For GPU clusters: run the train stages one by one under torchrun "
+    st = Study("imagenet", "The paper's ImageNet-1K configuration (docs/method.md#model-families, #training-recipes): SymViT-tiny vs RPC-SymViT-tiny, "
+               "300 epochs of the DeiT recipe, and FAN-tiny / SymFAN-tiny vs RPC-FAN-tiny 4iter/layer1 with the "
+               "FAN authors' recipe. For GPU clusters: run the train stages one by one under torchrun "
                "(docs/reproduce.md).", models, evals,
                [{"model": "symvit", "sets": []}], None, claims, s, device=str(s["device"]))
+    fan_common = [f"data.root={root}"] + list(s["fan_overrides"])
+    fan = _fan_models(s, seeds, fan_common, samples, 12)
+    fan_keys = [m.key for m in fan]
+    fan_evals = [copy.deepcopy(ev) for ev in evals if ev.suite not in ("autoattack", "square")]
+    for ev in fan_evals:
+        ev.models = fan_keys
+    _add_fan(st, fan, fan_evals)
     return st
 
 
@@ -473,7 +555,7 @@ def wikitext103(settings: Optional[Sequence[str]] = None) -> Study:
                         "rpc", seeds, 500_000 * 96 * 256, E.pap_factor(4, 4, 16))]
     keys = [m.key for m in models]
     evals = [EvalSpec("ppl", keys, [], None), EvalSpec("wordswap", keys, [], None)]
-    return Study("wikitext103", "The paper's WikiText-103 language-modelling configuration (SPEC 4-5): Symlm vs "
+    return Study("wikitext103", "The paper's WikiText-103 language-modelling configuration (docs/method.md#model-families, #training-recipes): Symlm vs "
                  "RPC-Symlm, 500k steps. For GPU clusters (docs/reproduce.md).", models, evals, [], None,
                  _lm_claims(), s, device=str(s["device"]))
 

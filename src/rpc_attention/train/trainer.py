@@ -312,6 +312,7 @@ class Trainer:
         self.last_checkpoint: Optional[Path] = None
         self.train_model: torch.nn.Module = self.model  # DDP / compiled wrapper, set by fit
         self.callbacks: List[Tuple[str, Any]] = []  # (name, fn), looked up by fit
+        self.callback_final: Dict[str, Any] = {}  # the last dict each callback returned, for final_metrics.json
         self.window = _Window(1)
         self._t_start = time.time()
 
@@ -387,9 +388,9 @@ class Trainer:
         setup = getattr(self.task, "setup", None)
         if callable(setup):
             setup(self.cfg, self.device)
-        from .callbacks import get_callback
+        from .callbacks import resolve_callbacks
 
-        self.callbacks = [(name, get_callback(name)) for name in self.loop.callbacks]
+        self.callbacks = resolve_callbacks(self.loop.callbacks)
 
     # ------------------------------------------------------------------------------------- loop
     def fit(self) -> Path:
@@ -530,9 +531,11 @@ class Trainer:
                 else:
                     bar.write(msg, file=sys.stderr)
         if self.is_main:
-            for _, callback in self.callbacks:
+            for name, callback in self.callbacks:
                 self.model.eval()
-                callback(self.model, self.cfg, epoch, self.run.path, self.logger)
+                ret = callback(self.model, self.cfg, epoch, self.run.path, self.logger)
+                if isinstance(ret, dict):
+                    self.callback_final[name] = ret
                 self.model.train()
         _barrier(self.world)
 
@@ -592,7 +595,8 @@ class Trainer:
                 if key in final:
                     print(f"final {split} {key}: {final[key]:.2f}", file=sys.stderr, flush=True)
             self.run.write_final_metrics({"step": step, "split": split,
-                                          "elapsed_s": self.elapsed_before + time.time() - self._t_start, **final})
+                                          "elapsed_s": self.elapsed_before + time.time() - self._t_start, **final,
+                                          **self.callback_final})
         _barrier(self.world)
         return final
 

@@ -1,0 +1,212 @@
+"""Sparse corruption, the kind PAP is designed for: suite ``sparse`` (docs/robustness.md#sparse-corruption).
+
+Three corruptions, each touching a small share of the input, on the same test images:
+
+* **salt-and-pepper pixels**: a share of the pixels (default 2, 5 and 10 %) set to black or white
+  (probability 1/2 each, all channels of the pixel);
+* **patch occlusion**: 1, 2 or 4 distinct patches of the model's patch size, on its patch grid (so
+  exactly that many tokens are corrupted), filled with ``occlusion_fill`` (0.5, mid grey);
+* **key corruption**: test-time sparse corruption of the keys of the first attention block, the
+  ``pap-demo`` setting inside a trained model: a forward hook on that block's ``qkv`` projection adds
+  ``+-key_magnitude`` (5) standard deviations of the example's clean keys to a random ``key_fraction``
+  (5 %) of its key entries (random sign). In a symmetric model the queries are the keys, so they move
+  too.
+
+Every draw is seeded by ``(seed, corruption, level, example index)``, so a result does not depend on
+the batching or the device. Metrics: top-1 (%) clean and under each setting, and the mean over the
+corrupted settings.
+"""
+
+from __future__ import annotations
+
+import math
+import zlib
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
+
+import torch
+from torch import Tensor, nn
+
+from .. import nn as rnn
+from .common import Normalized, data_name, load_eval_data, norm_stats, topk_correct
+from .suites import register_suite
+
+__all__ = ["salt_and_pepper", "occlude_patches", "KeyCorruption", "first_attention", "sparse_suite"]
+
+
+def _generator(seed: int, kind: str, level: float, index: int) -> torch.Generator:
+    tag = zlib.crc32(f"{kind}:{level:g}".encode())
+    return torch.Generator().manual_seed((int(seed) * 1_000_003 + tag * 7919 + int(index)) % (2 ** 63))
+
+
+def salt_and_pepper(x: Tensor, fraction: float, seed: int = 0, offset: int = 0) -> Tensor:
+    """Images ``[N, C, H, W]`` in [0, 1] with ``round(fraction * H * W)`` pixels of each set to 0 or 1
+    (all channels). Image ``i`` is seeded by ``(seed, fraction, offset + i)``."""
+    if not 0.0 <= fraction <= 1.0:
+        raise ValueError(f"salt-and-pepper fraction must be in [0, 1], got {fraction}")
+    n, c, h, w = x.shape
+    count = int(round(fraction * h * w))
+    out = x.clone()
+    for i in range(n):
+        g = _generator(seed, "salt_pepper", fraction, offset + i)
+        where = torch.randperm(h * w, generator=g)[:count]
+        value = torch.randint(0, 2, (count,), generator=g).to(x.dtype)
+        out[i].view(c, h * w)[:, where] = value.to(x.device)
+    return out
+
+
+def occlude_patches(x: Tensor, n_patches: int, patch: int, fill: float = 0.5, seed: int = 0, offset: int = 0) -> Tensor:
+    """Images with ``n_patches`` distinct ``patch x patch`` squares of the patch grid set to ``fill``."""
+    n, c, h, w = x.shape
+    rows, cols = h // patch, w // patch
+    if not 0 <= n_patches <= rows * cols:
+        raise ValueError(f"cannot occlude {n_patches} of the {rows * cols} patches of {patch} px")
+    out = x.clone()
+    for i in range(n):
+        g = _generator(seed, "occlusion", n_patches, offset + i)
+        for cell in torch.randperm(rows * cols, generator=g)[:n_patches].tolist():
+            r, q = divmod(cell, cols)
+            out[i, :, r * patch:(r + 1) * patch, q * patch:(q + 1) * patch] = fill
+    return out
+
+
+def first_attention(model: nn.Module) -> Tuple[str, nn.Module, int]:
+    """``(name, module, key slot)`` of the first attention block with a fused ``qkv`` projection
+    (rpc_attention.nn modules and timm ``Attention``); the key slot is the index of the keys among the
+    projection's chunks (0 of (k, v) in symmetric blocks, 1 of (q, k, v) otherwise)."""
+    for name, mod in model.named_modules():
+        qkv = getattr(mod, "qkv", None)
+        if not isinstance(qkv, nn.Linear) or not hasattr(mod, "num_heads"):
+            continue
+        if isinstance(mod, rnn.SymmetricAttention):  # RPCAttention too: (k, v)
+            return name, mod, 0
+        if qkv.out_features % 3 == 0:  # (q, k, v): asymmetric, scaled, timm
+            return name, mod, 1
+    raise ValueError("key corruption needs an attention block with a fused qkv projection (rpc_attention.nn "
+                     "attention or timm Attention); none found in this model; drop it with --set sparse.key_fraction=0")
+
+
+class KeyCorruption:
+    """Context manager: adds ``+-magnitude * std(k)`` to a random ``fraction`` of the key entries of
+    the first attention block of ``model`` (per example, seeded by ``(seed, offset + i)``; set
+    :attr:`offset` to the index of the batch's first example before each forward)."""
+
+    def __init__(self, model: nn.Module, fraction: float, magnitude: float, seed: int = 0) -> None:
+        if not 0.0 < fraction <= 1.0:
+            raise ValueError(f"key_fraction must be in (0, 1], got {fraction}")
+        self.name, self.module, self.slot = first_attention(model)
+        self.fraction, self.magnitude, self.seed, self.offset = float(fraction), float(magnitude), int(seed), 0
+        self._handle = None
+
+    def _hook(self, mod: nn.Module, args, output: Tensor) -> Tensor:
+        b, n, width = output.shape
+        parts = output.reshape(b, n, -1, width // (3 if self.slot == 1 else 2))
+        keys = parts[:, :, self.slot]
+        out = parts.clone()
+        for i in range(b):
+            g = _generator(self.seed, "keys", self.fraction, self.offset + i)
+            hit = torch.rand(keys.shape[1:], generator=g) < self.fraction
+            sign = torch.randint(0, 2, keys.shape[1:], generator=g) * 2 - 1
+            noise = (hit * sign).to(keys.device, keys.dtype) * self.magnitude * keys[i].std()
+            out[i, :, self.slot] = keys[i] + noise
+        return out.reshape(b, n, width)
+
+    def __enter__(self) -> "KeyCorruption":
+        self._handle = self.module.qkv.register_forward_hook(self._hook)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self._handle is not None:
+            self._handle.remove()
+            self._handle = None
+
+
+def _patch_size(model: nn.Module, cfg: Mapping[str, Any]) -> int:
+    pe = getattr(getattr(model, "patch_embed", None), "patch_size", None)
+    if pe is None:
+        pe = ((cfg.get("model") or {}).get("kwargs") or {}).get("patch_size")
+    if pe is None:
+        raise ValueError("patch occlusion needs the model's patch size (model.patch_embed.patch_size or "
+                         "model.kwargs.patch_size in the run config); this model has neither")
+    return int(pe[0] if isinstance(pe, (tuple, list)) else pe)
+
+
+def _settings(opts: Mapping[str, Any]) -> List[Tuple[str, str, float]]:
+    out = [("salt-and-pepper", f"{100 * float(f):g}% of pixels", float(f)) for f in opts.get("salt_pepper") or []]
+    out += [("patch occlusion", f"{int(k)} patch{'es' if int(k) != 1 else ''}", int(k)) for k in opts.get("occlusion") or []]
+    if float(opts.get("key_fraction") or 0) > 0:
+        out.append(("key corruption", f"{100 * float(opts['key_fraction']):g}% of block-1 keys, "
+                                      f"+-{float(opts['key_magnitude']):g} std", float(opts["key_fraction"])))
+    return out
+
+
+def _metric_name(kind: str, level: float) -> str:
+    short = {"salt-and-pepper": "salt_pepper", "patch occlusion": "occlusion", "key corruption": "keys"}[kind]
+    return f"top1_{short}@{level:g}" if kind == "patch occlusion" else f"top1_{short}@{100 * level:g}%"
+
+
+def sparse_suite(model: nn.Module, cfg: Mapping[str, Any], run_dir, opts: Dict[str, Any]) -> Dict[str, Any]:
+    device = opts["device"]
+    model.to(device).eval()
+    seed, bs = int(opts.get("seed") or 0), int(opts["batch_size"])
+    x, y = load_eval_data(cfg, "test", opts.get("limit"))
+    n = len(y)
+    if n == 0:
+        raise ValueError("the evaluation split is empty")
+    scorer = Normalized(model, *norm_stats(cfg, x.shape[1])).to(device)
+    settings = _settings(opts)
+    patch = _patch_size(model, cfg) if any(k == "patch occlusion" for k, _, _ in settings) else None
+
+    @torch.no_grad()
+    def top1(corrupt) -> float:
+        hits = 0
+        for start in range(0, n, bs):
+            xb = corrupt(x[start:start + bs], start)
+            hits += topk_correct(scorer(xb.to(device)).float().cpu(), y[start:start + bs], (1,))[1]
+        return 100.0 * hits / n
+
+    clean = top1(lambda xb, start: xb)
+    metrics: Dict[str, float] = {"top1_clean": clean}
+    rows: List[Dict[str, Any]] = [{"corruption": "none (clean)", "level": "-", "top1": clean, "drop": 0.0}]
+    for kind, label, level in settings:
+        if kind == "salt-and-pepper":
+            acc = top1(lambda xb, start: salt_and_pepper(xb, level, seed, start))
+        elif kind == "patch occlusion":
+            fill = float(opts["occlusion_fill"])
+            acc = top1(lambda xb, start: occlude_patches(xb, int(level), patch, fill, seed, start))
+        else:
+            with KeyCorruption(model, level, float(opts["key_magnitude"]), seed) as kc:
+                def at(xb, start):
+                    kc.offset = start
+                    return xb
+                acc = top1(at)
+        metrics[_metric_name(kind, level)] = acc
+        rows.append({"corruption": kind, "level": label, "top1": acc, "drop": clean - acc})
+    if len(rows) > 1:
+        metrics["mean_top1"] = sum(r["top1"] for r in rows[1:]) / (len(rows) - 1)
+    return {"metrics": metrics, "rows": rows, "n_examples": n,
+            "data": {"dataset": data_name(cfg), "split": "test", "n_examples": n},
+            "settings": {"patch_size": patch},
+            "protocol": ("top-1 (%) under sparse corruption: salt-and-pepper pixels, patch occlusion on the patch "
+                         "grid, and +-magnitude std added to a random share of the first attention block's keys; "
+                         "seeded per example")}
+
+
+def _check(cfg: Mapping[str, Any], opts: Dict[str, Any]) -> None:
+    for f in opts.get("salt_pepper") or []:
+        if not 0.0 <= float(f) <= 1.0:
+            raise ValueError(f"sparse.salt_pepper: fractions must be in [0, 1], got {f} (e.g. 0.02,0.05,0.1)")
+    for k in opts.get("occlusion") or []:
+        if float(k) != int(k) or int(k) < 0:
+            raise ValueError(f"sparse.occlusion: patch counts must be whole numbers >= 0, got {k} (e.g. 1,2,4)")
+    kf = float(opts.get("key_fraction") or 0)
+    if not 0.0 <= kf <= 1.0 or not math.isfinite(float(opts.get("key_magnitude") or 0)):
+        raise ValueError(f"sparse.key_fraction must be in [0, 1] (0 skips it) and key_magnitude finite, got "
+                         f"{kf}, {opts.get('key_magnitude')}")
+
+
+register_suite(
+    "sparse", sparse_suite,
+    defaults={"salt_pepper": [0.02, 0.05, 0.10], "occlusion": [1.0, 2.0, 4.0], "occlusion_fill": 0.5,
+              "key_fraction": 0.05, "key_magnitude": 5.0},
+    description="sparse corruption: salt-and-pepper pixels, patch occlusion, sparse key corruption in block 1",
+    check=_check)

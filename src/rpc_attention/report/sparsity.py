@@ -1,0 +1,142 @@
+"""The study report's view of PAP's sparse step and of sparse corruption.
+
+:func:`collect_sparsity` reads, for every RPC model of a study, the S activity its training recorded
+(``runs/<run>/final_metrics.json``, key ``"sparsity"``: the ``sparsity`` trainer callback's last
+record, on the run's fixed held-out probe) and applies the written rule :data:`FIRED_RULE`.
+:func:`render_sparsity` and :func:`render_sparse_corruption` give the Markdown of the S-activity
+table and of the sparse-corruption table.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any, Dict, List
+
+__all__ = ["FIRED_RULE", "collect_sparsity", "model_sparsity_verdict", "render_sparsity",
+           "render_sparse_corruption"]
+
+# Stated here as well as in kpca.sparsity (the report floor sits above kpca, but reads only files).
+FIRED_RULE = ("A PAP block's sparse step *fired* when the share of non-zero entries of S (the sparse part of "
+              "the keys, in PAP's final pass) is above 0 on the probe; at 0, S = 0 everywhere and the block "
+              "*acted as iterated attention* (each pass attends with the previous pass's output as keys). A run "
+              "fired when any of its PAP blocks did; a model fired when any of its runs did.")
+FIRED, ITERATED = "fired", "acted as iterated attention"
+
+
+def _final_metrics(run_dir: Path) -> Dict[str, Any]:
+    """The run's ``final_metrics.json``; empty when the run has not finished (a corrupt file is an error)."""
+    from ..train.rundir import RunDir
+
+    try:
+        return RunDir(run_dir).read_final_metrics()
+    except FileNotFoundError:
+        return {}
+
+
+def model_sparsity_verdict(runs: Dict[str, Dict[str, Any]]) -> str:
+    """The model's verdict from its runs' records (:data:`FIRED_RULE`); "not measured" without any."""
+    blocks = [b for r in runs.values() for b in (r.get("blocks") or [])]
+    if not blocks:
+        return "not measured"
+    return FIRED if any(float(b.get("frac_nonzero") or 0.0) > 0 for b in blocks) else ITERATED
+
+
+def collect_sparsity(out_dir, study) -> Dict[str, Any]:
+    """``{"rule": ..., "models": {key: {"label", "verdict", "runs": {run: record}}}}`` for the RPC models."""
+    out: Dict[str, Any] = {"rule": FIRED_RULE, "models": {}}
+    for m in study.models:
+        if m.role != "rpc":
+            continue
+        runs: Dict[str, Dict[str, Any]] = {}
+        for run in m.runs():
+            final = _final_metrics(Path(out_dir) / "runs" / run)
+            rec = final.get("sparsity")
+            runs[run] = rec if isinstance(rec, dict) else {"blocks": [], "note": "no S-activity record in "
+                                                                                "final_metrics.json"}
+        out["models"][m.key] = {"label": m.label, "family": m.family, "verdict": model_sparsity_verdict(runs),
+                                "runs": runs}
+    return out
+
+
+def _pct(x: Any) -> str:
+    if not isinstance(x, (int, float)) or not math.isfinite(float(x)):
+        return "—"
+    return f"{100.0 * float(x):.3g}"
+
+
+def _num(x: Any) -> str:
+    if not isinstance(x, (int, float)) or not math.isfinite(float(x)):
+        return "—"
+    return f"{float(x):.3g}"
+
+
+def _table(header: List[str], rows: List[List[str]]) -> List[str]:
+    esc = lambda s: str(s).replace("|", "\\|")  # noqa: E731
+    return (["| " + " | ".join(esc(h) for h in header) + " |", "|" + "|".join("---" for _ in header) + "|"]
+            + ["| " + " | ".join(esc(c) for c in r) + " |" for r in rows] + [""])
+
+
+def render_sparsity(res: Dict[str, Any]) -> List[str]:
+    """Markdown: the S-activity table of every RPC model, the rule and one verdict line per model."""
+    sp = res.get("sparsity") or {}
+    models = sp.get("models") or {}
+    if not models:
+        return []
+    rows: List[List[str]] = []
+    for key, m in models.items():
+        for run, rec in m["runs"].items():
+            probe = rec.get("probe") or {}
+            where = f"{probe.get('examples')} {probe.get('split')}" if probe else "—"
+            if not rec.get("blocks"):
+                rows.append([m["label"], run, "—", "—", where] + ["—"] * 6 + [rec.get("note", "not measured")])
+            for b in rec.get("blocks") or []:
+                rule = f"{b.get('threshold')} λ={_num(b.get('lambd'))}" + (", causal" if b.get("causal") else "")
+                rows.append([m["label"], run, str(b.get("block")), rule, where, _pct(b.get("frac_nonzero")),
+                             _pct(b.get("frac_rows_nonzero")), _num(b.get("s_over_k")),
+                             f"{_num(b.get('tau_mean'))} (max {_num(b.get('tau_max'))})",
+                             f"{_num(b.get('abs_k_median'))} / {_num(b.get('abs_k_p99'))} / {_num(b.get('abs_k_max'))}",
+                             str(b.get("n_iter")), b.get("verdict") or ""])
+    lines = ["## PAP's sparse step: did it fire?", "",
+             "S activity of every PAP block at the end of training, on the run's fixed held-out probe (the "
+             "first examples of its validation split): the share of non-zero entries of S, the share of tokens "
+             "with a non-zero S row, ||S||_F / ||K||_F, the threshold tau and the |k| quantiles. " + FIRED_RULE, ""]
+    lines += _table(["model", "run", "block", "threshold", "probe", "S ≠ 0 (% entries)", "S rows ≠ 0 (% tokens)",
+                     "‖S‖/‖K‖", "tau", "|k| median / p99 / max", "n_iter", "verdict"], rows)
+    lines += [f"- **{m['label']}**: {m['verdict']}." for m in models.values()] + [""]
+    return lines
+
+
+def render_sparse_corruption(res: Dict[str, Any]) -> List[str]:
+    """Markdown: top-1 under each sparse-corruption setting (rows) for every model (columns)."""
+    per_model = (res.get("evals") or {}).get("sparse") or {}
+    data: Dict[str, Dict[str, List[float]]] = {}
+    settings: List[str] = []
+    for key, per_seed in per_model.items():
+        for e in per_seed.values():
+            for row in e.get("rows", []):
+                if not isinstance(row.get("top1"), (int, float)):
+                    continue
+                name = f"{row.get('corruption')}: {row.get('level')}" if row.get("level") not in (None, "-") \
+                    else str(row.get("corruption"))
+                if name not in settings:
+                    settings.append(name)
+                data.setdefault(key, {}).setdefault(name, []).append(float(row["top1"]))
+    if not data:
+        return []
+    keys = list(data)
+
+    def cell(xs: List[float]) -> str:
+        if not xs:
+            return "—"
+        m = sum(xs) / len(xs)
+        if len(xs) < 2:
+            return f"{m:.2f}"
+        sd = math.sqrt(sum((x - m) ** 2 for x in xs) / (len(xs) - 1))
+        return f"{m:.2f} ± {sd:.2f}"
+
+    rows = [[s] + [cell(data[k].get(s, [])) for k in keys] for s in settings]
+    any_e = next(iter(next(iter(per_model.values())).values()))
+    lines = [f"**Sparse corruption**: top-1 (%) under each setting ({any_e.get('n_examples')} test examples; "
+             f"{any_e.get('protocol') or ''}; mean ± std over seeds where there are several).", ""]
+    return lines + _table(["setting"] + [res["models"].get(k, {}).get("label", k) for k in keys], rows)
