@@ -66,7 +66,7 @@ def _probe_batch(cfg: dict, run_dir):
         return _PROBES[key]
     n = int((cfg.get("train") or {}).get("jproj_examples", 8))
     try:
-        task, batch, _ = first_eval_batch(cfg, n)
+        task, batch, _, _ = first_eval_batch(cfg, n)
     except ValueError as exc:
         raise ValueError(f"jproj callback: {exc}") from None
     _PROBES[key] = (task, batch)
