@@ -26,6 +26,16 @@ def _save(fig, path: Path) -> str:
     return path.name
 
 
+def _finish(plt, fig, path: Path, drawn: bool = True) -> List[str]:
+    """Save ``fig`` to ``path`` when something was ``drawn``, close it; the file names written."""
+    files = []
+    if drawn:
+        fig.tight_layout()
+        files.append(_save(fig, path))
+    plt.close(fig)
+    return files
+
+
 def _short(name: str) -> str:
     return name.replace("blocks.", "b").replace("encoder.layer.", "L").replace(".attention.self", "") \
         .replace(".attn", "").replace("layers.", "L").replace(".attention", "")
@@ -45,7 +55,6 @@ def make_figures(result: Dict[str, Any], out_dir: Path) -> List[str]:
 
 def _jproj_terms(plt, result: Dict[str, Any], protos: List[str], out_dir: Path) -> List[str]:
     """J_proj terms per layer."""
-    files = []
     fig, axes = plt.subplots(1, len(protos), figsize=(5.5 * len(protos), 3.8), squeeze=False)
     for ax, proto in zip(axes[0], protos):
         layers = result["protocols"][proto]["layers"]
@@ -60,33 +69,25 @@ def _jproj_terms(plt, result: Dict[str, Any], protos: List[str], out_dir: Path) 
         ax.set_ylabel("natural log (mean ± std over heads, examples)")
         ax.set_title(f"J_proj terms per layer [{proto}]")
         ax.legend(fontsize=8)
-    fig.tight_layout()
-    files.append(_save(fig, out_dir / "jproj_terms.png"))
-    plt.close(fig)
-    return files
+    return _finish(plt, fig, out_dir / "jproj_terms.png")
 
 
 def _jproj_history(plt, result: Dict[str, Any], protos: List[str], out_dir: Path) -> List[str]:
     """J_proj history over epochs."""
-    files = []
     hist = result.get("history")
-    if hist:
-        fig, axes = plt.subplots(1, len(protos), figsize=(5.5 * len(protos), 3.8), squeeze=False)
-        any_plotted = False
-        for ax, proto in zip(axes[0], protos):
-            any_plotted |= plot_jproj_history(ax, hist, proto)
-            ax.set_title(f"J_proj and its terms over training [{proto}]")
-            ax.legend(fontsize=8)
-        if any_plotted:
-            fig.tight_layout()
-            files.append(_save(fig, out_dir / "jproj_history.png"))
-        plt.close(fig)
-    return files
+    if not hist:
+        return []
+    fig, axes = plt.subplots(1, len(protos), figsize=(5.5 * len(protos), 3.8), squeeze=False)
+    plotted = False
+    for ax, proto in zip(axes[0], protos):
+        plotted |= plot_jproj_history(ax, hist, proto)
+        ax.set_title(f"J_proj and its terms over training [{proto}]")
+        ax.legend(fontsize=8)
+    return _finish(plt, fig, out_dir / "jproj_history.png", plotted)
 
 
 def _gamma_axes(plt, result: Dict[str, Any], protos: List[str], out_dir: Path) -> List[str]:
     """Gamma differences per axis with controls."""
-    files = []
     fig, axes = plt.subplots(1, len(protos), figsize=(5.5 * len(protos), 3.8), squeeze=False)
     plotted = False
     for ax, proto in zip(axes[0], protos):
@@ -103,16 +104,11 @@ def _gamma_axes(plt, result: Dict[str, Any], protos: List[str], out_dir: Path) -
         ax.set_ylabel("mean |gamma_i - gamma_j|")
         ax.set_title(f"gamma constancy per axis [{proto}]")
         ax.legend(fontsize=8)
-    if plotted:
-        fig.tight_layout()
-        files.append(_save(fig, out_dir / "gamma_axes.png"))
-    plt.close(fig)
-    return files
+    return _finish(plt, fig, out_dir / "gamma_axes.png", plotted)
 
 
 def _alignment_layers(plt, result: Dict[str, Any], protos: List[str], out_dir: Path) -> List[str]:
     """Alignment per layer next to chance."""
-    files = []
     metrics = ("optimal_cosine", "linear_cka", "rbf_cka", "direct_cosine")
     chance = result.get("chance", {})
     fig, axes = plt.subplots(len(protos), len(metrics), figsize=(3.4 * len(metrics), 3.0 * len(protos)), squeeze=False)
@@ -136,16 +132,11 @@ def _alignment_layers(plt, result: Dict[str, Any], protos: List[str], out_dir: P
             ax.set_ylim(min(lo - 0.05, -0.05) if lo < 0 else 0, 1)
             if c == 0:
                 ax.legend(fontsize=7)
-    if plotted:
-        fig.tight_layout()
-        files.append(_save(fig, out_dir / "alignment_layers.png"))
-    plt.close(fig)
-    return files
+    return _finish(plt, fig, out_dir / "alignment_layers.png", plotted)
 
 
 def _pap_sparse(plt, result: Dict[str, Any], protos: List[str], out_dir: Path) -> List[str]:
     """PAP sparse part."""
-    files = []
     pap = result.get("pap")
     if pap and pap.get("clean"):
         names = list(pap["clean"])
@@ -160,10 +151,8 @@ def _pap_sparse(plt, result: Dict[str, Any], protos: List[str], out_dir: Path) -
         ax.set_ylabel("||S||_F / ||K||_F")
         ax.set_title("PAP sparse part per RPC layer")
         ax.legend(fontsize=8)
-        fig.tight_layout()
-        files.append(_save(fig, out_dir / "pap_sparse.png"))
-        plt.close(fig)
-    return files
+        return _finish(plt, fig, out_dir / "pap_sparse.png")
+    return []
 
 
 def plot_jproj_history(ax, history: List[Dict[str, Any]], protocol: str) -> bool:
