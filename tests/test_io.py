@@ -40,3 +40,28 @@ def test_savefig_writes_a_png(tmp_path):
     plt.close(fig)
     assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert [p.name for p in tmp_path.iterdir()] == ["f.png"]
+
+
+def test_to_json_writes_standard_json_from_numpy_torch_fractions_and_paths(tmp_path):
+    """The one JSON cleaning (results, suite records, kpca.json, compare.json): no NaN/Infinity tokens."""
+    from fractions import Fraction
+
+    import torch
+
+    from rpc_attention.io import to_json
+
+    obj = {"acc": np.float32(0.5), "n": np.int64(3), "nan": float("nan"), "inf": np.float64("inf"),
+           "eps": Fraction(1, 4), "t": torch.tensor([[1.0, float("-inf")]]), "where": tmp_path, 7: ("a", {1.5})}
+    want = {"acc": 0.5, "n": 3, "nan": None, "inf": None, "eps": 0.25, "t": [[1.0, None]], "where": str(tmp_path),
+            "7": ["a", [1.5]]}
+    assert to_json(obj) == want and type(to_json(obj)["n"]) is int
+    path = tmp_path / "r.json"
+    atomic_write_json(path, obj)
+
+    def refuse(token):
+        raise AssertionError(f"non-standard JSON token {token}")
+
+    assert json.loads(path.read_text(), parse_constant=refuse) == want
+    with pytest.raises(TypeError, match="not JSON serialisable: object"):
+        to_json({"x": [object()]})
+    assert to_json({"x": [object]}, default=lambda o: o.__name__) == {"x": ["object"]}

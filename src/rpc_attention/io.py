@@ -9,15 +9,15 @@ previous version: readers see the old file or the new one, nothing in between.
 from __future__ import annotations
 
 import json
+import math
+import numbers
 import os
 import tempfile
 from pathlib import Path
-from typing import Any, Callable, Union
-
-import numpy as np
+from typing import Any, Callable, Mapping, Optional, Union
 
 __all__ = ["atomic_write", "atomic_write_bytes", "atomic_write_text", "atomic_write_json", "atomic_savefig",
-           "json_default", "read_yaml_mapping"]
+           "to_json", "json_default", "read_yaml_mapping"]
 
 PathLike = Union[str, os.PathLike]
 
@@ -59,22 +59,46 @@ def atomic_write_text(path: PathLike, text: str) -> Path:
     return atomic_write_bytes(path, text.encode("utf-8"))
 
 
+def to_json(obj: Any, default: Optional[Callable[[Any], Any]] = None) -> Any:
+    """``obj`` as plain JSON values, the one cleaning every JSON file the package writes goes through.
+
+    Mappings (keys made ``str``), lists (from lists, tuples and sets), ``str``, ``int``, ``bool``,
+    ``None`` and finite floats; a NaN or infinite float becomes ``None`` (standard JSON has neither);
+    other real numbers (numpy, fractions) become ``int`` or ``float``, arrays and tensors nested lists
+    (``tolist``), paths ``str``.
+    Anything else goes to ``default`` (``None``: ``TypeError``).
+    """
+    if isinstance(obj, Mapping):
+        return {str(k): to_json(v, default) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple, set)):
+        return [to_json(v, default) for v in obj]
+    if isinstance(obj, float):
+        return obj if math.isfinite(obj) else None
+    if obj is None or isinstance(obj, (str, int)):
+        return obj
+    if isinstance(obj, os.PathLike):
+        return os.fspath(obj)
+    if isinstance(obj, numbers.Integral):  # numpy integers
+        return int(obj)
+    if isinstance(obj, numbers.Real):  # numpy floats, fractions (eps=2.5/255)
+        return to_json(float(obj))
+    if callable(getattr(obj, "tolist", None)):  # numpy scalars and arrays, torch tensors
+        return to_json(obj.tolist(), default)
+    if default is None:
+        raise TypeError(f"not JSON serialisable: {type(obj).__name__}")
+    return default(obj)
+
+
 def json_default(obj: Any) -> Any:
-    """``json.dumps`` fallback for numpy scalars and arrays, paths, sets and tuples."""
-    if isinstance(obj, np.generic):
-        return obj.item()
-    if isinstance(obj, np.ndarray):
-        return obj.tolist()
-    if isinstance(obj, Path):
-        return str(obj)
-    if isinstance(obj, (set, tuple)):
-        return list(obj)
-    raise TypeError(f"not JSON serialisable: {type(obj).__name__}")
+    """``json.dumps(..., default=json_default)``: :func:`to_json` for what ``json`` cannot write itself."""
+    return to_json(obj)
 
 
-def atomic_write_json(path: PathLike, obj: Any, *, indent: int = 2, sort_keys: bool = True) -> Path:
-    """Write ``obj`` as JSON atomically (numpy values and paths converted by :func:`json_default`)."""
-    return atomic_write_text(path, json.dumps(obj, indent=indent, sort_keys=sort_keys, default=json_default) + "\n")
+def atomic_write_json(path: PathLike, obj: Any, *, indent: int = 2, sort_keys: bool = True,
+                      default: Optional[Callable[[Any], Any]] = None) -> Path:
+    """Write ``obj`` as standard JSON atomically, cleaned by :func:`to_json` (``default``: for other objects)."""
+    text = json.dumps(to_json(obj, default), indent=indent, sort_keys=sort_keys, allow_nan=False)
+    return atomic_write_text(path, text + "\n")
 
 
 def atomic_savefig(fig, path: PathLike, **kwargs: Any) -> Path:

@@ -48,7 +48,7 @@ def test_option_validation():
         asymmetric_rpc_attention(q, torch.randn(1, 2, 4, 2), torch.randn(1, 2, 4, 2))
     with pytest.raises(ValueError, match="d_v == d_k"):
         asymmetric_rpc_attention(q, q, torch.randn(1, 3, 4, 5))
-    with pytest.raises(ValueError, match="biases"):
+    with pytest.raises(ValueError, match="not an attention bias"):
         asymmetric_rpc_attention(q, q, q, attn_mask=torch.randn(4, 4))
 
 

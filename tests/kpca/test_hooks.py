@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from rpc_attention import functional as RF
+import rpc_attention.models  # noqa: F401  (registers our models in timm)
 from rpc_attention import nn as rnn
 from rpc_attention.kpca.hooks import AttentionCapture, find_attention_modules
 
@@ -91,6 +92,26 @@ def test_padding_mask_is_captured():
     c = _check(cap, y)
     assert c.key_valid(0) is None
     assert c.key_valid(1).tolist() == [True] * 5 + [False] * 2
+
+
+def test_additive_masks_are_read_by_the_kernel_normaliser_and_biases_refused():
+    """timm's Attention takes any float mask as an additive bias. A 0/-inf one is captured as the bool
+    mask it means; a bias (other values) is refused and reported, not taken for "attend everywhere"."""
+    from timm.models.vision_transformer import Attention
+
+    mod = Attention(16, num_heads=2).eval()
+    x = _x(seed=4)
+    keep = torch.ones(2, 1, 1, 7, dtype=torch.bool)
+    keep[1, ..., 5:] = False
+    additive = torch.zeros(keep.shape).masked_fill(~keep, float("-inf"))
+    with AttentionCapture(mod) as cap:
+        mod(x, attn_mask=additive)
+    assert not cap.errors and torch.equal(cap.captures[0].mask, keep.expand(2, 1, 7, 7))
+    bias = torch.randn(1, 2, 7, 7, generator=torch.Generator().manual_seed(5))
+    with AttentionCapture(mod) as cap:
+        mod(x, attn_mask=bias)
+    assert cap.captures == [] and len(cap.errors) == 1
+    assert "not an attention bias" in cap.errors[0]["error"]
 
 
 def test_timm_vit_hooks_match_forward():

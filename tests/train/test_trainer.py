@@ -3,6 +3,7 @@ checkpoints, NaN stop."""
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -135,21 +136,52 @@ def test_corrupt_checkpoint_falls_back_to_previous(tmp_path, tiny_cfg, capsys):
         run_training(None, run, resume=True)
 
 
-def test_nan_loss_stops_and_keeps_last_good_checkpoint(tmp_path, tiny_cfg):
-    cfg = tiny_cfg(epochs=2, save_every=2)
+def test_resume_before_the_first_checkpoint_equals_a_fresh_start(tmp_path, tiny_cfg):
+    """A run killed before its first checkpoint leaves only config.yaml (and metrics lines); resuming it
+    starts from step 0 seeded exactly as a fresh start, so it ends with the fresh run's weights."""
+    cfg = tiny_cfg(epochs=1, save_every=0)
+    cfg["model"]["kwargs"]["drop_path_rate"] = 0.1  # the training RNG matters
+    ref = run_training(cfg, tmp_path / "ref")
+    for name in ("checkpoints", "model.safetensors", "final_metrics.json", "tb"):
+        if (ref / name).is_dir():
+            shutil.rmtree(ref / name)
+        else:
+            (ref / name).unlink()
+    fresh = run_training(cfg, tmp_path / "fresh")
+    run_training(None, ref, resume=True)
+    assert _same(_weights(fresh / "model.safetensors"), _weights(ref / "model.safetensors"))
+    assert [r["loss"] for r in _records(ref)] == [r["loss"] for r in _records(fresh)]
+
+
+def _diverging_run(cfg, run, nan_from, message):
+    """Train ``cfg`` with the loss NaN from the ``nan_from``-th step on; expect TrainingDiverged(``message``)."""
     cfg["task"] = "slow_classification"
-    slowtask.TASK.calls, slowtask.TASK.nan_from = 0, 5
+    slowtask.TASK.calls, slowtask.TASK.nan_from = 0, nan_from
     try:
-        with pytest.raises(TrainingDiverged, match=r"step 5 \(epoch 1\).*step_00000004"):
-            run_training(cfg, tmp_path / "run")
+        with pytest.raises(TrainingDiverged, match=message):
+            run_training(cfg, run)
     finally:
         slowtask.TASK.nan_from = None
+
+
+def test_nan_loss_stops_and_keeps_last_good_checkpoint(tmp_path, tiny_cfg):
     run = tmp_path / "run"
+    _diverging_run(tiny_cfg(epochs=2, save_every=2), run, 5, r"step 5 \(epoch 1\).*step_00000004")
     assert [p.name for p in list_checkpoints(run / "checkpoints")] == ["step_00000002", "step_00000004"]
     verify_checkpoint(run / "checkpoints" / "step_00000004")
     assert not (run / "model.safetensors").exists()
     w = _weights(run / "checkpoints" / "step_00000004" / "model.safetensors")
     assert all(torch.isfinite(v).all() for v in w.values())
+
+
+def test_nan_between_logs_is_found_at_the_next_log_and_named_by_its_step(tmp_path, tiny_cfg):
+    """Losses are tested only when the trainer logs (no host sync per step), yet the error names the
+    first bad step and nothing computed after it is logged or saved."""
+    run = tmp_path / "run"
+    _diverging_run(tiny_cfg(epochs=2, save_every=0, log_every=4), run, 5,
+                   r"loss is nan at step 5 \(epoch 1\).*no checkpoint was saved")
+    assert [r["step"] for r in _records(run)] == [4] and list_checkpoints(run / "checkpoints") == []
+    assert slowtask.TASK.calls == 8  # it ran to the next log point (step 8), not beyond
 
 
 def test_resume_with_longer_schedule(tmp_path, tiny_cfg):

@@ -21,14 +21,13 @@ inside the suite functions.
 
 from __future__ import annotations
 
-import json
 import os
 import time
 from dataclasses import dataclass, field
 from fractions import Fraction
 from typing import Any, Callable, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
 
-from ..io import atomic_write_text  # re-exported
+from ..io import atomic_write_json, atomic_write_text  # atomic_write_text: re-exported
 from ..markdown import markdown_table
 from ..overrides import parse_assignments, parse_number, unknown_key
 
@@ -372,28 +371,11 @@ def render_markdown(record: Mapping[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def _jsonable(obj: Any) -> Any:
-    if isinstance(obj, Mapping):
-        return {str(k): _jsonable(v) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
-        return [_jsonable(v) for v in obj]
-    if isinstance(obj, float) and (obj != obj or obj in (float("inf"), float("-inf"))):
-        return None
-    if isinstance(obj, (str, int, float, bool)) or obj is None:
-        return obj
-    try:
-        return float(obj)
-    except (TypeError, ValueError):
-        return str(obj)
-
-
 def write_result(record: Mapping[str, Any], out_dir: str) -> Tuple[str, str]:
     """Write ``<out_dir>/<suite>.json`` and ``.md`` atomically; returns both paths."""
     name = record["suite"]
     jpath = os.path.join(out_dir, f"{name}.json")
     mpath = os.path.join(out_dir, f"{name}.md")
-    text = json.dumps(_jsonable(record), indent=2, sort_keys=False) + "\n"
-    md = render_markdown(record)
-    atomic_write_text(jpath, text)
-    atomic_write_text(mpath, md)
+    atomic_write_json(jpath, record, sort_keys=False, default=str)
+    atomic_write_text(mpath, render_markdown(record))
     return jpath, mpath

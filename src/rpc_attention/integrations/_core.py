@@ -81,16 +81,10 @@ def check_options(opts: dict) -> dict:
 
 
 def _bool_mask(mask: Optional[Tensor]) -> Optional[Tensor]:
-    """bool (True = attend) from a bool or additive 0/-inf (or dtype-min) float mask, made 4-D."""
+    """:func:`rpc_attention.functional.as_bool_mask` (bool, or additive 0/-inf; biases refused), made 4-D."""
+    mask = RF.as_bool_mask(mask)
     if mask is None:
         return None
-    if mask.dtype != torch.bool:
-        if not mask.is_floating_point():
-            raise ValueError(f"attention mask must be bool or additive float, got {mask.dtype}")
-        blocked = (mask == float("-inf")) | (mask <= torch.finfo(mask.dtype).min / 2)
-        if not (blocked | (mask == 0)).all():
-            raise ValueError("RPC attention supports only 0/-inf (or dtype-min) additive masks, not attention biases")
-        mask = ~blocked
     while mask.dim() < 4:
         mask = mask.unsqueeze(0)
     return mask

@@ -19,9 +19,11 @@ from typing import Any, Dict, List
 
 import torch
 
+from ..data.batch import to_device
 from ..train.callbacks import register_callback
 from .analysis import PROTOCOLS
 from .hooks import AttentionCapture
+from .sources import first_eval_batch
 from . import metrics as M
 
 __all__ = ["jproj_callback", "jproj_record"]
@@ -62,37 +64,20 @@ def _probe_batch(cfg: dict, run_dir):
     key = str(run_dir)
     if key in _PROBES:
         return _PROBES[key]
-    from torch.utils.data import DataLoader
-
-    from ..train.tasks import get_task
-
-    task = get_task(cfg.get("task", "classification"))
-    dsets = task.build_datasets(cfg)
-    ds = dsets.get("val") or dsets.get("test")
-    if ds is None:
-        raise ValueError("jproj callback: the task has no 'val' or 'test' data set for the probe batch")
     n = int((cfg.get("train") or {}).get("jproj_examples", 8))
-    collate = task.collate_fn(cfg) if callable(getattr(task, "collate_fn", None)) else None
-    batch = next(iter(DataLoader(ds, batch_size=n, shuffle=False, collate_fn=collate)))
+    try:
+        task, batch, _, _ = first_eval_batch(cfg, n)
+    except ValueError as exc:
+        raise ValueError(f"jproj callback: {exc}") from None
     _PROBES[key] = (task, batch)
     return task, batch
-
-
-def _to(batch, device):
-    if isinstance(batch, torch.Tensor):
-        return batch.to(device)
-    if isinstance(batch, (list, tuple)):
-        return type(batch)(_to(b, device) for b in batch)
-    if isinstance(batch, dict):
-        return {k: _to(v, device) for k, v in batch.items()}
-    return batch
 
 
 def jproj_callback(model, cfg, epoch, run_dir, logger) -> None:
     device = next(model.parameters()).device
     task, batch = _probe_batch(cfg, run_dir)
     with AttentionCapture(model) as cap, torch.no_grad():
-        task.loss(model, _to(batch, device), cfg)
+        task.loss(model, to_device(batch, device), cfg)
     rec = {"epoch": epoch, "split": "jproj", **jproj_record(cap.captures)}
     if cap.errors:
         rec["jproj/errors"] = [e["layer"] + ": " + e["error"] for e in cap.errors]

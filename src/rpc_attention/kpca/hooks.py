@@ -109,12 +109,14 @@ def _to64(t: Tensor) -> Tensor:
 
 
 def _bool_mask(mask: Optional[Tensor], b: int, n: int) -> Optional[Tensor]:
-    """Any supported mask (bool True=attend, or additive float) -> bool (B?, H?, N, N) CPU, or None."""
+    """The layer's mask as bool (True = attend), (B?, H?, N, N) on the CPU, or None when it masks nothing.
+
+    :func:`rpc_attention.functional.as_bool_mask` reads it, so an additive attention bias is refused
+    (the capture then reports the layer) instead of being taken for "attend everywhere".
+    """
     if mask is None:
         return None
-    m = mask.detach().cpu()
-    if m.dtype != torch.bool:
-        m = m > torch.finfo(m.dtype).min / 2 if m.is_floating_point() else m.bool()
+    m = RF.as_bool_mask(mask.detach()).cpu()
     while m.dim() < 4:
         m = m.unsqueeze(0)
     m = m.expand(m.shape[0], m.shape[1], n, n) if m.shape[-2] == 1 else m

@@ -7,7 +7,9 @@ from typing import Any, Dict, List
 
 from ..io import atomic_savefig
 
-__all__ = ["make_figures"]
+__all__ = ["make_figures", "plot_jproj_history"]
+
+JPROJ_HISTORY_TERMS = (("jproj", "|J_proj|", "k"), ("phi2", "||varphi(q)||^2", "C0"), ("h2", "||h||^2", "C1"))
 
 
 def _plt():
@@ -24,17 +26,35 @@ def _save(fig, path: Path) -> str:
     return path.name
 
 
+def _finish(plt, fig, path: Path, drawn: bool = True) -> List[str]:
+    """Save ``fig`` to ``path`` when something was ``drawn``, close it; the file names written."""
+    files = []
+    if drawn:
+        fig.tight_layout()
+        files.append(_save(fig, path))
+    plt.close(fig)
+    return files
+
+
 def _short(name: str) -> str:
     return name.replace("blocks.", "b").replace("encoder.layer.", "L").replace(".attention.self", "") \
         .replace(".attn", "").replace("layers.", "L").replace(".attention", "")
 
 
 def make_figures(result: Dict[str, Any], out_dir: Path) -> List[str]:
+    """Write the analysis figures into ``out_dir``; returns the file names written (a figure with
+    nothing to show is skipped)."""
     plt = _plt()
     out_dir = Path(out_dir)
-    files = []
     protos = list(result["protocols"])
-    # ---- J_proj terms per layer
+    files = []
+    for figure in (_jproj_terms, _jproj_history, _gamma_axes, _alignment_layers, _pap_sparse):
+        files.extend(figure(plt, result, protos, out_dir))
+    return files
+
+
+def _jproj_terms(plt, result: Dict[str, Any], protos: List[str], out_dir: Path) -> List[str]:
+    """J_proj terms per layer."""
     fig, axes = plt.subplots(1, len(protos), figsize=(5.5 * len(protos), 3.8), squeeze=False)
     for ax, proto in zip(axes[0], protos):
         layers = result["protocols"][proto]["layers"]
@@ -49,31 +69,25 @@ def make_figures(result: Dict[str, Any], out_dir: Path) -> List[str]:
         ax.set_ylabel("natural log (mean ± std over heads, examples)")
         ax.set_title(f"J_proj terms per layer [{proto}]")
         ax.legend(fontsize=8)
-    fig.tight_layout()
-    files.append(_save(fig, out_dir / "jproj_terms.png"))
-    plt.close(fig)
-    # ---- J_proj history over epochs
+    return _finish(plt, fig, out_dir / "jproj_terms.png")
+
+
+def _jproj_history(plt, result: Dict[str, Any], protos: List[str], out_dir: Path) -> List[str]:
+    """J_proj history over epochs."""
     hist = result.get("history")
-    if hist:
-        fig, axes = plt.subplots(1, len(protos), figsize=(5.5 * len(protos), 3.8), squeeze=False)
-        any_plotted = False
-        for ax, proto in zip(axes[0], protos):
-            for t, color in (("jproj", "k"), ("phi2", "C0"), ("h2", "C1")):
-                key = f"jproj/{proto}/model/{t}"
-                pts = [(r.get("epoch"), r[key]) for r in hist if r.get(key) is not None and r.get("epoch") is not None]
-                if pts:
-                    any_plotted = True
-                    ax.plot([p[0] for p in pts], [abs(p[1]) for p in pts], marker="o", ms=3, color=color,
-                            label={"jproj": "|J_proj|", "phi2": "||varphi(q)||^2", "h2": "||h||^2"}[t])
-            ax.set_yscale("log")
-            ax.set_xlabel("epoch")
-            ax.set_title(f"J_proj and its terms over training [{proto}]")
-            ax.legend(fontsize=8)
-        if any_plotted:
-            fig.tight_layout()
-            files.append(_save(fig, out_dir / "jproj_history.png"))
-        plt.close(fig)
-    # ---- gamma differences per axis with controls
+    if not hist:
+        return []
+    fig, axes = plt.subplots(1, len(protos), figsize=(5.5 * len(protos), 3.8), squeeze=False)
+    plotted = False
+    for ax, proto in zip(axes[0], protos):
+        plotted |= plot_jproj_history(ax, hist, proto)
+        ax.set_title(f"J_proj and its terms over training [{proto}]")
+        ax.legend(fontsize=8)
+    return _finish(plt, fig, out_dir / "jproj_history.png", plotted)
+
+
+def _gamma_axes(plt, result: Dict[str, Any], protos: List[str], out_dir: Path) -> List[str]:
+    """Gamma differences per axis with controls."""
     fig, axes = plt.subplots(1, len(protos), figsize=(5.5 * len(protos), 3.8), squeeze=False)
     plotted = False
     for ax, proto in zip(axes[0], protos):
@@ -90,11 +104,11 @@ def make_figures(result: Dict[str, Any], out_dir: Path) -> List[str]:
         ax.set_ylabel("mean |gamma_i - gamma_j|")
         ax.set_title(f"gamma constancy per axis [{proto}]")
         ax.legend(fontsize=8)
-    if plotted:
-        fig.tight_layout()
-        files.append(_save(fig, out_dir / "gamma_axes.png"))
-    plt.close(fig)
-    # ---- alignment per layer next to chance
+    return _finish(plt, fig, out_dir / "gamma_axes.png", plotted)
+
+
+def _alignment_layers(plt, result: Dict[str, Any], protos: List[str], out_dir: Path) -> List[str]:
+    """Alignment per layer next to chance."""
     metrics = ("optimal_cosine", "linear_cka", "rbf_cka", "direct_cosine")
     chance = result.get("chance", {})
     fig, axes = plt.subplots(len(protos), len(metrics), figsize=(3.4 * len(metrics), 3.0 * len(protos)), squeeze=False)
@@ -118,11 +132,11 @@ def make_figures(result: Dict[str, Any], out_dir: Path) -> List[str]:
             ax.set_ylim(min(lo - 0.05, -0.05) if lo < 0 else 0, 1)
             if c == 0:
                 ax.legend(fontsize=7)
-    if plotted:
-        fig.tight_layout()
-        files.append(_save(fig, out_dir / "alignment_layers.png"))
-    plt.close(fig)
-    # ---- PAP sparse part
+    return _finish(plt, fig, out_dir / "alignment_layers.png", plotted)
+
+
+def _pap_sparse(plt, result: Dict[str, Any], protos: List[str], out_dir: Path) -> List[str]:
+    """PAP sparse part."""
     pap = result.get("pap")
     if pap and pap.get("clean"):
         names = list(pap["clean"])
@@ -137,7 +151,22 @@ def make_figures(result: Dict[str, Any], out_dir: Path) -> List[str]:
         ax.set_ylabel("||S||_F / ||K||_F")
         ax.set_title("PAP sparse part per RPC layer")
         ax.legend(fontsize=8)
-        fig.tight_layout()
-        files.append(_save(fig, out_dir / "pap_sparse.png"))
-        plt.close(fig)
-    return files
+        return _finish(plt, fig, out_dir / "pap_sparse.png")
+    return []
+
+
+def plot_jproj_history(ax, history: List[Dict[str, Any]], protocol: str) -> bool:
+    """Draw |J_proj| and its two terms (the model means the ``jproj`` callback logged at each epoch end,
+    ``history`` as :func:`rpc_attention.kpca.report.load_history` returns it) on ``ax``, log scale.
+    Returns whether any point was drawn; the caller titles the axes."""
+    drawn = False
+    for term, label, color in JPROJ_HISTORY_TERMS:
+        key = f"jproj/{protocol}/model/{term}"
+        pts = [(r["epoch"], r[key]) for r in history
+               if isinstance(r.get(key), (int, float)) and r.get("epoch") is not None]
+        if pts:
+            drawn = True
+            ax.plot([p[0] for p in pts], [abs(p[1]) for p in pts], marker="o", ms=3, color=color, label=label)
+    ax.set_yscale("log")
+    ax.set_xlabel("epoch")
+    return drawn

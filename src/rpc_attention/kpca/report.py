@@ -3,7 +3,6 @@ a markdown summary whose verdicts follow stated rules (see :data:`RULES`)."""
 
 from __future__ import annotations
 
-import json
 import math
 import platform
 import time
@@ -12,14 +11,14 @@ from typing import Any, Dict, List, Optional, Sequence
 
 import torch
 
-from ..io import atomic_write_text
+from ..io import atomic_write_json, atomic_write_text
 from ..markdown import markdown_table
 from .analysis import ALIGN_METRICS, analyze_captures, chance_baselines, pap_stats
 from .hooks import AttentionCapture
 from .sources import Probe
 from .sparsity import FIRED_RULE, measure_sparsity, probe_sparsity, sparsity_summary, sparsity_verdict
 
-__all__ = ["run_analysis", "load_history", "write_json_atomic", "summary_markdown", "RULES"]
+__all__ = ["run_analysis", "load_history", "summary_markdown", "RULES"]
 
 RULES = {
     "alignment": ("A metric supports 'the learned values are the KPCA value matrix V_hat' when it reaches 0.8 "
@@ -39,45 +38,11 @@ RULES = {
 }
 
 
-# ------------------------------------------------------------------ io helpers
-
-def _json_default(o):
-    if isinstance(o, torch.Tensor):
-        return o.tolist()
-    if isinstance(o, Path):
-        return str(o)
-    return str(o)
-
-
-def _clean(o):
-    """Non-finite floats -> None so the JSON is standard."""
-    if isinstance(o, float):
-        return o if math.isfinite(o) else None
-    if isinstance(o, dict):
-        return {k: _clean(v) for k, v in o.items()}
-    if isinstance(o, (list, tuple)):
-        return [_clean(v) for v in o]
-    return o
-
-
-def write_json_atomic(path: Path, obj: Any) -> None:
-    atomic_write_text(path, json.dumps(_clean(obj), indent=2, default=_json_default) + "\n")
-
-
 def load_history(run_dir: Path) -> List[Dict[str, Any]]:
     """The ``jproj/...`` records the ``jproj`` callback logged in ``run_dir/metrics.jsonl``."""
-    path = Path(run_dir) / "metrics.jsonl"
-    out = []
-    if not path.is_file():
-        return out
-    for line in path.read_text().splitlines():
-        try:
-            rec = json.loads(line)
-        except json.JSONDecodeError:
-            continue
-        if isinstance(rec, dict) and any(str(k).startswith("jproj/") for k in rec):
-            out.append(rec)
-    return out
+    from ..train.rundir import RunDir
+
+    return [rec for rec in RunDir(run_dir).read_metrics(missing_ok=True) if any(str(k).startswith("jproj/") for k in rec)]
 
 
 # ------------------------------------------------------------------ the analysis
@@ -179,7 +144,7 @@ def run_analysis(
             result["figures"] = make_figures(result, out_dir)
         except Exception as exc:
             result["failures"].append({"stage": "figures", "error": f"{type(exc).__name__}: {exc}"})
-    write_json_atomic(out_dir / "kpca.json", result)
+    atomic_write_json(out_dir / "kpca.json", result, sort_keys=False, default=str)
     atomic_write_text(out_dir / "summary.md", summary_markdown(result))
     return result
 

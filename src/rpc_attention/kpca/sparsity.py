@@ -30,7 +30,9 @@ from torch import Tensor, nn
 from .. import functional as RF
 from ..functional.attention import normalise_mask
 from .. import nn as rnn
+from ..data.batch import to_device
 from ..train.callbacks import register_callback
+from .sources import first_eval_batch
 
 __all__ = ["ACTIVITY_KEYS", "FIRED_RULE", "PROBE_EXAMPLES", "pap_blocks", "measure_sparsity", "probe_sparsity",
            "sparsity_verdict", "sparsity_summary", "sparsity_callback"]
@@ -120,36 +122,17 @@ def sparsity_verdict(blocks: Sequence[Dict[str, Any]]) -> Optional[str]:
     return FIRED if any(float(b.get("frac_nonzero") or 0.0) > 0 for b in blocks) else ITERATED
 
 
-def _to(batch, device):
-    if isinstance(batch, Tensor):
-        return batch.to(device)
-    if isinstance(batch, (list, tuple)):
-        return type(batch)(_to(b, device) for b in batch)
-    if isinstance(batch, dict):
-        return {k: _to(v, device) for k, v in batch.items()}
-    return batch
-
-
 def _probe(cfg: dict, examples: Optional[int]):
     """(task, batch, description) of the fixed probe of ``cfg``; cached per config and size."""
-    from torch.utils.data import DataLoader
-
-    from ..train.tasks import get_task
-
     task_name = cfg.get("task", "classification")
     n = int(examples or (cfg.get("train") or {}).get("sparsity_examples") or PROBE_EXAMPLES.get(task_name, 200))
     key = (repr(sorted((k, repr(v)) for k, v in cfg.items() if k in ("task", "data", "model"))), n)
     if key not in _PROBES:
-        task = get_task(task_name)
-        dsets = task.build_datasets(cfg)
-        split = "val" if dsets.get("val") is not None and len(dsets["val"]) else "test"
-        ds = dsets.get(split)
-        if ds is None or not len(ds):
-            raise ValueError("sparsity probe: the task has no 'val' or 'test' data set")
-        collate = task.collate_fn(cfg) if callable(getattr(task, "collate_fn", None)) else None
-        batch = next(iter(DataLoader(ds, batch_size=n, shuffle=False, collate_fn=collate,
-                                     generator=torch.Generator().manual_seed(0))))
-        _PROBES[key] = (task, batch, {"split": split, "examples": min(n, len(ds)), "task": task_name})
+        try:
+            probe = first_eval_batch(cfg, n)
+        except ValueError as exc:
+            raise ValueError(f"sparsity probe: {exc}") from None
+        _PROBES[key] = (probe.task, probe.batch, {"split": probe.split, "examples": probe.examples, "task": task_name})
     return _PROBES[key]
 
 
@@ -162,7 +145,7 @@ def probe_sparsity(model: nn.Module, cfg: dict, examples: Optional[int] = None) 
         return {"probe": None, "blocks": [], "verdict": None}
     task, batch, desc = _probe(cfg, examples)
     device = next(model.parameters()).device
-    batch = _to(batch, device)
+    batch = to_device(batch, device)
     was = model.training
     model.eval()
     try:

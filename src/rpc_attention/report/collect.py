@@ -133,32 +133,21 @@ def setup_info(study) -> Dict[str, Any]:
 
 
 def _train_info(run_dir: Path) -> Dict[str, Any]:
-    out: Dict[str, Any] = {"run_dir": str(run_dir)}
-    cfg_path = run_dir / "config.yaml"
-    if cfg_path.is_file():
-        try:
-            import yaml
+    from ..train.rundir import RunDir
 
-            cfg = yaml.safe_load(cfg_path.read_text()) or {}
-            d = cfg.get("data") or {}
-            out["data"] = {k: d.get(k) for k in ("name", "source", "train_subset", "test_subset", "val_size",
-                                                 "img_size", "root") if d.get(k) is not None}
-            out["model"] = cfg.get("model")
-            t = cfg.get("train") or {}
-            out["schedule"] = {k: t.get(k) for k in ("epochs", "max_steps", "batch_size", "seed") if k in t}
-            out["optim"] = {k: (cfg.get("optim") or {}).get(k) for k in ("name", "lr", "weight_decay")}
-        except Exception:  # noqa: BLE001
-            pass
-    curve: List[Dict[str, Any]] = []
-    mpath = run_dir / "metrics.jsonl"
-    if mpath.is_file():
-        for line in mpath.read_text().splitlines():
-            try:
-                rec = json.loads(line)
-            except json.JSONDecodeError:
-                continue
-            if isinstance(rec, dict):
-                curve.append({k: v for k, v in rec.items() if isinstance(v, (int, float, str)) and not isinstance(v, bool)})
+    run = RunDir(run_dir)
+    out: Dict[str, Any] = {"run_dir": str(run_dir)}
+    if run.is_run():
+        cfg = run.read_config()
+        d = cfg.get("data") or {}
+        out["data"] = {k: d.get(k) for k in ("name", "source", "train_subset", "test_subset", "val_size",
+                                             "img_size", "root") if d.get(k) is not None}
+        out["model"] = cfg.get("model")
+        t = cfg.get("train") or {}
+        out["schedule"] = {k: t.get(k) for k in ("epochs", "max_steps", "batch_size", "seed") if k in t}
+        out["optim"] = {k: (cfg.get("optim") or {}).get(k) for k in ("name", "lr", "weight_decay")}
+    curve = [{k: v for k, v in rec.items() if isinstance(v, (int, float, str)) and not isinstance(v, bool)}
+             for rec in run.read_metrics(missing_ok=True)]
     train_recs = [r for r in curve if any("loss" in k for k in r)]
     if len(train_recs) > 300:  # keep the file small: subsample the step records evenly
         keep = set(range(0, len(train_recs), max(1, len(train_recs) // 300)))
@@ -178,6 +167,8 @@ def _cell(values: List[float]) -> Dict[str, Any]:
 
 
 def collect_results(out_dir, study, pipeline) -> Dict[str, Any]:
+    """Every number of the study in ``out_dir`` as one JSON-able dict: models and their training,
+    evaluation records, the task tables, the claims' verdicts and the KPCA analyses."""
     out_dir = Path(out_dir)
     stages = pipeline.stage_table()
     status = {r["name"]: r for r in stages}
@@ -188,6 +179,17 @@ def collect_results(out_dir, study, pipeline) -> Dict[str, Any]:
         "rules": RULES_TEXT, "paper": {"label": PAPER_LABEL, "rows": PAPER_ROWS},
         "models": {}, "training": {}, "evals": {}, "tables": {}, "claims": [], "analysis": {},
     }
+    _collect_models(res, study, status, out_dir)
+    _collect_evals(res, study, status, out_dir)
+    _collect_tables(res, study)
+    _collect_claims(res, study)
+    res["sparsity"] = collect_sparsity(out_dir, study)  # S activity of every RPC model's runs
+    _collect_analyses(res, study, status, out_dir)
+    return res
+
+
+def _collect_models(res: Dict[str, Any], study, status: Dict[str, Any], out_dir: Path) -> None:
+    """Each model's settings and training status, and each of its runs' training record."""
     for m in study.models:
         runs = m.runs()
         res["models"][m.key] = {"label": m.label, "family": m.family, "role": m.role, "preset": m.preset,
@@ -197,7 +199,10 @@ def collect_results(out_dir, study, pipeline) -> Dict[str, Any]:
             rd = out_dir / "runs" / run
             if rd.is_dir():
                 res["training"][run] = _train_info(rd)
-    # evaluation records
+
+
+def _collect_evals(res: Dict[str, Any], study, status: Dict[str, Any], out_dir: Path) -> None:
+    """Each evaluation record, by suite, model and seed (with its stage status when it has none)."""
     for ev in study.evals:
         for key in ev.models:
             m = study.model(key)
@@ -213,7 +218,10 @@ def collect_results(out_dir, study, pipeline) -> Dict[str, Any]:
                         entry["metrics"] = dict(entry["metrics"], mCE=100.0)  # the normalising model, by definition
                         entry["note"] = "mCE = 100 by definition (the errors are normalised by this model's)"
                 res["evals"].setdefault(ev.suite, {}).setdefault(key, {})[str(seed)] = entry
-    # task tables
+
+
+def _collect_tables(res: Dict[str, Any], study) -> None:
+    """The task tables: a cell per model and column (mean, std over seeds), the paper's rows beside them."""
     for tname, spec in TABLES.items():
         keys = [m.key for m in study.models if m.family == tname]
         if not keys:
@@ -250,7 +258,10 @@ def collect_results(out_dir, study, pipeline) -> Dict[str, Any]:
                                 "columns": [
             {"key": f"{s}:{m}", "suite": s, "metric": m, "header": h, "higher": hb, "paper": p} for s, m, h, hb, p in cols],
             "rows": rows, "paper": paper}
-    # claims
+
+
+def _collect_claims(res: Dict[str, Any], study) -> None:
+    """Each claim's verdict from the baseline's and the RPC model's values."""
     for c in study.claims:
         b = res["evals"].get(c.suite, {}).get(c.baseline, {})
         r = res["evals"].get(c.suite, {}).get(c.rpc, {})
@@ -272,8 +283,10 @@ def collect_results(out_dir, study, pipeline) -> Dict[str, Any]:
             "verdict": v["verdict"], "reason": reason, "effect": v["effect"],
             "paper": PAPER_ROWS.get(getattr(c, "paper_id", None) or c.id),
         })
-    res["sparsity"] = collect_sparsity(out_dir, study)  # S activity of every RPC model's runs
-    # KPCA analyses
+
+
+def _collect_analyses(res: Dict[str, Any], study, status: Dict[str, Any], out_dir: Path) -> None:
+    """Each KPCA analysis run's status and, when done, :func:`_analysis_summary` of its kpca.json."""
     for a in study.analyses:
         m = study.model(a["model"])
         for run in m.runs():
@@ -282,29 +295,34 @@ def collect_results(out_dir, study, pipeline) -> Dict[str, Any]:
             entry: Dict[str, Any] = {"model": m.key, "label": m.label, "status": st.get("status", "not run"),
                                      "reason": st.get("reason"), "dir": f"analysis/{run}"}
             if kp:
-                entry["protocols"] = {}
-                for proto, pr in (kp.get("protocols") or {}).items():
-                    mo = pr.get("model") or {}
-                    entry["protocols"][proto] = {
-                        "model": {k: mo.get(k) for k in ("jproj", "phi2", "h2", "log_phi2", "log_h2", "log_mean_jproj",
-                                                          "optimal_cosine", "direct_cosine", "linear_cka", "rbf_cka",
-                                                          "eig_max", "eig_min", "eig_mean", "eig_median")},
-                        "gamma": {k: {kk: vv for kk, vv in (g or {}).items() if kk in ("mean", "std", "n")}
-                                  for k, g in (mo.get("gamma") or {}).items()},
-                        "layers": [{k: L.get(k) for k in ("name", "kind", "tokens", "heads", "jproj", "phi2", "h2",
-                                                          "optimal_cosine", "linear_cka", "rbf_cka", "direct_cosine")}
-                                   for L in pr.get("layers", [])],
-                    }
-                entry["chance"] = kp.get("chance", {})
-                entry["history"] = kp.get("history", [])
-                fails = kp.get("failures") or []
-                entry["failures"] = len(fails)
-                msgs: Dict[str, int] = {}
-                for f in fails:
-                    msgs[str(f.get("error"))] = msgs.get(str(f.get("error")), 0) + 1
-                entry["failure_messages"] = [{"error": m, "count": c} for m, c in
-                                             sorted(msgs.items(), key=lambda x: -x[1])[:5]]
-                entry["meta"] = {k: v for k, v in (kp.get("meta") or {}).items() if isinstance(v, (str, int, float))}
-                entry["figures"] = [str(Path("analysis") / run / Path(f).name) for f in kp.get("figures", []) or []]
+                entry.update(_analysis_summary(kp, run))
             res["analysis"][run] = entry
-    return res
+
+
+def _analysis_summary(kp: Dict[str, Any], run: str) -> Dict[str, Any]:
+    """The parts of a ``kpca.json`` the report shows."""
+    entry: Dict[str, Any] = {"protocols": {}}
+    for proto, pr in (kp.get("protocols") or {}).items():
+        mo = pr.get("model") or {}
+        entry["protocols"][proto] = {
+            "model": {k: mo.get(k) for k in ("jproj", "phi2", "h2", "log_phi2", "log_h2", "log_mean_jproj",
+                                              "optimal_cosine", "direct_cosine", "linear_cka", "rbf_cka",
+                                              "eig_max", "eig_min", "eig_mean", "eig_median")},
+            "gamma": {k: {kk: vv for kk, vv in (g or {}).items() if kk in ("mean", "std", "n")}
+                      for k, g in (mo.get("gamma") or {}).items()},
+            "layers": [{k: L.get(k) for k in ("name", "kind", "tokens", "heads", "jproj", "phi2", "h2",
+                                              "optimal_cosine", "linear_cka", "rbf_cka", "direct_cosine")}
+                       for L in pr.get("layers", [])],
+        }
+    entry["chance"] = kp.get("chance", {})
+    entry["history"] = kp.get("history", [])
+    fails = kp.get("failures") or []
+    entry["failures"] = len(fails)
+    msgs: Dict[str, int] = {}
+    for f in fails:
+        msgs[str(f.get("error"))] = msgs.get(str(f.get("error")), 0) + 1
+    entry["failure_messages"] = [{"error": m, "count": c} for m, c in
+                                 sorted(msgs.items(), key=lambda x: -x[1])[:5]]
+    entry["meta"] = {k: v for k, v in (kp.get("meta") or {}).items() if isinstance(v, (str, int, float))}
+    entry["figures"] = [str(Path("analysis") / run / Path(f).name) for f in kp.get("figures", []) or []]
+    return entry

@@ -21,22 +21,10 @@ def read_curves(run_dir, split: str = "val"):
     """``(curve records, final records)`` from ``run_dir/metrics.jsonl``: curve records are the
     ``split`` records (``final`` not set) in file order, de-duplicated by epoch (last wins, as a
     resumed run rewrites them); final records are those with ``final: true``."""
-    import json
-    from pathlib import Path
+    from ..train.rundir import RunDir
 
-    path = Path(run_dir) / "metrics.jsonl"
-    if not path.is_file():
-        raise FileNotFoundError(f"{run_dir}: no metrics.jsonl (is it a training run directory?)")
     by_epoch, finals = {}, []
-    for i, line in enumerate(path.read_text().splitlines(), 1):
-        if not line.strip():
-            continue
-        try:
-            rec = json.loads(line)
-        except json.JSONDecodeError:
-            raise ValueError(f"{path}:{i}: not a JSON line") from None
-        if not isinstance(rec, dict):
-            continue
+    for rec in RunDir(run_dir).read_metrics():
         if rec.get("final"):
             finals.append(rec)
         elif rec.get("split") == split and "epoch" in rec:
@@ -57,8 +45,7 @@ def compare_runs(runs, out_dir, metrics=None, labels=None, split: str = "val"):
     """Read the runs, write compare.json / compare.md / compare.png in ``out_dir``; returns the table dict."""
     from pathlib import Path
 
-    from ..io import atomic_write_text
-    from ..kpca.report import write_json_atomic
+    from ..io import atomic_write_json, atomic_write_text
 
     if labels is not None and len(labels) != len(runs):
         raise ValueError(f"{len(labels)} --label given for {len(runs)} runs")
@@ -87,7 +74,7 @@ def compare_runs(runs, out_dir, metrics=None, labels=None, split: str = "val"):
         table["runs"].append(row)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    write_json_atomic(out / "compare.json", table)
+    atomic_write_json(out / "compare.json", table, sort_keys=False, default=str)
     lines = [f"# Run comparison ({split})", ""]
     head = ["run", "epochs"]
     for m in metrics:

@@ -227,94 +227,102 @@ def _stat(d, key="mean"):
 
 
 def kpca_figures(res: Dict[str, Any], out_dir: Path) -> List[dict]:
+    """Per analysed run: J_proj terms per layer, alignment next to chance, J_proj over training."""
     figs = []
     plt = _plt()
     for run, a in res.get("analysis", {}).items():
-        protos = a.get("protocols") or {}
-        if not protos:
+        if not a.get("protocols"):
             continue
-        # J_proj and its terms per layer
-        fig, axes = plt.subplots(1, len(protos), figsize=(5.2 * len(protos), 3.8), squeeze=False)
-        for ax, (proto, pr) in zip(axes[0], protos.items()):
-            layers = pr.get("layers") or []
-            xs = list(range(len(layers)))
-            for term, lab in (("phi2", "||varphi(q)||^2"), ("h2", "||h||^2"), ("jproj", "J_proj")):
-                ys = [_stat(L.get(term)) for L in layers]
-                if term == "jproj":
-                    neg = [y is not None and y < 0 for y in ys]
-                    ys = [abs(y) if y is not None else None for y in ys]
-                    lab = "|J_proj| (hollow: J_proj < 0)"
-                pts = [(x, y) for x, y in zip(xs, ys) if y is not None and y > 0]
-                if pts:
-                    line, = ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=lab)
-                    if term == "jproj":
-                        for (x, y) in pts:
-                            if neg[x]:
-                                ax.plot([x], [y], marker="o", mfc="white", color=line.get_color())
-            ax.set_yscale("log")
-            ax.set_xlabel("layer")
-            ax.xaxis.set_major_locator(_int_locator())
-            ax.set_title(f"J_proj terms ({proto} protocol)")
-            ax.grid(alpha=0.3)
-            ax.legend(fontsize=7)
-        fig.subplots_adjust(wspace=0.28)
-        p = _save(fig, out_dir, f"jproj_{run}.png")
-        figs.append({"path": p, "section": "kpca", "caption": (
-            f"{a['label']}: the projection loss J_proj = mean(||varphi(q)||^2 - ||h||^2) and its two terms per "
-            "layer (mean over heads, tokens and probe images; log scale).")})
-        # alignment vs chance
-        metrics = ["optimal_cosine", "direct_cosine", "linear_cka", "rbf_cka"]
-        chance = a.get("chance") or {}
-        fig, ax = plt.subplots(figsize=(6.5, 3.6))
-        width = 0.8 / (len(protos) + 1)
-        import numpy as np
-
-        x = np.arange(len(metrics))
-        for i, (proto, pr) in enumerate(protos.items()):
-            mo = pr.get("model") or {}
-            ax.bar(x + i * width, [_stat(mo.get(k)) or 0 for k in metrics], width,
-                   yerr=[_stat(mo.get(k), "std") or 0 for k in metrics], capsize=2, label=f"learned V ({proto})")
-        if chance:
-            cm = [[_stat(v.get(k)) for v in chance.values()] for k in metrics]
-            cs = [[_stat(v.get(k), "std") for v in chance.values()] for k in metrics]
-            ax.bar(x + len(protos) * width, [np.mean([c for c in cc if c is not None] or [0]) for cc in cm], width,
-                   yerr=[max([c for c in cc if c is not None] or [0]) for cc in cs], capsize=2, color="grey",
-                   label="chance (random matrices)")
-        ax.set_xticks(x + width * len(protos) / 2)
-        ax.set_xticklabels([m.replace("_", " ") for m in metrics])
-        lows = [(_stat(pr.get("model", {}).get(k)) or 0) for pr in protos.values() for k in metrics]
-        ax.set_ylim(min(0.0, min(lows) - 0.05), 1)
-        ax.axhline(0.8, color="k", lw=0.8, ls="--")
-        ax.set_ylabel("similarity of V and V_hat")
-        ax.set_title("Learned values vs the KPCA value matrix")
-        ax.legend(fontsize=7)
-        ax.grid(axis="y", alpha=0.3)
-        fig.subplots_adjust(wspace=0.28)
-        p = _save(fig, out_dir, f"alignment_{run}.png")
-        figs.append({"path": p, "section": "kpca", "caption": (
-            f"{a['label']}: alignment of the learned value matrix V with the KPCA prediction V_hat (reproduction "
-            "study metrics; mean over layer, head and image; error bars: std), next to independent random matrices "
-            "of the same shapes (chance). Dashed: 0.8.")})
-        hist = a.get("history") or []
-        if len(hist) >= 2:
-            fig, ax = plt.subplots(figsize=(5.5, 3.6))
-            proto = next((pr for pr in protos if any(f"jproj/{pr}/model/jproj" in r for r in hist)), next(iter(protos)))
-            for term in ("jproj", "phi2", "h2"):
-                k = f"jproj/{proto}/model/{term}"
-                pts = [(r.get("epoch", i + 1), r[k]) for i, r in enumerate(hist) if isinstance(r.get(k), (int, float))]
-                if pts:
-                    lab = {"jproj": "|J_proj|", "phi2": "||varphi(q)||^2", "h2": "||h||^2"}[term]
-                    ax.plot([p[0] for p in pts], [abs(p[1]) for p in pts], marker="o", label=lab)
-            ax.set_yscale("log")
-            ax.set_xlabel("epoch")
-            ax.set_title(f"J_proj during training ({proto})")
-            ax.legend(fontsize=7)
-            ax.grid(alpha=0.3)
-            fig.subplots_adjust(wspace=0.28)
-            p = _save(fig, out_dir, f"jproj_history_{run}.png")
-            figs.append({"path": p, "section": "kpca", "caption": f"{a['label']}: J_proj and its terms at the end of "
-                                                                  "each training epoch (absolute values, log scale)."})
+        figs.append(_jproj_terms_figure(plt, run, a, out_dir))
+        figs.append(_alignment_figure(plt, run, a, out_dir))
+        figs.extend(_jproj_history_figure(plt, run, a, out_dir))
     return figs
+
+
+def _jproj_terms_figure(plt, run: str, a: Dict[str, Any], out_dir: Path) -> dict:
+    protos = a["protocols"]
+    fig, axes = plt.subplots(1, len(protos), figsize=(5.2 * len(protos), 3.8), squeeze=False)
+    for ax, (proto, pr) in zip(axes[0], protos.items()):
+        layers = pr.get("layers") or []
+        xs = list(range(len(layers)))
+        for term, lab in (("phi2", "||varphi(q)||^2"), ("h2", "||h||^2"), ("jproj", "J_proj")):
+            ys = [_stat(L.get(term)) for L in layers]
+            if term == "jproj":
+                neg = [y is not None and y < 0 for y in ys]
+                ys = [abs(y) if y is not None else None for y in ys]
+                lab = "|J_proj| (hollow: J_proj < 0)"
+            pts = [(x, y) for x, y in zip(xs, ys) if y is not None and y > 0]
+            if pts:
+                line, = ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=lab)
+                if term == "jproj":
+                    for (x, y) in pts:
+                        if neg[x]:
+                            ax.plot([x], [y], marker="o", mfc="white", color=line.get_color())
+        ax.set_yscale("log")
+        ax.set_xlabel("layer")
+        ax.xaxis.set_major_locator(_int_locator())
+        ax.set_title(f"J_proj terms ({proto} protocol)")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7)
+    fig.subplots_adjust(wspace=0.28)
+    p = _save(fig, out_dir, f"jproj_{run}.png")
+    return {"path": p, "section": "kpca", "caption": (
+        f"{a['label']}: the projection loss J_proj = mean(||varphi(q)||^2 - ||h||^2) and its two terms per "
+        "layer (mean over heads, tokens and probe images; log scale).")}
+
+
+def _alignment_figure(plt, run: str, a: Dict[str, Any], out_dir: Path) -> dict:
+    protos = a["protocols"]
+    metrics = ["optimal_cosine", "direct_cosine", "linear_cka", "rbf_cka"]
+    chance = a.get("chance") or {}
+    fig, ax = plt.subplots(figsize=(6.5, 3.6))
+    width = 0.8 / (len(protos) + 1)
+    import numpy as np
+
+    x = np.arange(len(metrics))
+    for i, (proto, pr) in enumerate(protos.items()):
+        mo = pr.get("model") or {}
+        ax.bar(x + i * width, [_stat(mo.get(k)) or 0 for k in metrics], width,
+               yerr=[_stat(mo.get(k), "std") or 0 for k in metrics], capsize=2, label=f"learned V ({proto})")
+    if chance:
+        cm = [[_stat(v.get(k)) for v in chance.values()] for k in metrics]
+        cs = [[_stat(v.get(k), "std") for v in chance.values()] for k in metrics]
+        ax.bar(x + len(protos) * width, [np.mean([c for c in cc if c is not None] or [0]) for cc in cm], width,
+               yerr=[max([c for c in cc if c is not None] or [0]) for cc in cs], capsize=2, color="grey",
+               label="chance (random matrices)")
+    ax.set_xticks(x + width * len(protos) / 2)
+    ax.set_xticklabels([m.replace("_", " ") for m in metrics])
+    lows = [(_stat(pr.get("model", {}).get(k)) or 0) for pr in protos.values() for k in metrics]
+    ax.set_ylim(min(0.0, min(lows) - 0.05), 1)
+    ax.axhline(0.8, color="k", lw=0.8, ls="--")
+    ax.set_ylabel("similarity of V and V_hat")
+    ax.set_title("Learned values vs the KPCA value matrix")
+    ax.legend(fontsize=7)
+    ax.grid(axis="y", alpha=0.3)
+    fig.subplots_adjust(wspace=0.28)
+    p = _save(fig, out_dir, f"alignment_{run}.png")
+    return {"path": p, "section": "kpca", "caption": (
+        f"{a['label']}: alignment of the learned value matrix V with the KPCA prediction V_hat (reproduction "
+        "study metrics; mean over layer, head and image; error bars: std), next to independent random matrices "
+        "of the same shapes (chance). Dashed: 0.8.")}
+
+
+def _jproj_history_figure(plt, run: str, a: Dict[str, Any], out_dir: Path) -> List[dict]:
+    from ..kpca.plots import plot_jproj_history
+
+    protos, hist = a["protocols"], a.get("history") or []
+    if len(hist) < 2:
+        return []
+    fig, ax = plt.subplots(figsize=(5.5, 3.6))
+    proto = next((pr for pr in protos if any(f"jproj/{pr}/model/jproj" in r for r in hist)), next(iter(protos)))
+    plot_jproj_history(ax, hist, proto)
+    ax.set_title(f"J_proj during training ({proto})")
+    ax.legend(fontsize=7)
+    ax.grid(alpha=0.3)
+    fig.subplots_adjust(wspace=0.28)
+    p = _save(fig, out_dir, f"jproj_history_{run}.png")
+    return [{"path": p, "section": "kpca", "caption": f"{a['label']}: J_proj and its terms at the end of each "
+                                                      "training epoch (absolute values, log scale)."}]
 
 
 def seg_examples(res: Dict[str, Any], out_dir: Path) -> List[dict]:

@@ -9,10 +9,9 @@ table and of the sparse-corruption table.
 
 from __future__ import annotations
 
-import json
 import math
 from pathlib import Path
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List
 
 __all__ = ["FIRED_RULE", "collect_sparsity", "model_sparsity_verdict", "render_sparsity",
            "render_sparse_corruption"]
@@ -25,11 +24,14 @@ FIRED_RULE = ("A PAP block's sparse step *fired* when the share of non-zero entr
 FIRED, ITERATED = "fired", "acted as iterated attention"
 
 
-def _read(path: Path) -> Optional[dict]:
+def _final_metrics(run_dir: Path) -> Dict[str, Any]:
+    """The run's ``final_metrics.json``; empty when the run has not finished (a corrupt file is an error)."""
+    from ..train.rundir import RunDir
+
     try:
-        return json.loads(Path(path).read_text())
-    except (OSError, json.JSONDecodeError):
-        return None
+        return RunDir(run_dir).read_final_metrics()
+    except FileNotFoundError:
+        return {}
 
 
 def model_sparsity_verdict(runs: Dict[str, Dict[str, Any]]) -> str:
@@ -48,7 +50,7 @@ def collect_sparsity(out_dir, study) -> Dict[str, Any]:
             continue
         runs: Dict[str, Dict[str, Any]] = {}
         for run in m.runs():
-            final = _read(Path(out_dir) / "runs" / run / "final_metrics.json") or {}
+            final = _final_metrics(Path(out_dir) / "runs" / run)
             rec = final.get("sparsity")
             runs[run] = rec if isinstance(rec, dict) else {"blocks": [], "note": "no S-activity record in "
                                                                                 "final_metrics.json"}

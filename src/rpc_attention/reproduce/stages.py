@@ -11,7 +11,6 @@ suites and callbacks are this package's own: an unknown name is an error of the 
 from __future__ import annotations
 
 import contextlib
-import json
 import logging
 import shutil
 from pathlib import Path
@@ -54,6 +53,7 @@ def train_stage(ctx: StageContext) -> dict:
     from .. import kpca  # noqa: F401  (registers the jproj epoch-end callback the studies ask for)
     from .. import train
     from ..train.config import resolve_config
+    from ..train.rundir import RunDir
 
     p = ctx.params
     overrides = list(p.get("overrides", [])) + [f"train.seed={int(p['seed'])}"]
@@ -62,14 +62,14 @@ def train_stage(ctx: StageContext) -> dict:
     # A stage whose parameters changed (or --force) trains from scratch; an interrupted one resumes
     # from the trainer's last checkpoint.
     ctx.log(f"preset {p['preset']} {' '.join(overrides)} -> {run_dir}"
-            + (" (resuming from the last checkpoint)" if (run_dir / "config.yaml").is_file() and not ctx.fresh else ""))
+            + (" (resuming from the last checkpoint)" if RunDir(run_dir).is_run() and not ctx.fresh else ""))
     callbacks = list(p.get("callbacks") or [])
     if callbacks:
         cfg["train"]["callbacks"] = list(cfg["train"].get("callbacks") or []) + callbacks
     # --threads applies at run time; it is not a parameter of the stage (changing it retrains nothing)
     threads = getattr(ctx.pipeline, "threads", None)
     runtime = [f"train.threads={int(threads)}"] if threads else []
-    has_run = (run_dir / "config.yaml").is_file()
+    has_run = RunDir(run_dir).is_run()
     if ctx.fresh or not has_run:
         # fresh: parameters changed or --force -> start over; no run yet -> plain start
         train.run_training(cfg, str(run_dir), resume=False, force=bool(ctx.fresh or run_dir.exists()),
@@ -78,17 +78,12 @@ def train_stage(ctx: StageContext) -> dict:
         # an earlier attempt was interrupted (or finished without its marker): continue from the
         # trainer's newest checkpoint, with the config saved in the run
         train.run_training(None, str(run_dir), resume=True, overrides=runtime)
-    weights = run_dir / "model.safetensors"
+    weights = RunDir(run_dir).weights()
     if not weights.is_file():
         raise RuntimeError(f"training finished but {weights} is missing")
-    final = {}
-    metrics = run_dir / "metrics.jsonl"
-    if metrics.is_file():
-        for line in metrics.read_text().splitlines():
-            with contextlib.suppress(json.JSONDecodeError):
-                rec = json.loads(line)
-                if isinstance(rec, dict):
-                    final.update({k: v for k, v in rec.items() if isinstance(v, (int, float))})
+    final = {}  # each numeric key's last logged value
+    for rec in RunDir(run_dir).read_metrics(missing_ok=True):
+        final.update({k: v for k, v in rec.items() if isinstance(v, (int, float))})
     return {"outputs": {"run_dir": str(run_dir), "weights": str(weights)},
             "result": {"last_metrics": final}}
 

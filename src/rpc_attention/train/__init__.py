@@ -12,12 +12,12 @@ Tasks plug in through :func:`rpc_attention.train.tasks.register_task`; epoch-end
 """
 
 from .config import list_presets, load_preset, resolve_config
-from .run import load_run, run_loader
+from .rundir import RunDir, load_run, run_loader
 from .tasks import get_task, list_tasks, register_task
 from .callbacks import register_callback
 from .trainer import RunExistsError, TrainingDiverged, run_training
 
 __all__ = [
-    "resolve_config", "list_presets", "load_preset", "run_training", "load_run", "run_loader", "register_task", "get_task",
+    "resolve_config", "list_presets", "load_preset", "run_training", "RunDir", "load_run", "run_loader", "register_task", "get_task",
     "list_tasks", "register_callback", "RunExistsError", "TrainingDiverged",
 ]

@@ -2,7 +2,7 @@
 
 ``register_callback(name, fn)`` with ``fn(model, cfg, epoch, run_dir, logger)``; ``model`` is the
 unwrapped model (eval mode during the call), ``epoch`` counts from 1, ``logger`` is a
-:class:`rpc_attention.train.trainer.MetricsLogger` (``logger.log({...})`` appends to metrics.jsonl and
+:class:`rpc_attention.train.rundir.MetricsLogger` (``logger.log({...})`` appends to metrics.jsonl and
 TensorBoard). Callbacks run on rank 0 only. A callback may return a dict: the last dict it returned
 is written into ``final_metrics.json`` under the callback's name.
 

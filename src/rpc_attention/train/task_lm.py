@@ -133,7 +133,8 @@ class LMTask:
         x, y = batch
         lp = model(x, y)
         loss = -lp.float().mean()
-        return loss, {"ppl": math.exp(min(float(loss.detach()), 50.0))}
+        # a tensor, not a float: the trainer averages stats on the device and syncs only when it logs
+        return loss, {"ppl": torch.exp(loss.detach().double().clamp(max=50.0))}
 
     @torch.no_grad()
     def evaluate(self, model, loader, cfg: Dict[str, Any]) -> Dict[str, float]:

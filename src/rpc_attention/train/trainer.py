@@ -1,9 +1,11 @@
 """The task-generic training loop: single process, ``torchrun`` (DDP) single- or multi-node.
 
-:func:`run_training` drives any registered task (:mod:`rpc_attention.train.tasks`). Properties:
+:func:`run_training` drives any registered task (:mod:`rpc_attention.train.tasks`) through a
+:class:`Trainer` (restore, step, evaluate, checkpoint, finish). Properties:
 
 * Distributed when launched by ``torchrun`` (``WORLD_SIZE`` > 1): NCCL on GPUs, gloo on CPU, one
-  process per device, per-rank RNG seeds; only rank 0 writes files.
+  process per device, per-rank RNG seeds; only rank 0 writes files (the run directory's layout and
+  files belong to :mod:`rpc_attention.train.rundir`).
 * Data order is a function of ``(seed, epoch)`` only: :class:`StepSampler` cuts a seeded permutation
   into *global* batches and gives rank ``r`` the items ``r::world`` of each, and augmentations are
   seeded per sample. So N processes see exactly the global batches one process sees, and a run can
@@ -11,45 +13,41 @@
 * Checkpoints (:mod:`rpc_attention.train.checkpoint`) every ``train.save_every`` steps and at the end
   carry everything needed to continue bit-identically (weights, optimizer, scheduler, scaler, EMA,
   every rank's RNG states, step).
-* A non-finite loss stops the run before the optimizer step (:class:`TrainingDiverged`), leaving the
-  last good checkpoint untouched.
+* The loss stays on the device between logs: there is no host sync per step. Before every log,
+  evaluation and checkpoint the losses since the last check are tested; a non-finite one stops the
+  run (:class:`TrainingDiverged`, naming its step) before anything computed after it is logged or
+  saved, so the last good checkpoint stays the newest.
 """
 
 from __future__ import annotations
 
-import json
 import math
 import os
-import shutil
+import random
 import sys
 import time
 from contextlib import nullcontext
 from pathlib import Path
-from typing import Any, Dict, Iterator, List, Optional
+from typing import Any, Dict, Iterator, List, Optional, Tuple
 
+import numpy as np
 import torch
 import torch.distributed as dist
 from torch.utils.data import DataLoader, Sampler
 
+from ..data.batch import to_device
 from .checkpoint import (CheckpointError, latest_checkpoint, list_checkpoints, load_checkpoint, rng_state,
                          save_checkpoint, save_safetensors_atomic, set_rng_state)
-from ..io import atomic_write_bytes
-from .config import (OptimConfig, ScheduleConfig, TrainConfig, dump_config, load_config_file,
-                     resolve_config)
+from .config import OptimConfig, ScheduleConfig, TrainConfig, dump_config, resolve_config
+from .rundir import RUN_FILES, MetricsLogger, RunDir, RunExistsError
 from .tasks import primary_metric
 
-__all__ = ["run_training", "TrainingDiverged", "RunExistsError", "StepSampler", "MetricsLogger", "RUN_FILES"]
-
-RUN_FILES = ("config.yaml", "metrics.jsonl", "model.safetensors", "model_ema.safetensors", "final_metrics.json",
-             "checkpoints", "tb")
+__all__ = ["run_training", "Trainer", "TrainingDiverged", "RunExistsError", "StepSampler",
+           "MetricsLogger", "RUN_FILES"]
 
 
 class TrainingDiverged(RuntimeError):
     """The loss became NaN/inf; the message names the step and the last good checkpoint."""
-
-
-class RunExistsError(FileExistsError):
-    """``out_dir`` already holds a run and neither ``resume`` nor ``force`` was given."""
 
 
 # -------------------------------------------------------------------------------------- sampling
@@ -100,62 +98,6 @@ class StepSampler(Sampler):
         return self.steps_per_epoch - self.start_step
 
 
-# --------------------------------------------------------------------------------------- logging
-class MetricsLogger:
-    """Appends JSON lines to ``DIR/metrics.jsonl`` and scalars to TensorBoard (``DIR/tb``), rank 0 only."""
-
-    def __init__(self, run_dir: Optional[Path], enabled: bool = True, tensorboard: bool = True) -> None:
-        self.run_dir = Path(run_dir) if run_dir is not None else None
-        self.enabled = enabled and self.run_dir is not None
-        self._tb = None
-        self._tb_wanted = tensorboard
-
-    @property
-    def path(self) -> Optional[Path]:
-        return self.run_dir / "metrics.jsonl" if self.run_dir is not None else None
-
-    def _writer(self):
-        if self._tb is None and self._tb_wanted:
-            try:
-                from torch.utils.tensorboard import SummaryWriter  # lazy: tensorboard is heavy
-                self._tb = SummaryWriter(log_dir=str(self.run_dir / "tb"))
-            except Exception as exc:  # noqa: BLE001
-                print(f"warning: TensorBoard logging disabled ({exc})", file=sys.stderr)
-                self._tb_wanted = False
-        return self._tb
-
-    def log(self, record: Dict[str, Any]) -> None:
-        if not self.enabled:
-            return
-        rec = {k: (float(v) if isinstance(v, torch.Tensor) else v) for k, v in record.items()}
-        with open(self.path, "a") as f:
-            f.write(json.dumps(rec) + "\n")
-        tb = self._writer()
-        if tb is not None and "step" in rec:
-            split = rec.get("split", "train")
-            for k, v in rec.items():
-                if k not in ("step", "split") and isinstance(v, (int, float)) and not isinstance(v, bool):
-                    tb.add_scalar(f"{split}/{k}", v, rec["step"])
-
-    def truncate_after(self, step: int) -> None:
-        """Drop records logged after ``step`` (written by a run that was killed after its last checkpoint)."""
-        if not self.enabled or not self.path.is_file():
-            return
-        keep = []
-        for line in self.path.read_text().splitlines():
-            try:
-                if json.loads(line).get("step", 0) <= step:
-                    keep.append(line)
-            except ValueError:
-                continue  # a torn last line
-        atomic_write_bytes(self.path, ("\n".join(keep) + ("\n" if keep else "")).encode())
-
-    def close(self) -> None:
-        if self._tb is not None:
-            self._tb.close()
-            self._tb = None
-
-
 # ---------------------------------------------------------------------------------------- helpers
 def _dist_env() -> Dict[str, int]:
     return {"world": int(os.environ.get("WORLD_SIZE", "1")), "rank": int(os.environ.get("RANK", "0")),
@@ -173,16 +115,6 @@ def _resolve_device(spec: str, local_rank: int) -> torch.device:
         if dev.index is None:
             dev = torch.device(f"cuda:{local_rank}")
     return dev
-
-
-def _to_device(batch: Any, device: torch.device) -> Any:
-    if isinstance(batch, torch.Tensor):
-        return batch.to(device, non_blocking=True)
-    if isinstance(batch, (list, tuple)):
-        return type(batch)(_to_device(b, device) for b in batch)
-    if isinstance(batch, dict):
-        return {k: _to_device(v, device) for k, v in batch.items()}
-    return batch
 
 
 def _progress_enabled(rank: int) -> bool:
@@ -206,25 +138,6 @@ def _amp_context(amp: Any, device: torch.device):
 def _fmt_time(s: float) -> str:
     s = int(max(0, s))
     return f"{s // 3600}:{s % 3600 // 60:02d}:{s % 60:02d}" if s >= 3600 else f"{s // 60}:{s % 60:02d}"
-
-
-def _prepare_run_dir(out: Path, resume: bool, force: bool) -> None:
-    holds_run = out.exists() and any((out / f).exists() for f in RUN_FILES)
-    if resume:
-        if not (out / "config.yaml").is_file():
-            raise FileNotFoundError(f"cannot resume: {out} holds no run (expected {out / 'config.yaml'})")
-        return
-    if holds_run:
-        if not force:
-            raise RunExistsError(f"{out} already holds a run; use --resume {out} to continue it or --force to "
-                                 f"start over")
-        for f in RUN_FILES:
-            p = out / f
-            if p.is_dir():
-                shutil.rmtree(p)
-            elif p.exists():
-                p.unlink()
-    out.mkdir(parents=True, exist_ok=True)
 
 
 def _build_optimizer(model: torch.nn.Module, o: OptimConfig, global_batch: int):
@@ -265,6 +178,12 @@ def _gather_objects(obj: Any, world: int) -> List[Any]:
     return out
 
 
+
+def _barrier(world: int) -> None:
+    if world > 1:
+        dist.barrier()
+
+
 # ------------------------------------------------------------------------------------------ train
 def run_training(cfg: Optional[Dict[str, Any]], out_dir: os.PathLike, resume: bool = False, force: bool = False,
                  overrides: Optional[List[str]] = None) -> Path:
@@ -277,13 +196,12 @@ def run_training(cfg: Optional[Dict[str, Any]], out_dir: os.PathLike, resume: bo
     """
     from .tasks import get_task
 
-    out = Path(out_dir)
+    run = RunDir(out_dir)
     env = _dist_env()
     world, rank = env["world"], env["rank"]
     if resume:
-        if not (out / "config.yaml").is_file():
-            raise FileNotFoundError(f"cannot resume: {out} holds no run (expected {out / 'config.yaml'})")
-        cfg = resolve_config(base=load_config_file(out / "config.yaml"), overrides=overrides or ())
+        run.require_run("resume")
+        cfg = resolve_config(base=run.read_config(), overrides=overrides or ())
     else:
         cfg = resolve_config(base=cfg or {}, overrides=overrides or ())
     device = _resolve_device(TrainConfig.from_dict(cfg).train.device, env["local_rank"])
@@ -294,305 +212,396 @@ def run_training(cfg: Optional[Dict[str, Any]], out_dir: os.PathLike, resume: bo
         dist.init_process_group(backend="nccl" if device.type == "cuda" else "gloo")
         started_pg = True
     try:
-        return _train(cfg, out, resume, force, device, rank, world, get_task(cfg["task"]))
+        if not resume:
+            _prepare_on_rank0(run, force, rank, world)
+        trainer = Trainer(cfg, run, get_task(cfg["task"]), device, rank, world)
+        if resume:
+            trainer.restore()
+        else:
+            trainer.seed_ranks()
+        return trainer.fit()
     finally:
         if started_pg and dist.is_initialized():
             dist.destroy_process_group()
 
 
-def _barrier(world: int) -> None:
-    if world > 1:
-        dist.barrier()
-
-
-def _train(cfg, out: Path, resume: bool, force: bool, device: torch.device, rank: int, world: int, task) -> Path:
-    import numpy as np
-    import random
-
-    config = TrainConfig.from_dict(cfg)
-    loop = config.train
-    is_main = rank == 0
-    # -- run directory (rank 0), everyone agrees on failures
+def _prepare_on_rank0(run: RunDir, force: bool, rank: int, world: int) -> None:
+    """``run.prepare`` on rank 0; every rank raises when it failed."""
     err: Optional[BaseException] = None
-    if is_main:
+    if rank == 0:
         try:
-            _prepare_run_dir(out, resume, force)
+            run.prepare(force=force)
         except BaseException as exc:  # noqa: BLE001
             err = exc
     if world > 1:
         flags = _gather_objects(None if err is None else repr(err), world)
         if flags[0] is not None and err is None:
-            raise RuntimeError(f"rank 0 could not prepare {out}: {flags[0]}")
+            raise RuntimeError(f"rank 0 could not prepare {run.path}: {flags[0]}")
     if err is not None:
         raise err
-    if loop.threads:
-        torch.set_num_threads(loop.threads)
-    if device.type == "cpu":
-        # PAP's shrinkage drives many entries towards zero; denormal arithmetic on x86 CPUs is
-        # up to 100x slower (docs/performance.md), so flush them as GPUs do. The CLI sets this at
-        # start-up; here it covers library callers (threads created from now on inherit it).
-        torch.set_flush_denormal(True)
-    if loop.deterministic:
-        torch.use_deterministic_algorithms(True, warn_only=True)
-        torch.backends.cudnn.benchmark = False
-        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
-    seed = loop.seed
 
-    # -- data first (clear errors before any expensive work)
-    datasets = task.build_datasets(cfg)
-    if "train" not in datasets:
-        raise ValueError(f"task {cfg['task']!r} built no 'train' data set")
-    train_ds = datasets["train"]
-    global_batch = loop.batch_size
-    sampler = StepSampler(len(train_ds), global_batch, rank, world, seed, loop.repeated_aug or 1,
-                          positions=bool(getattr(train_ds, "seeded_positions", False)))
-    spe = sampler.steps_per_epoch
-    epochs = loop.epochs
-    total_steps = epochs * spe
-    if loop.max_steps:
-        total_steps = min(total_steps, loop.max_steps)
-    save_every = loop.save_every
-    log_every = max(1, loop.log_every or 50)
-    eval_every = loop.eval_every
 
-    # -- model, optimizer, schedule (identical init on every rank)
+class _Window:
+    """The steps since the last log: their losses and task stats stay on the device until then."""
+
+    def __init__(self, first_step: int) -> None:
+        self.steps = 0
+        self.sums: Dict[str, torch.Tensor] = {}
+        self.units = 0
+        self.t0 = time.time()
+        self.unchecked: List[torch.Tensor] = []  # losses not yet tested for NaN/inf
+        self.first_unchecked = first_step  # the (1-based) step number of unchecked[0]
+
+    def add(self, loss: torch.Tensor, stats: Dict[str, Any], units: int, device: torch.device) -> None:
+        loss = loss.detach().float()
+        self.unchecked.append(loss)
+        self.sums["loss"] = self.sums.get("loss", 0.0) + loss
+        for k, v in stats.items():
+            self.sums[k] = self.sums.get(k, 0.0) + torch.as_tensor(v, dtype=torch.float32, device=device).detach()
+        self.steps += 1
+        self.units += units
+
+    def first_nonfinite(self) -> int:
+        """The step number of the first unchecked NaN/inf loss, 0 if none; marks them all checked."""
+        losses, first = self.unchecked, self.first_unchecked
+        self.unchecked, self.first_unchecked = [], first + len(losses)
+        finite = torch.isfinite(torch.stack(losses)).tolist() if losses else []
+        return next((first + i for i, ok in enumerate(finite) if not ok), 0)
+
+
+class Trainer:
+    """One training run of ``task`` with config ``cfg`` into ``run``, on ``device`` as process ``rank`` of ``world``.
+
+    ``Trainer(...)`` builds data, model, optimizer, schedule, AMP and EMA; then :meth:`restore` (a
+    resume) or :meth:`seed_ranks` (a fresh start), then :meth:`fit`, which calls :meth:`step` per
+    batch, :meth:`evaluate` and the callbacks at epoch ends, :meth:`checkpoint` and :meth:`finish`.
+    """
+
+    def __init__(self, cfg: Dict[str, Any], run: RunDir, task: Any, device: torch.device, rank: int = 0,
+                 world: int = 1) -> None:
+        self.cfg, self.run, self.task = cfg, run, task
+        self.config = TrainConfig.from_dict(cfg)  # the typed view; tasks and callbacks get the dict
+        self.loop = loop = self.config.train
+        self.device, self.rank, self.world, self.is_main = device, rank, world, rank == 0
+        self._configure_process()
+        # data first: clear errors before any expensive work
+        self.datasets = task.build_datasets(cfg)
+        if "train" not in self.datasets:
+            raise ValueError(f"task {cfg['task']!r} built no 'train' data set")
+        train_ds = self.datasets["train"]
+        self.sampler = StepSampler(len(train_ds), loop.batch_size, rank, world, loop.seed, loop.repeated_aug or 1,
+                                   positions=bool(getattr(train_ds, "seeded_positions", False)))
+        self.steps_per_epoch = self.sampler.steps_per_epoch
+        self.total_steps = loop.epochs * self.steps_per_epoch
+        if loop.max_steps:
+            self.total_steps = min(self.total_steps, loop.max_steps)
+        _seed_all(loop.seed)  # identical initial weights on every rank
+        self.model = task.build_model(cfg).to(device)
+        self.optimizer = _build_optimizer(self.model, self.config.optim, loop.batch_size)
+        self.scheduler = _build_scheduler(self.optimizer, self.config.schedule, self.steps_per_epoch, loop.epochs)
+        self.amp, self.scaler = _amp_context(loop.amp, device)
+        self.ema = None
+        if loop.ema.enabled:
+            from timm.utils import ModelEmaV3
+
+            self.ema = ModelEmaV3(self.model, decay=loop.ema.decay)
+        self.logger = MetricsLogger(run.path, enabled=self.is_main)
+        if self.is_main:  # on resume this records any overrides (e.g. a longer train.epochs)
+            run.write_config(dump_config(cfg))
+        self.global_step, self.elapsed_before = 0, 0.0
+        self.last_checkpoint: Optional[Path] = None
+        self.train_model: torch.nn.Module = self.model  # DDP / compiled wrapper, set by fit
+        self.callbacks: List[Tuple[str, Any]] = []  # (name, fn), looked up by fit
+        self.callback_final: Dict[str, Any] = {}  # the last dict each callback returned, for final_metrics.json
+        self.window = _Window(1)
+        self._t_start = time.time()
+
+    def _configure_process(self) -> None:
+        loop = self.loop
+        if loop.threads:
+            torch.set_num_threads(loop.threads)
+        if self.device.type == "cpu":
+            # PAP's shrinkage drives many entries towards zero; denormal arithmetic on x86 CPUs is
+            # up to 100x slower (docs/performance.md), so flush them as GPUs do. The CLI sets this at
+            # start-up; here it covers library callers (threads created from now on inherit it).
+            torch.set_flush_denormal(True)
+        if loop.deterministic:
+            torch.use_deterministic_algorithms(True, warn_only=True)
+            torch.backends.cudnn.benchmark = False
+            os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+
+    # ------------------------------------------------------------------------------ start / resume
+    def seed_ranks(self) -> None:
+        """Seed this process's training RNGs (dropout, augmentation): a function of seed and rank."""
+        _seed_all(self.loop.seed + 7919 * self.rank)
+
+    def restore(self) -> None:
+        """Continue from the newest good checkpoint (none yet: a fresh start); drop later metrics records."""
+        warn = (lambda m: print(m, file=sys.stderr)) if self.is_main else None
+        ckpt = latest_checkpoint(self.run.checkpoints, warn=warn)
+        if ckpt is None:
+            if list_checkpoints(self.run.checkpoints):
+                raise CheckpointError(f"no usable checkpoint in {self.run.checkpoints} (all are corrupt)")
+            if self.is_main:
+                print(f"note: {self.run.path} has no checkpoint yet; starting from step 0", file=sys.stderr)
+            self.seed_ranks()
+        else:
+            self._load_checkpoint(ckpt)
+        self.logger.truncate_after(self.global_step)
+
+    def _load_checkpoint(self, ckpt: Path) -> None:
+        model_sd, ema_sd, state = load_checkpoint(ckpt)
+        self.model.load_state_dict(model_sd)
+        self.optimizer.load_state_dict(state["optimizer"])
+        if self.scheduler is not None and state.get("scheduler") is not None \
+                and state.get("config") == dump_config(self.cfg):
+            # timm schedules are functions of the step; a resume with changed settings (an override
+            # of train.epochs) keeps the freshly built schedule instead of the saved one
+            self.scheduler.load_state_dict(state["scheduler"])
+        if self.scaler is not None and state.get("scaler"):
+            self.scaler.load_state_dict(state["scaler"])
+        if self.ema is not None and ema_sd is not None:
+            self.ema.module.load_state_dict(ema_sd)
+        self.global_step = int(state["step"])
+        self.elapsed_before = float(state.get("elapsed_s", 0.0))
+        rngs = state.get("rng") or []
+        if len(rngs) == self.world:
+            set_rng_state(rngs[self.rank])
+        else:
+            if self.is_main:
+                print(f"warning: checkpoint was written by {len(rngs)} process(es), now {self.world}: RNG states "
+                      f"are re-seeded, the continuation is not bit-identical", file=sys.stderr)
+            torch.manual_seed(self.loop.seed + 7919 * self.rank + self.global_step)
+        self.last_checkpoint = ckpt
+        if self.is_main:
+            print(f"resuming {self.run.path} from {ckpt.name} (step {self.global_step}/{self.total_steps})",
+                  file=sys.stderr)
+
+    def _wrap_model(self) -> None:
+        """DDP and ``torch.compile`` around the model (after any restore), the task's setup, the callbacks."""
+        if self.world > 1:
+            from torch.nn.parallel import DistributedDataParallel as DDP
+
+            self.train_model = DDP(self.model, device_ids=[self.device.index] if self.device.type == "cuda" else None)
+        if self.loop.compile:
+            self.train_model = torch.compile(self.train_model)
+        setup = getattr(self.task, "setup", None)
+        if callable(setup):
+            setup(self.cfg, self.device)
+        from .callbacks import resolve_callbacks
+
+        self.callbacks = resolve_callbacks(self.loop.callbacks)
+
+    # ------------------------------------------------------------------------------------- loop
+    def fit(self) -> Path:
+        """Train from the current step to the end, then :meth:`finish`; returns the run directory."""
+        from tqdm import tqdm
+
+        self._wrap_model()
+        bar = tqdm(total=self.total_steps, initial=self.global_step, disable=not _progress_enabled(self.rank),
+                   dynamic_ncols=True, unit="step", file=sys.stderr)
+        self._t_start = time.time()
+        self.window = _Window(self.global_step + 1)
+        loader_gen = torch.Generator().manual_seed(self.loop.seed)
+        if self.scheduler is not None:
+            self.scheduler.step_update(self.global_step)
+        collate = self.task.collate_fn(self.cfg)
+        try:
+            while self.global_step < self.total_steps:
+                epoch = self.global_step // self.steps_per_epoch
+                self.sampler.set_epoch(epoch, self.global_step - epoch * self.steps_per_epoch)
+                loader = DataLoader(self.datasets["train"], batch_sampler=self.sampler,
+                                    num_workers=self.config.data.num_workers,
+                                    collate_fn=collate, pin_memory=self.device.type == "cuda", generator=loader_gen,
+                                    persistent_workers=False)
+                for batch in loader:
+                    if self.global_step >= self.total_steps:
+                        break
+                    self.step(batch)
+                    bar.update(1)
+                    self._after_step(bar)
+            bar.close()
+            self.finish()
+        finally:
+            bar.close()
+            self.logger.close()
+        return self.run.path
+
+    def step(self, batch: Any) -> None:
+        """One optimizer step on ``batch`` (moved to the device); nothing here waits for the device."""
+        self.train_model.train()
+        batch = to_device(batch, self.device, non_blocking=True)
+        with self.amp():
+            loss, stats = self.task.loss(self.train_model, batch, self.cfg)
+        self.optimizer.zero_grad(set_to_none=True)
+        clip = self.config.optim.clip_grad
+        if self.scaler is not None:
+            self.scaler.scale(loss).backward()
+            if clip:
+                self.scaler.unscale_(self.optimizer)
+                torch.nn.utils.clip_grad_norm_(self.model.parameters(), clip)
+            self.scaler.step(self.optimizer)
+            self.scaler.update()
+        else:
+            loss.backward()
+            if clip:
+                torch.nn.utils.clip_grad_norm_(self.model.parameters(), clip)
+            self.optimizer.step()
+        self.global_step += 1
+        if self.scheduler is not None:
+            self.scheduler.step_update(self.global_step)
+        if self.ema is not None:
+            self.ema.update(self.model, step=self.global_step)
+        count = getattr(self.task, "count", None) or (lambda b: len(b[0]))
+        self.window.add(loss, stats, int(count(batch)) * self.world, self.device)
+
+    def _after_step(self, bar) -> None:
+        step, loop = self.global_step, self.loop
+        epoch_end = step % self.steps_per_epoch == 0 or step == self.total_steps
+        save = bool(loop.save_every and step % loop.save_every == 0) or step == self.total_steps
+        if step % max(1, loop.log_every or 50) == 0 or epoch_end:
+            self._check_finite()
+            self._log_window(bar)
+        if epoch_end:
+            self.end_epoch(bar)
+        if save:
+            self._check_finite()
+            self.last_checkpoint = self.checkpoint() or self.last_checkpoint
+
+    def _check_finite(self) -> None:
+        """Raise :class:`TrainingDiverged` when a loss since the last check was NaN/inf (one host sync;
+        with DDP the first bad step over all processes, so every process stops at the same place)."""
+        unchecked, first_unchecked = list(self.window.unchecked), self.window.first_unchecked
+        local = self.window.first_nonfinite()
+        first = local
+        if self.world > 1:
+            none = self.total_steps + 1
+            worst = torch.tensor([local or none], device=self.device)
+            dist.all_reduce(worst, op=dist.ReduceOp.MIN)
+            first = int(worst.item()) % none
+        if not first:
+            return
+        value = float(unchecked[first - first_unchecked]) if first == local else "not finite on another process"
+        where = (f"the last good checkpoint is {self.last_checkpoint}" if self.last_checkpoint is not None
+                 else "no checkpoint was saved before it")
+        epoch = (first - 1) // self.steps_per_epoch + 1
+        raise TrainingDiverged(f"loss is {value} at step {first} (epoch {epoch}); training stopped, {where}")
+
+    def _log_window(self, bar) -> None:
+        """Average the window's stats over steps (and processes), log them, start a new window."""
+        w, step, spe = self.window, self.global_step, self.steps_per_epoch
+        names = sorted(w.sums)
+        vec = torch.stack([torch.as_tensor(w.sums[k], device=self.device).float().reshape(()) for k in names])
+        if self.world > 1:
+            dist.all_reduce(vec)
+            vec /= self.world
+        n_steps = w.steps
+        vals = {k: float(v) / n_steps for k, v in zip(names, vec.tolist())}
+        dt = max(time.time() - w.t0, 1e-9)
+        rate = w.units / dt
+        unit = getattr(self.task, "throughput_unit", "images")
+        self.logger.log({"step": step, "epoch": round(step / spe, 4), "split": "train", **vals,
+                         "lr": self.optimizer.param_groups[0]["lr"], f"{unit}_per_s": rate,
+                         "elapsed_s": self.elapsed_before + time.time() - self._t_start})
+        post = {"loss": f"{vals['loss']:.4f}", **{k: f"{v:.2f}" for k, v in vals.items() if k != "loss"},
+                {"images": "img", "tokens": "tok"}.get(unit, unit) + "/s": f"{rate:.0f}"}
+        bar.set_postfix(post, refresh=False)
+        if self.is_main and bar.disable and os.environ.get("RPC_ATTENTION_QUIET", "") in ("", "0"):
+            eta = (self.total_steps - step) * dt / n_steps
+            print(f"step {step}/{self.total_steps} ep {step / spe:.2f} " +
+                  " ".join(f"{k} {v}" for k, v in post.items()) + f" eta {_fmt_time(eta)}", file=sys.stderr, flush=True)
+        self.window = _Window(step + 1)
+
+    # ---------------------------------------------------------------------- evaluation, callbacks
+    def end_epoch(self, bar) -> None:
+        """At an epoch's end: validate when due (rank 0), run the callbacks (rank 0), then meet."""
+        step, eval_every = self.global_step, self.loop.eval_every
+        epoch = math.ceil(step / self.steps_per_epoch)
+        val_ds = self.datasets.get("val")
+        due = eval_every and (epoch % eval_every == 0 or step == self.total_steps)
+        if self.is_main and val_ds is not None and due:
+            res = self.evaluate(val_ds)
+            self.logger.log({"step": step, "epoch": epoch, "split": "val", **res})
+            key = primary_metric(self.task)
+            if key in res:
+                msg = f"epoch {epoch}: val {key} {res[key]:.2f}" + (
+                    f" (ema {res['ema_' + key]:.2f})" if "ema_" + key in res else "")
+                if bar.disable:
+                    print(msg, file=sys.stderr, flush=True)
+                else:
+                    bar.write(msg, file=sys.stderr)
+        if self.is_main:
+            for name, callback in self.callbacks:
+                self.model.eval()
+                ret = callback(self.model, self.cfg, epoch, self.run.path, self.logger)
+                if isinstance(ret, dict):
+                    self.callback_final[name] = ret
+                self.model.train()
+        _barrier(self.world)
+
+    def evaluate(self, dataset) -> Dict[str, float]:
+        """The task's metrics of the model (and, with EMA, ``ema_``-prefixed ones of the EMA model) on ``dataset``."""
+        loader = DataLoader(dataset, batch_size=self.config.eval.batch_size, shuffle=False,
+                            num_workers=self.config.data.num_workers, collate_fn=self.task.collate_fn(self.cfg),
+                            pin_memory=self.device.type == "cuda", generator=torch.Generator().manual_seed(0))
+        res: Dict[str, float] = {}
+        for prefix, model in (("", self.model), ("ema_", self.ema.module if self.ema is not None else None)):
+            if model is None:
+                continue
+            was_training = model.training
+            model.eval()
+            with torch.no_grad(), self.amp():
+                metrics = self.task.evaluate(model, loader, self.cfg)
+            model.train(was_training)
+            res.update({prefix + k: v for k, v in metrics.items()})
+        return res
+
+    # ------------------------------------------------------------------------------ checkpoints, end
+    def checkpoint(self) -> Optional[Path]:
+        """Save a checkpoint of the current step (rank 0 writes, every rank gives its RNG states)."""
+        rngs = _gather_objects(rng_state(), self.world)
+        path = None
+        if self.is_main:
+            step, sched, scaler = self.global_step, self.scheduler, self.scaler
+            state = {
+                "step": step, "epoch": step // self.steps_per_epoch, "steps_per_epoch": self.steps_per_epoch,
+                "global_batch": self.loop.batch_size, "world_size": self.world,
+                "optimizer": self.optimizer.state_dict(),
+                "scheduler": sched.state_dict() if sched is not None else None,
+                "scaler": scaler.state_dict() if scaler is not None else None,
+                "rng": rngs, "elapsed_s": self.elapsed_before + (time.time() - self._t_start),
+                "config": dump_config(self.cfg),
+            }
+            path = save_checkpoint(self.run.checkpoints, step, self.model.state_dict(), state,
+                                   ema_sd=self.ema.module.state_dict() if self.ema is not None else None,
+                                   keep=self.loop.keep_checkpoints or 2)
+        _barrier(self.world)
+        return path
+
+    def finish(self) -> Dict[str, Any]:
+        """Write the final weights, evaluate on ``eval.final_split`` and write ``final_metrics.json`` (rank 0)."""
+        final: Dict[str, Any] = {}
+        if self.is_main:
+            save_safetensors_atomic(self.model.state_dict(), self.run.weights())
+            if self.ema is not None:
+                save_safetensors_atomic(self.ema.module.state_dict(), self.run.weights(ema=True))
+            split, step = self.config.eval.final_split, self.global_step
+            dataset = self.datasets.get(split) if split else None
+            if dataset is not None:
+                final = self.evaluate(dataset)
+                self.logger.log({"step": step, "epoch": round(step / self.steps_per_epoch, 4), "split": split,
+                                 "final": True, **final})
+                key = primary_metric(self.task)
+                if key in final:
+                    print(f"final {split} {key}: {final[key]:.2f}", file=sys.stderr, flush=True)
+            self.run.write_final_metrics({"step": step, "split": split,
+                                          "elapsed_s": self.elapsed_before + time.time() - self._t_start, **final,
+                                          **self.callback_final})
+        _barrier(self.world)
+        return final
+
+
+def _seed_all(seed: int) -> None:
     torch.manual_seed(seed)
     np.random.seed(seed % 2 ** 32)
     random.seed(seed)
-    model = task.build_model(cfg).to(device)
-    optimizer = _build_optimizer(model, config.optim, global_batch)
-    scheduler = _build_scheduler(optimizer, config.schedule, spe, epochs)
-    amp_ctx, scaler = _amp_context(loop.amp, device)
-    ema = None
-    if loop.ema.enabled:
-        from timm.utils import ModelEmaV3
-
-        ema = ModelEmaV3(model, decay=loop.ema.decay)
-    logger = MetricsLogger(out, enabled=is_main)
-    if is_main:  # on resume this records any --set overrides (e.g. a longer train.epochs)
-        atomic_write_bytes(out / "config.yaml", dump_config(cfg).encode())
-
-    # -- resume
-    step, elapsed_before = 0, 0.0
-    last_ckpt: Optional[Path] = None
-    if resume:
-        ckpt = latest_checkpoint(out / "checkpoints", warn=(lambda m: print(m, file=sys.stderr)) if is_main else None)
-        if ckpt is None:
-            if list_checkpoints(out / "checkpoints"):
-                raise CheckpointError(f"no usable checkpoint in {out / 'checkpoints'} (all are corrupt)")
-            if is_main:
-                print(f"note: {out} has no checkpoint yet; starting from step 0", file=sys.stderr)
-        else:
-            model_sd, ema_sd, state = load_checkpoint(ckpt)
-            model.load_state_dict(model_sd)
-            optimizer.load_state_dict(state["optimizer"])
-            if scheduler is not None and state.get("scheduler") is not None and state.get("config") == dump_config(cfg):
-                # timm schedules are functions of the step; a resume with changed settings (--set
-                # train.epochs=...) keeps the freshly built schedule instead of the saved one
-                scheduler.load_state_dict(state["scheduler"])
-            if scaler is not None and state.get("scaler"):
-                scaler.load_state_dict(state["scaler"])
-            if ema is not None and ema_sd is not None:
-                ema.module.load_state_dict(ema_sd)
-            step = int(state["step"])
-            elapsed_before = float(state.get("elapsed_s", 0.0))
-            rngs = state.get("rng") or []
-            if len(rngs) == world:
-                set_rng_state(rngs[rank])
-            else:
-                if is_main:
-                    print(f"warning: checkpoint was written by {len(rngs)} process(es), now {world}: RNG states "
-                          f"are re-seeded, the continuation is not bit-identical", file=sys.stderr)
-                torch.manual_seed(seed + 7919 * rank + step)
-            last_ckpt = ckpt
-            if is_main:
-                print(f"resuming {out} from {ckpt.name} (step {step}/{total_steps})", file=sys.stderr)
-        logger.truncate_after(step)
-    else:
-        torch.manual_seed(seed + 7919 * rank)
-        np.random.seed((seed + 7919 * rank) % 2 ** 32)
-        random.seed(seed + 7919 * rank)
-
-    raw_model = model
-    train_model: torch.nn.Module = model
-    if world > 1:
-        from torch.nn.parallel import DistributedDataParallel as DDP
-
-        train_model = DDP(model, device_ids=[device.index] if device.type == "cuda" else None)
-    if loop.compile:
-        train_model = torch.compile(train_model)
-    setup = getattr(task, "setup", None)
-    if callable(setup):
-        setup(cfg, device)
-    from .callbacks import resolve_callbacks
-
-    callbacks = resolve_callbacks(loop.callbacks)
-    callback_final: Dict[str, Any] = {}  # the last dict each callback returned, for final_metrics.json
-    val_ds = datasets.get("val")
-
-    def make_eval_loader(ds):
-        return DataLoader(ds, batch_size=config.eval.batch_size, shuffle=False,
-                          num_workers=config.data.num_workers, collate_fn=task.collate_fn(cfg),
-                          pin_memory=device.type == "cuda", generator=torch.Generator().manual_seed(0))
-
-    def run_eval(ds, split: str) -> Dict[str, float]:
-        res = {}
-        for prefix, m in (("", raw_model), ("ema_", ema.module if ema is not None else None)):
-            if m is None:
-                continue
-            was = m.training
-            m.eval()
-            with torch.no_grad(), amp_ctx():
-                r = task.evaluate(m, make_eval_loader(ds), cfg)
-            m.train(was)
-            res.update({prefix + k: v for k, v in r.items()})
-        return res
-
-    def save(step_now: int) -> Optional[Path]:
-        rngs = _gather_objects(rng_state(), world)
-        path = None
-        if is_main:
-            state = {
-                "step": step_now, "epoch": step_now // spe, "steps_per_epoch": spe, "global_batch": global_batch,
-                "world_size": world, "optimizer": optimizer.state_dict(),
-                "scheduler": scheduler.state_dict() if scheduler is not None else None,
-                "scaler": scaler.state_dict() if scaler is not None else None,
-                "rng": rngs, "elapsed_s": elapsed_before + (time.time() - t_start), "config": dump_config(cfg),
-            }
-            path = save_checkpoint(out / "checkpoints", step_now, raw_model.state_dict(), state,
-                                   ema_sd=ema.module.state_dict() if ema is not None else None,
-                                   keep=loop.keep_checkpoints or 2)
-        _barrier(world)
-        return path
-
-    # -- loop
-    unit = getattr(task, "throughput_unit", "images")
-    count = getattr(task, "count", None) or (lambda b: len(b[0]))
-    from tqdm import tqdm
-
-    bar = tqdm(total=total_steps, initial=step, disable=not _progress_enabled(rank), dynamic_ncols=True,
-               unit="step", file=sys.stderr)
-    t_start = time.time()
-    win_stats: Dict[str, torch.Tensor] = {}
-    win_steps, win_units, win_t0 = 0, 0, time.time()
-    loader_gen = torch.Generator().manual_seed(seed)
-    if scheduler is not None:
-        scheduler.step_update(step)
-    collate = task.collate_fn(cfg)
-    nw = config.data.num_workers
-    clip = config.optim.clip_grad
-    try:
-        while step < total_steps:
-            epoch = step // spe
-            sampler.set_epoch(epoch, step - epoch * spe)
-            loader = DataLoader(train_ds, batch_sampler=sampler, num_workers=nw, collate_fn=collate,
-                                pin_memory=device.type == "cuda", generator=loader_gen,
-                                persistent_workers=False)
-            for batch in loader:
-                if step >= total_steps:
-                    break
-                train_model.train()
-                batch = _to_device(batch, device)
-                with amp_ctx():
-                    loss, stats = task.loss(train_model, batch, cfg)
-                bad = torch.tensor([0.0 if bool(torch.isfinite(loss.detach())) else 1.0], device=device)
-                if world > 1:
-                    dist.all_reduce(bad, op=dist.ReduceOp.MAX)
-                if bad.item() > 0:
-                    where = (f"the last good checkpoint is {last_ckpt}" if last_ckpt is not None
-                             else "no checkpoint was saved before it")
-                    raise TrainingDiverged(f"loss is {float(loss.detach())} at step {step + 1} (epoch {epoch + 1}); "
-                                           f"training stopped, {where}")
-                optimizer.zero_grad(set_to_none=True)
-                if scaler is not None:
-                    scaler.scale(loss).backward()
-                    if clip:
-                        scaler.unscale_(optimizer)
-                        torch.nn.utils.clip_grad_norm_(raw_model.parameters(), float(clip))
-                    scaler.step(optimizer)
-                    scaler.update()
-                else:
-                    loss.backward()
-                    if clip:
-                        torch.nn.utils.clip_grad_norm_(raw_model.parameters(), float(clip))
-                    optimizer.step()
-                step += 1
-                if scheduler is not None:
-                    scheduler.step_update(step)
-                if ema is not None:
-                    ema.update(raw_model, step=step)
-                win_stats["loss"] = win_stats.get("loss", 0.0) + loss.detach().float()
-                for k, v in stats.items():
-                    win_stats[k] = win_stats.get(k, 0.0) + torch.as_tensor(v, dtype=torch.float32, device=device).detach()
-                win_steps += 1
-                win_units += int(count(batch)) * world
-                bar.update(1)
-                epoch_end = step % spe == 0 or step == total_steps
-                if step % log_every == 0 or epoch_end:
-                    names = sorted(win_stats)
-                    vec = torch.stack([torch.as_tensor(win_stats[k], device=device).float().reshape(()) for k in names])
-                    if world > 1:
-                        dist.all_reduce(vec)
-                        vec /= world
-                    vals = {k: float(v) / win_steps for k, v in zip(names, vec.tolist())}
-                    dt = max(time.time() - win_t0, 1e-9)
-                    rate = win_units / dt
-                    rec = {"step": step, "epoch": round(step / spe, 4), "split": "train", **vals,
-                           "lr": optimizer.param_groups[0]["lr"], f"{unit}_per_s": rate,
-                           "elapsed_s": elapsed_before + time.time() - t_start}
-                    logger.log(rec)
-                    eta = (total_steps - step) * dt / win_steps
-                    post = {"loss": f"{vals['loss']:.4f}", **{k: f"{v:.2f}" for k, v in vals.items() if k != "loss"},
-                            {"images": "img", "tokens": "tok"}.get(unit, unit) + "/s": f"{rate:.0f}"}
-                    bar.set_postfix(post, refresh=False)
-                    if is_main and bar.disable and os.environ.get("RPC_ATTENTION_QUIET", "") in ("", "0"):
-                        print(f"step {step}/{total_steps} ep {step / spe:.2f} " +
-                              " ".join(f"{k} {v}" for k, v in post.items()) + f" eta {_fmt_time(eta)}",
-                              file=sys.stderr, flush=True)
-                    win_stats, win_steps, win_units, win_t0 = {}, 0, 0, time.time()
-                if epoch_end:
-                    ep = math.ceil(step / spe)
-                    if is_main and val_ds is not None and eval_every and (ep % eval_every == 0 or step == total_steps):
-                        res = run_eval(val_ds, "val")
-                        logger.log({"step": step, "epoch": ep, "split": "val", **res})
-                        key = primary_metric(task)
-                        if is_main and key in res:
-                            msg = f"epoch {ep}: val {key} {res[key]:.2f}" + (
-                                f" (ema {res['ema_' + key]:.2f})" if "ema_" + key in res else "")
-                            if bar.disable:
-                                print(msg, file=sys.stderr, flush=True)
-                            else:
-                                bar.write(msg, file=sys.stderr)
-                    if is_main:
-                        for name, fn in callbacks:
-                            raw_model.eval()
-                            ret = fn(raw_model, cfg, ep, out, logger)
-                            if isinstance(ret, dict):
-                                callback_final[name] = ret
-                            raw_model.train()
-                    _barrier(world)
-                if (save_every and step % save_every == 0) or step == total_steps:
-                    last_ckpt = save(step) or last_ckpt
-        bar.close()
-        # -- final weights and evaluation
-        final: Dict[str, Any] = {}
-        if is_main:
-            save_safetensors_atomic(raw_model.state_dict(), out / "model.safetensors")
-            if ema is not None:
-                save_safetensors_atomic(ema.module.state_dict(), out / "model_ema.safetensors")
-            split = config.eval.final_split
-            ds = datasets.get(split) if split else None
-            if ds is not None:
-                final = run_eval(ds, split)
-                logger.log({"step": step, "epoch": round(step / spe, 4), "split": split, "final": True, **final})
-                key = primary_metric(task)
-                if key in final:
-                    print(f"final {split} {key}: {final[key]:.2f}", file=sys.stderr, flush=True)
-            summary = {"step": step, "split": split, "elapsed_s": elapsed_before + time.time() - t_start, **final,
-                       **callback_final}
-            atomic_write_bytes(out / "final_metrics.json", (json.dumps(summary, indent=1) + "\n").encode())
-        _barrier(world)
-    finally:
-        bar.close()
-        logger.close()
-    return out
