@@ -178,7 +178,7 @@ class MetricsLogger:
                 from torch.utils.tensorboard import SummaryWriter  # lazy: tensorboard is heavy
                 self._tb = SummaryWriter(log_dir=str(self.run.tensorboard))
             except Exception as exc:  # noqa: BLE001
-                print(f"warning: TensorBoard logging disabled ({exc})", file=sys.stderr)
+                logger.warning("TensorBoard logging disabled (%s)", exc)
                 self._tb_wanted = False
         return self._tb
 

@@ -21,6 +21,7 @@
 
 from __future__ import annotations
 
+import logging
 import math
 import os
 import random
@@ -41,6 +42,8 @@ from .checkpoint import (CheckpointError, latest_checkpoint, list_checkpoints, l
 from .config import OptimConfig, ScheduleConfig, TrainConfig, dump_config, resolve_config
 from .rundir import RUN_FILES, MetricsLogger, RunDir, RunExistsError
 from .tasks import primary_metric
+
+_log = logging.getLogger(__name__)  # messages; metrics go to the run directory (self.logger)
 
 __all__ = ["run_training", "Trainer", "TrainingDiverged", "RunExistsError", "StepSampler",
            "MetricsLogger", "RUN_FILES"]
@@ -337,13 +340,13 @@ class Trainer:
 
     def restore(self) -> None:
         """Continue from the newest good checkpoint (none yet: a fresh start); drop later metrics records."""
-        warn = (lambda m: print(m, file=sys.stderr)) if self.is_main else None
+        warn = _log.warning if self.is_main else None
         ckpt = latest_checkpoint(self.run.checkpoints, warn=warn)
         if ckpt is None:
             if list_checkpoints(self.run.checkpoints):
                 raise CheckpointError(f"no usable checkpoint in {self.run.checkpoints} (all are corrupt)")
             if self.is_main:
-                print(f"note: {self.run.path} has no checkpoint yet; starting from step 0", file=sys.stderr)
+                _log.info("note: %s has no checkpoint yet; starting from step 0", self.run.path)
             self.seed_ranks()
         else:
             self._load_checkpoint(ckpt)
@@ -369,13 +372,12 @@ class Trainer:
             set_rng_state(rngs[self.rank])
         else:
             if self.is_main:
-                print(f"warning: checkpoint was written by {len(rngs)} process(es), now {self.world}: RNG states "
-                      f"are re-seeded, the continuation is not bit-identical", file=sys.stderr)
+                _log.warning("checkpoint was written by %d process(es), now %d: RNG states are re-seeded, "
+                             "the continuation is not bit-identical", len(rngs), self.world)
             torch.manual_seed(self.loop.seed + 7919 * self.rank + self.global_step)
         self.last_checkpoint = ckpt
         if self.is_main:
-            print(f"resuming {self.run.path} from {ckpt.name} (step {self.global_step}/{self.total_steps})",
-                  file=sys.stderr)
+            _log.info("resuming %s from %s (step %d/%d)", self.run.path, ckpt.name, self.global_step, self.total_steps)
 
     def _wrap_model(self) -> None:
         """DDP and ``torch.compile`` around the model (after any restore), the task's setup, the callbacks."""
@@ -506,10 +508,10 @@ class Trainer:
         post = {"loss": f"{vals['loss']:.4f}", **{k: f"{v:.2f}" for k, v in vals.items() if k != "loss"},
                 {"images": "img", "tokens": "tok"}.get(unit, unit) + "/s": f"{rate:.0f}"}
         bar.set_postfix(post, refresh=False)
-        if self.is_main and bar.disable and os.environ.get("RPC_ATTENTION_QUIET", "") in ("", "0"):
+        if self.is_main and bar.disable:  # no progress bar (not a terminal): one log line per log step
             eta = (self.total_steps - step) * dt / n_steps
-            print(f"step {step}/{self.total_steps} ep {step / spe:.2f} " +
-                  " ".join(f"{k} {v}" for k, v in post.items()) + f" eta {_fmt_time(eta)}", file=sys.stderr, flush=True)
+            _log.info("step %d/%d ep %.2f %s eta %s", step, self.total_steps, step / spe,
+                      " ".join(f"{k} {v}" for k, v in post.items()), _fmt_time(eta))
         self.window = _Window(step + 1)
 
     # ---------------------------------------------------------------------- evaluation, callbacks
@@ -527,7 +529,7 @@ class Trainer:
                 msg = f"epoch {epoch}: val {key} {res[key]:.2f}" + (
                     f" (ema {res['ema_' + key]:.2f})" if "ema_" + key in res else "")
                 if bar.disable:
-                    print(msg, file=sys.stderr, flush=True)
+                    _log.info(msg)
                 else:
                     bar.write(msg, file=sys.stderr)
         if self.is_main:
@@ -593,7 +595,7 @@ class Trainer:
                                  "final": True, **final})
                 key = primary_metric(self.task)
                 if key in final:
-                    print(f"final {split} {key}: {final[key]:.2f}", file=sys.stderr, flush=True)
+                    _log.info("final %s %s: %.2f", split, key, final[key])
             self.run.write_final_metrics({"step": step, "split": split,
                                           "elapsed_s": self.elapsed_before + time.time() - self._t_start, **final,
                                           **self.callback_final})
