@@ -55,7 +55,7 @@ import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from . import functional as RF
-from .io import atomic_write_text
+from .files import atomic_write_text
 from .markdown import markdown_table
 
 logger = logging.getLogger(__name__)

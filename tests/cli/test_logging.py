@@ -7,7 +7,7 @@ import logging
 import pytest
 
 from rpc_attention.cli import build_parser, configure_logging
-from rpc_attention.evaluate.common import progress
+from rpc_attention.evaluate.predict import progress
 from rpc_attention.reproduce.pipeline import Pipeline, Stage
 
 

@@ -12,7 +12,7 @@ from rpc_attention.cli import main
 from rpc_attention.kpca import metrics as M
 from rpc_attention.kpca.analysis import analyze_captures, pap_stats
 from rpc_attention.kpca.hooks import AttentionCapture
-from rpc_attention.kpca.report import run_analysis, summary_markdown
+from rpc_attention.kpca.runner import run_analysis, summary_markdown
 from rpc_attention.kpca.sources import image_probe
 
 
@@ -161,7 +161,7 @@ class _FakeTask:
 
 
 def test_jproj_callback_logs_both_protocols(tmp_path):
-    from rpc_attention.kpca.callbacks import jproj_callback, jproj_record
+    from rpc_attention.kpca.jproj_callback import jproj_callback, jproj_record
     from rpc_attention.train.callbacks import get_callback
     from rpc_attention.train.tasks import register_task
 

@@ -104,7 +104,7 @@ def test_prepare_refuses_an_existing_run_and_force_clears_it(tmp_path):
 def test_every_metrics_reader_goes_through_the_run_directory(tmp_path):
     """compare, the kpca history, the study report and the train stage all see the same records and
     the same error for a corrupt line."""
-    from rpc_attention.kpca.report import load_history
+    from rpc_attention.kpca.runner import load_history
     from rpc_attention.report.collect import _train_info
     from rpc_attention.report.compare import read_curves
 

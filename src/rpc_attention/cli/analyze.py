@@ -58,7 +58,7 @@ def run(args: argparse.Namespace) -> int:
     from . import UserError
     from ..kpca import sources
     from ..kpca.options import options_from_namespace
-    from ..kpca.report import run_analysis
+    from ..kpca.runner import run_analysis
 
     try:
         opts = options_from_namespace(args)

@@ -39,7 +39,7 @@ from typing import Dict, FrozenSet, Iterable, Iterator, List, Mapping, Optional,
 
 import numpy as np
 
-from ..io import atomic_write_bytes
+from ..files import atomic_write_bytes
 
 __all__ = [
     "EOS", "UNK", "SPLITS", "WIKITEXT_FILES", "Vocab", "Corpus", "wiki_tokenize", "detokenize",

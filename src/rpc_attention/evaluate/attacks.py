@@ -3,7 +3,7 @@
 Spaces (docs/method.md#adversarial-attacks):
 
 * ``pixel`` (default, correct): the model is wrapped with its normalisation
-  (:class:`~rpc_attention.evaluate.common.Normalized`), inputs live in ``[0, 1]`` and adversarial
+  (:class:`~rpc_attention.evaluate.inputs.Normalized`), inputs live in ``[0, 1]`` and adversarial
   inputs are clipped to ``[0, 1]``; ``eps`` is in pixel units (``1/255`` = one grey level).
 * ``official``: as the official code, the attack works on the already-normalised tensor with no
   clipping to the valid image range; ``eps`` is in normalised units.
@@ -32,7 +32,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from .common import Normalized
+from .inputs import Normalized
 
 __all__ = ["SPACES", "InputSpace", "sparse_l1_descent", "uniform_noise", "make_attack", "ATTACKS"]
 

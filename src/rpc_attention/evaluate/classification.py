@@ -15,7 +15,8 @@ import torch
 from torch import nn
 
 from .attacks import SPACES, InputSpace, make_attack
-from .common import data_name, eval_batches, norm_stats, num_classes_of, topk_correct
+from .inputs import data_name, eval_batches, norm_stats, num_classes_of
+from .predict import topk_correct
 from .suites import register_suite
 
 SWEEP = "1:6/255"

@@ -28,7 +28,8 @@ import torch
 from torch import Tensor, nn
 
 from ._imagecorruptions_compat import CORRUPTIONS, available as imagecorruptions_available
-from .common import Normalized, cfg_value, chunks, data_name, load_eval_data, norm_stats, progress, topk_correct
+from .inputs import Normalized, cfg_value, data_name, load_eval_data, norm_stats
+from .predict import chunks, progress, topk_correct
 from .suites import register_suite
 
 __all__ = ["CORRUPTIONS", "ALEXNET_ERRORS", "corrupt_images", "mce", "MIN_SIZE"]

@@ -134,7 +134,7 @@ def _read_state_dict(path: str) -> Dict[str, torch.Tensor]:
 def _data_cfg(path: Optional[str]) -> Dict[str, Any]:
     if not path:
         raise ValueError("--timm/--hf need --data-config RUN_DIR_OR_YAML (its 'data' section names the evaluation data)")
-    from ..io import read_yaml_mapping
+    from ..files import read_yaml_mapping
 
     cfg_path = os.path.join(path, "config.yaml") if os.path.isdir(path) else path
     if not os.path.isfile(cfg_path):

@@ -27,7 +27,8 @@ import torch.nn.functional as F
 from sklearn.metrics import average_precision_score, roc_auc_score, roc_curve
 from torch import Tensor, nn
 
-from .common import Normalized, cfg_value, data_name, load_eval_data, norm_stats, predict_logits, progress, topk_correct
+from .inputs import Normalized, cfg_value, data_name, load_eval_data, norm_stats
+from .predict import predict_logits, progress, topk_correct
 from .suites import register_suite
 
 __all__ = ["auroc", "aupr", "fpr_at_recall", "ood_metrics", "msp_score", "read_class_list"]

@@ -27,7 +27,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from ..io import atomic_write
+from ..files import atomic_write
 from ._imagecorruptions_compat import CORRUPTIONS
 from .suites import register_suite
 
@@ -260,7 +260,7 @@ def _loader(ds, batch_size: int):
 
 
 def _norm(cfg: Mapping[str, Any], channels: int) -> Tuple[Tensor, Tensor]:
-    from .common import norm_stats
+    from .inputs import norm_stats
 
     mean, std = norm_stats(cfg, channels)
     return mean.view(1, -1, 1, 1), std.view(1, -1, 1, 1)
@@ -310,7 +310,7 @@ def seg_suite(model: nn.Module, cfg: Mapping[str, Any], run_dir, opts: Dict[str,
     window = window_of(cfg)
     n_save = int(opts.get("save_examples") or 0)
     out_dir = os.path.join(str(run_dir) if run_dir else ".", "eval", "seg_examples")
-    from .common import progress
+    from .predict import progress
 
     ev = SegEvaluator(k)
     saved: List[str] = []
@@ -363,7 +363,7 @@ def _all_background_miou(cm: Tensor) -> float:
 def seg_corruptions_suite(model: nn.Module, cfg: Mapping[str, Any], run_dir, opts: Dict[str, Any]) -> Dict[str, Any]:
     """Segmentation metrics on corrupted inputs, per corruption and severity (labels unchanged)."""
     from ..data.segmentation import build_eval_dataset
-    from .common import progress
+    from .predict import progress
     from .corruptions import corrupt_images
 
     device = torch.device(opts.get("device") or "cpu")

@@ -27,7 +27,8 @@ import torch
 from torch import Tensor, nn
 
 from .. import nn as rnn
-from .common import Normalized, data_name, load_eval_data, norm_stats, topk_correct
+from .inputs import Normalized, data_name, load_eval_data, norm_stats
+from .predict import topk_correct
 from .suites import register_suite
 
 __all__ = ["salt_and_pepper", "occlude_patches", "KeyCorruption", "first_attention", "sparse_suite"]

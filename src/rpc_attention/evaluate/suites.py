@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from fractions import Fraction
 from typing import Any, Callable, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
 
-from ..io import atomic_write_json, atomic_write_text  # atomic_write_text: re-exported
+from ..files import atomic_write_json, atomic_write_text  # atomic_write_text: re-exported
 from ..markdown import markdown_table
 from ..overrides import parse_assignments, parse_number, unknown_key
 

@@ -5,8 +5,9 @@
 * :mod:`.hooks` -- :class:`AttentionCapture`: q, k, v of rpc_attention.nn, timm and Hugging Face
   attention modules via forward hooks.
 * :mod:`.analysis` -- per-layer / model-level aggregation under the ``paper`` and ``exact`` protocols.
-* :mod:`.sources`, :mod:`.report`, :mod:`.plots` -- probes (run / timm / HF), JSON + figures + summary.
-* :mod:`.callbacks` -- the ``jproj`` trainer callback (J_proj on a fixed probe batch every epoch),
+* :mod:`.sources`, :mod:`.runner`, :mod:`.plots` -- probes (run / timm / HF); the analysis run (JSON,
+  figures, summary.md).
+* :mod:`.jproj_callback` -- the ``jproj`` trainer callback (J_proj on a fixed probe batch every epoch),
   registered with the trainer when this package is imported.
 * :mod:`.sparsity` -- what PAP's sparse step did (S activity per PAP block on a fixed probe) and the
   ``sparsity`` trainer callback, registered to run in every run when this package is imported.
@@ -14,7 +15,7 @@
 Heavy dependencies (scipy, matplotlib, transformers) are imported lazily.
 """
 
-from . import callbacks  # noqa: F401  (registers the ``jproj`` trainer callback)
+from . import jproj_callback  # noqa: F401  (registers the ``jproj`` trainer callback)
 from . import sparsity  # noqa: F401  (registers the always-on ``sparsity`` trainer callback)
 from .analysis import PROTOCOLS, analyze_captures, chance_baselines, pap_stats
 from .hooks import AttentionCapture, LayerCapture, find_attention_modules

@@ -35,7 +35,7 @@ class AnalysisOptions:
     threads: Optional[int] = None
 
     def analysis_kwargs(self) -> Dict[str, Any]:
-        """Keyword arguments of :func:`rpc_attention.kpca.report.run_analysis`."""
+        """Keyword arguments of :func:`rpc_attention.kpca.runner.run_analysis`."""
         return dict(protocols=self.protocols, perturb=self.perturb, fgsm_eps=self.fgsm_eps,
                     noise_sigma=self.noise_sigma, seed=self.seed, figures=self.figures)
 
@@ -112,8 +112,8 @@ def parse_analysis_args(argv: Sequence[str]) -> AnalysisOptions:
 
 def analyze_run(run_dir, out_dir, options: AnalysisOptions = AnalysisOptions()) -> Dict[str, Any]:
     """KPCA analysis of the training run in ``run_dir``, written to ``out_dir`` (``kpca.json``,
-    ``summary.md``, figures); returns the result :func:`rpc_attention.kpca.report.run_analysis` gives."""
-    from .report import run_analysis
+    ``summary.md``, figures); returns the result :func:`rpc_attention.kpca.runner.run_analysis` gives."""
+    from .runner import run_analysis
     from .sources import probe_from_run
 
     if options.threads:

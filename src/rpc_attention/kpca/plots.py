@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Dict, List
 
-from ..io import atomic_savefig
+from ..files import atomic_savefig
 
 __all__ = ["make_figures", "plot_jproj_history"]
 
@@ -157,7 +157,7 @@ def _pap_sparse(plt, result: Dict[str, Any], protos: List[str], out_dir: Path) -
 
 def plot_jproj_history(ax, history: List[Dict[str, Any]], protocol: str) -> bool:
     """Draw |J_proj| and its two terms (the model means the ``jproj`` callback logged at each epoch end,
-    ``history`` as :func:`rpc_attention.kpca.report.load_history` returns it) on ``ax``, log scale.
+    ``history`` as :func:`rpc_attention.kpca.runner.load_history` returns it) on ``ax``, log scale.
     Returns whether any point was drawn; the caller titles the axes."""
     drawn = False
     for term, label, color in JPROJ_HISTORY_TERMS:

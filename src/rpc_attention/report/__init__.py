@@ -17,7 +17,7 @@ __all__ = ["build_report", "verdict", "RULES_TEXT", "REPRODUCED", "NOT_REPRODUCE
 
 def build_report(out_dir, study, pipeline) -> Dict[str, Path]:
     """Collect, draw, render and write the report of the study in ``out_dir`` (atomically)."""
-    from ..io import atomic_write_json, atomic_write_text
+    from ..files import atomic_write_json, atomic_write_text
     from .collect import collect_results
     from .figures import make_figures
     from .render import render_html, render_markdown

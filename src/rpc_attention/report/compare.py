@@ -45,7 +45,7 @@ def compare_runs(runs, out_dir, metrics=None, labels=None, split: str = "val"):
     """Read the runs, write compare.json / compare.md / compare.png in ``out_dir``; returns the table dict."""
     from pathlib import Path
 
-    from ..io import atomic_write_json, atomic_write_text
+    from ..files import atomic_write_json, atomic_write_text
 
     if labels is not None and len(labels) != len(runs):
         raise ValueError(f"{len(labels)} --label given for {len(runs)} runs")
@@ -102,7 +102,7 @@ def compare_runs(runs, out_dir, metrics=None, labels=None, split: str = "val"):
 def _plot(data, metrics, path, split):
     import matplotlib
 
-    from ..io import atomic_savefig
+    from ..files import atomic_savefig
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt

@@ -12,7 +12,7 @@ import re
 from pathlib import Path
 from typing import Any, Dict, List, Optional
 
-from ..io import atomic_savefig
+from ..files import atomic_savefig
 
 __all__ = ["make_figures"]
 

@@ -29,7 +29,7 @@ from typing import Any, Dict, List, Optional, Tuple
 import numpy as np
 import torch
 
-from ..io import atomic_write_bytes
+from ..files import atomic_write_bytes
 
 __all__ = [
     "atomic_write_bytes", "save_safetensors_atomic", "save_checkpoint", "verify_checkpoint", "list_checkpoints",

@@ -26,7 +26,7 @@ from typing import Any, Dict, Iterable, List, Optional, Tuple, Union
 
 import yaml
 
-from ..io import read_yaml_mapping
+from ..files import read_yaml_mapping
 from ..overrides import apply_assignments, parse_assignments, parse_number
 
 __all__ = [

@@ -29,7 +29,7 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import torch
 
-from ..io import atomic_write_bytes, atomic_write_text
+from ..files import atomic_write_bytes, atomic_write_text
 
 logger = logging.getLogger(__name__)
 

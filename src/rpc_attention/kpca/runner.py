@@ -11,7 +11,7 @@ from typing import Any, Dict, List, Optional, Sequence
 
 import torch
 
-from ..io import atomic_write_json, atomic_write_text
+from ..files import atomic_write_json, atomic_write_text
 from ..markdown import markdown_table
 from .analysis import ALIGN_METRICS, analyze_captures, chance_baselines, pap_stats
 from .hooks import AttentionCapture

@@ -5,7 +5,7 @@ import json
 import numpy as np
 import pytest
 
-from rpc_attention.io import atomic_savefig, atomic_write, atomic_write_json, atomic_write_text
+from rpc_attention.files import atomic_savefig, atomic_write, atomic_write_json, atomic_write_text
 
 
 def test_failed_write_keeps_the_previous_file_and_leaves_no_temporary(tmp_path):
@@ -48,7 +48,7 @@ def test_to_json_writes_standard_json_from_numpy_torch_fractions_and_paths(tmp_p
 
     import torch
 
-    from rpc_attention.io import to_json
+    from rpc_attention.files import to_json
 
     obj = {"acc": np.float32(0.5), "n": np.int64(3), "nan": float("nan"), "inf": np.float64("inf"),
            "eps": Fraction(1, 4), "t": torch.tensor([[1.0, float("-inf")]]), "where": tmp_path, 7: ("a", {1.5})}
