@@ -550,17 +550,14 @@ def _build_lm(key: str, cfg: Config, device: torch.device):
     return label, build_lm("symlm-small", **kw).to(device)
 
 
-def _vision_steps(model, cfg: Config, device: torch.device):
-    g = torch.Generator().manual_seed(0)
-    x = torch.randn(cfg.train_batch, 3, cfg.img_size, cfg.img_size, generator=g).to(device)
-    y = torch.randint(0, 1000, (cfg.train_batch,), generator=g).to(device)
-    xi = torch.randn(cfg.infer_batch, 3, cfg.img_size, cfg.img_size, generator=g).to(device)
+def _step_pair(model, device: torch.device, train_loss, infer_forward):
+    """``(train, infer)`` closures: one optimizer step on ``train_loss()``, one no-grad ``infer_forward()``."""
     opt = torch.optim.AdamW(model.parameters(), lr=1e-5)
 
     def train():
         model.train()
         with _autocast(device), _sdpa_backend(device):
-            loss = F.cross_entropy(model(x), y)
+            loss = train_loss()
         loss.backward()
         opt.step()
         opt.zero_grad(set_to_none=True)
@@ -568,7 +565,16 @@ def _vision_steps(model, cfg: Config, device: torch.device):
     def infer():
         model.eval()
         with torch.no_grad(), _autocast(device), _sdpa_backend(device):
-            return model(xi)
+            return infer_forward()
+    return train, infer
+
+
+def _vision_steps(model, cfg: Config, device: torch.device):
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(cfg.train_batch, 3, cfg.img_size, cfg.img_size, generator=g).to(device)
+    y = torch.randint(0, 1000, (cfg.train_batch,), generator=g).to(device)
+    xi = torch.randn(cfg.infer_batch, 3, cfg.img_size, cfg.img_size, generator=g).to(device)
+    train, infer = _step_pair(model, device, lambda: F.cross_entropy(model(x), y), lambda: model(xi))
     return train, infer, cfg.train_batch, cfg.infer_batch
 
 
@@ -576,20 +582,8 @@ def _lm_steps(model, cfg: Config, device: torch.device):
     g = torch.Generator().manual_seed(0)
     vocab = model.config.vocab_size
     idx = torch.randint(0, vocab, (cfg.lm_batch, cfg.lm_context + 1), generator=g).to(device)
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-5)
-
-    def train():
-        model.train()
-        with _autocast(device), _sdpa_backend(device):
-            loss = model.loss(idx[:, :-1], idx[:, 1:])
-        loss.backward()
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-
-    def infer():
-        model.eval()
-        with torch.no_grad(), _autocast(device), _sdpa_backend(device):
-            return model.loss(idx[:, :-1], idx[:, 1:])
+    loss = lambda: model.loss(idx[:, :-1], idx[:, 1:])  # noqa: E731
+    train, infer = _step_pair(model, device, loss, loss)
     ntok = cfg.lm_batch * cfg.lm_context
     return train, infer, ntok, ntok
 

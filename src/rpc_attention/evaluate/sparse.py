@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import math
 import zlib
-from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Mapping, Tuple
 
 import torch
 from torch import Tensor, nn

@@ -126,6 +126,8 @@ def attend(q: Tensor, k: Tensor, v: Tensor, mask: Optional[Tensor], is_causal: b
     return torch.matmul(weights, v)
 
 
+# The public kernels below share their keyword options (mask, causal, dropout, scale, fused): a
+# deliberate parallel, so that each signature is typed and documented where users read it.
 def attention(
     q: Tensor,
     k: Tensor,

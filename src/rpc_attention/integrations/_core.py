@@ -141,6 +141,8 @@ def asymmetric_rpc_attention(
     dropout_p: float = 0.0,
     scale: Optional[float] = None,
     same_tokens: bool = True,
+    # PAP options, spelled out in every public entry point (a deliberate parallel: typed and
+    # documented where users read them; functional.check_pap_options is their one validator)
     n_iter: int = 6,
     lambd: float = 4.0,
     threshold: str = "lambda_mu",

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any, Dict, List, Optional
 
 from ..markdown import markdown_table
+from .rows import gather_rows
 from .sparsity import render_sparse_corruption, render_sparsity
 
 __all__ = ["render_markdown", "render_html", "fmt", "format_seconds"]
@@ -67,17 +68,7 @@ def _figs(res: Dict[str, Any], section: str) -> List[str]:
 
 def _eps_table(res: Dict[str, Any], suite: str) -> List[str]:
     per_model = res["evals"].get(suite) or {}
-    eps_order: List[str] = []
-    vals: Dict[str, Dict[str, List[float]]] = {}
-    for key, per_seed in per_model.items():
-        for e in per_seed.values():
-            for row in e.get("rows", []):
-                eps = row.get("eps")
-                if eps is None or not isinstance(row.get("top1"), (int, float)):
-                    continue
-                if eps not in eps_order:
-                    eps_order.append(eps)
-                vals.setdefault(key, {}).setdefault(eps, []).append(float(row["top1"]))
+    eps_order, vals = gather_rows(per_model, lambda row: row.get("eps"), "top1")
     if not vals:
         return []
     keys = list(vals)
@@ -102,16 +93,7 @@ def _eps_table(res: Dict[str, Any], suite: str) -> List[str]:
 
 def _corruption_table(res: Dict[str, Any]) -> List[str]:
     per_model = res["evals"].get("corruptions") or {}
-    data: Dict[str, Dict[str, List[float]]] = {}
-    names: List[str] = []
-    for key, per_seed in per_model.items():
-        for e in per_seed.values():
-            for row in e.get("rows", []):
-                c = row.get("corruption")
-                if c and isinstance(row.get("mean_error"), (int, float)):
-                    if c not in names:
-                        names.append(c)
-                    data.setdefault(key, {}).setdefault(c, []).append(float(row["mean_error"]))
+    names, data = gather_rows(per_model, lambda row: row.get("corruption") or None, "mean_error")
     if not data:
         return []
     keys = list(data)

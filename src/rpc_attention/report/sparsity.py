@@ -13,6 +13,8 @@ import math
 from pathlib import Path
 from typing import Any, Dict, List
 
+from .rows import gather_rows
+
 __all__ = ["FIRED_RULE", "collect_sparsity", "model_sparsity_verdict", "render_sparsity",
            "render_sparse_corruption"]
 
@@ -109,19 +111,12 @@ def render_sparsity(res: Dict[str, Any]) -> List[str]:
 
 def render_sparse_corruption(res: Dict[str, Any]) -> List[str]:
     """Markdown: top-1 under each sparse-corruption setting (rows) for every model (columns)."""
+    def setting(row: dict) -> str:
+        level = row.get("level")
+        return f"{row.get('corruption')}: {level}" if level not in (None, "-") else str(row.get("corruption"))
+
     per_model = (res.get("evals") or {}).get("sparse") or {}
-    data: Dict[str, Dict[str, List[float]]] = {}
-    settings: List[str] = []
-    for key, per_seed in per_model.items():
-        for e in per_seed.values():
-            for row in e.get("rows", []):
-                if not isinstance(row.get("top1"), (int, float)):
-                    continue
-                name = f"{row.get('corruption')}: {row.get('level')}" if row.get("level") not in (None, "-") \
-                    else str(row.get("corruption"))
-                if name not in settings:
-                    settings.append(name)
-                data.setdefault(key, {}).setdefault(name, []).append(float(row["top1"]))
+    settings, data = gather_rows(per_model, setting, "top1")
     if not data:
         return []
     keys = list(data)
