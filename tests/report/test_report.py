@@ -42,19 +42,32 @@ def fake_train(ctx):
     return {"outputs": {"run_dir": str(rd)}}
 
 
+N_EXAMPLES = 1000
+
+
+def _bits(pct):
+    """A per-example record string: the first pct % of the examples right (so models are paired)."""
+    k = round(pct * N_EXAMPLES / 100)
+    return "1" * k + "0" * (N_EXAMPLES - k)
+
+
 def fake_eval(ctx):
     p = ctx.params
     key, seed, base = _num(p["run"])
     suite = p["suite"]
-    rows, metrics = [], {}
+    rows, metrics, per_example = [], {}, None
     if suite == "clean":
         metrics = {"top1": base, "top5": 99.0}
+        per_example = {"indices": f"0:{N_EXAMPLES}", "correct": {"clean": _bits(base)},
+                       "metrics": {"top1": {"settings": ["clean"]}}}
     elif suite in ("fgsm", "pgd"):
         for e in range(1, 4):
             rows.append({"eps": f"{e}/255", "top1": base - 10 * e, "top5": 90.0})
             metrics[f"top1@{e}/255"] = base - 10 * e
         metrics["clean_top1"] = base
         metrics["mean_top1"] = sum(r["top1"] for r in rows) / len(rows)
+        per_example = {"indices": f"0:{N_EXAMPLES}", "correct": {r["eps"]: _bits(r["top1"]) for r in rows},
+                       "metrics": {"mean_top1": {"settings": [r["eps"] for r in rows]}}}
     elif suite == "corruptions":
         for c in ("gaussian_noise", "contrast"):
             row = {"corruption": c, **{f"s{s}": 100 - base + s for s in range(1, 6)}}
@@ -75,8 +88,10 @@ def fake_eval(ctx):
         metrics = {"test_ppl_sliding": base, "valid_ppl_sliding": base + 1}
     elif suite == "wordswap":
         raise StageSkipped("word swap needs the LM component")
-    rec = {"suite": suite, "metrics": metrics, "rows": rows, "n_examples": 100, "protocol": f"fake {suite}",
+    rec = {"suite": suite, "metrics": metrics, "rows": rows, "n_examples": N_EXAMPLES, "protocol": f"fake {suite}",
            "data": {"dataset": "fashion_mnist"}, "settings": {}}
+    if per_example is not None:
+        rec["per_example"] = per_example
     out = ctx.out_dir / "runs" / p["run"] / "eval" / f"{suite}.json"
     atomic_write_json(out, rec)
     return {"outputs": {"json": str(out)}}
