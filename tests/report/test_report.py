@@ -183,13 +183,39 @@ def check_report_files_and_tables(study_dir):
     assert claims["sparse_pcp"]["rpc"] == "rpc_pcp" and claims["sparse_pcp"]["baseline"] == "symvit"
     assert claims["clean_pcp"]["verdict"] == "not reproduced"  # 79 < 80
     assert claims["clean_pcp"]["paper"] == claims["clean"]["paper"] is not None
+    check_intervals_and_lead(md, res)
+
+
+def check_intervals_and_lead(md, res):
+    claims = {c["id"]: c for c in res["claims"]}
+    # per-example records on both sides: interval rules; clean +2 points on the first 2 % of 1000 examples
+    clean = claims["clean"]
+    assert clean["rule"] == "intervals" and clean["verdict"] == "reproduced"
+    assert clean["intervals"]["seed_ci"]["diff"] == pytest.approx(2.0, abs=1e-9)
+    pooled = clean["intervals"]["bootstrap"]["pooled"]
+    assert pooled["n_seeds"] == 2 and pooled["n_examples"] == 1000 and 0 < pooled["lo"] < 2.0 < pooled["hi"]
+    assert set(clean["intervals"]["bootstrap"]["per_seed"]) == {"0", "1"}
+    assert claims["clean_pcp"]["rule"] == "intervals" and claims["clean_pcp"]["verdict"] == "not reproduced"
+    # mCE has no per-example form, the fake sparse suite records none: the margin rules stay
+    assert claims["mce"]["rule"] == claims["sparse"]["rule"] == "margin"
+    assert claims["mce"]["intervals"]["seed_ci"] is not None and claims["mce"]["intervals"]["bootstrap"] is None
+    assert "RPC − baseline, 95 % example interval" in md and "**reproduced** (intervals)" in md
+    assert "![" in md and "(figures/verdict_intervals.png)" in md
+    # the lead paragraph: first thing after the title, the same text in results.json
+    lead = res["lead"]["text"]
+    assert md.split("\n")[2] == f"**The answer at this scale.** {lead}"
+    assert "RPC-SymViT 6iter/layer1: acted as iterated attention;" in lead
+    assert "RPC-SymViT 6iter/layer1, PCP-active: fired (up to 12 % of S entries non-zero)" in lead
+    assert "Against SymViT, RPC-SymViT 6iter/layer1 (2 seeds): clean accuracy +2.00 points (better; seed interval" in lead
+    assert "Against Symlm, RPC-Symlm (2 seeds): test perplexity -2.00 PPL (better;" in lead
+    assert "not measured: RPC-Symlm has lower perplexity on word-swap-attacked text." in lead
 
 
 def check_figures_are_pngs_and_html_inlines_them(study_dir):
     res = json.loads((study_dir / "results.json").read_text())
     figs = [f for f in res["figures"] if f.get("path")]
     names = {f["path"] for f in figs}
-    for expected in ("figures/attack_curves.png", "figures/corruption_errors.png", "figures/training_vision.png",
+    for expected in ("figures/verdict_intervals.png", "figures/attack_curves.png", "figures/corruption_errors.png", "figures/training_vision.png",
                      "figures/jproj_symvit-s0.png", "figures/alignment_symvit-s0.png"):
         assert expected in names
     assert not [f for f in res["figures"] if f.get("section") == "errors"]

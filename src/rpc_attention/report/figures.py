@@ -359,18 +359,22 @@ def verdict_intervals(res: Dict[str, Any], out_dir: Path) -> List[dict]:
         return []
     plt = _plt()
     fig, ax = plt.subplots(figsize=(7.5, 0.45 * len(rows) + 1.2))
+    labelled = set()
     for y, (c, sign, ivs) in enumerate(reversed(rows)):
         for name, ci, off, lw, color in (("seed", ivs.get("seed"), 0.12, 3.0, "C0"),
                                          ("example", ivs.get("example"), -0.12, 1.2, "C1")):
             if ci is None:
                 continue
             lo, hi = sorted((sign * ci["lo"], sign * ci["hi"]))
-            ax.plot([lo, hi], [y + off, y + off], color=color, lw=lw, label=f"95 % {name} interval" if y == 0 else None)
+            ax.plot([lo, hi], [y + off, y + off], color=color, lw=lw,
+                    label=None if name in labelled else f"95 % {name} interval")
+            labelled.add(name)
             ax.plot([sign * ci["diff"]], [y + off], "o", color=color, ms=4)
         ax.annotate(c["verdict"], (1.01, y), xycoords=("axes fraction", "data"), fontsize=7, va="center")
     ax.axvline(0.0, color="k", lw=0.8)
     ax.set_yticks(range(len(rows)))
-    ax.set_yticklabels([f"{c['title'][:38]} ({c['rpc_label'][:22]})" for c, _, _ in reversed(rows)], fontsize=7)
+    ax.set_yticklabels([f"{c['id']}: {c['rpc_label']} vs {c['baseline_label']}" for c, _, _ in reversed(rows)],
+                       fontsize=7)
     ax.set_xlabel("RPC − baseline, oriented: > 0 means RPC better (metric units)")
     handles, labels = ax.get_legend_handles_labels()
     if handles:
