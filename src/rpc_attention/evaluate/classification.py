@@ -61,6 +61,24 @@ def _eps_label(eps: Optional[float], norm: str = "Linf") -> str:
     return f"{round(k)}/255" if abs(k - round(k)) < 1e-6 else f"{eps:g}"
 
 
+def _clean_pass(model: nn.Module, cfg: Mapping[str, Any], space_name: str, batches, device: str,
+                record: PerExample):
+    """``(input space, examples right, number of classes)`` on the clean examples the attack will use;
+    each example's correctness goes into ``record`` as the ``clean`` setting (metric ``clean_top1``)."""
+    space, right_total, n_out = None, 0, None
+    for xb, yb in batches():
+        if space is None:
+            space = InputSpace(model, *norm_stats(cfg, xb.shape[1]), space_name)
+        with torch.no_grad():
+            logits = space.image_model(xb.to(device)).float().cpu()
+        n_out = logits.shape[-1]
+        right = top1_hits(logits, yb)
+        record.add("clean", right)
+        right_total += int(right.sum())
+    record.metric("clean_top1", ["clean"])
+    return space, right_total, n_out
+
+
 def _attack_suite(name: str, protocol: str, norm: str):
     def fn(model: nn.Module, cfg: Mapping[str, Any], run_dir, opts: Dict[str, Any]) -> Dict[str, Any]:
         device = opts["device"]
@@ -71,20 +89,8 @@ def _attack_suite(name: str, protocol: str, norm: str):
         n, batches = eval_batches(cfg, "test", opts.get("limit"), bs, desc=f"{name} clean")
         if n == 0:
             raise ValueError("the evaluation split is empty")
-        space = None
-        clean_right = 0
-        n_out = None
         record = PerExample(eval_indices(cfg, "test", opts.get("limit")))
-        for xb, yb in batches():
-            if space is None:
-                space = InputSpace(model, *norm_stats(cfg, xb.shape[1]), opts["space"])
-            with torch.no_grad():
-                lo = space.image_model(xb.to(device)).float().cpu()
-            n_out = lo.shape[-1]
-            right = top1_hits(lo, yb)
-            record.add("clean", right)
-            clean_right += int(right.sum())
-        record.metric("clean_top1", ["clean"])
+        space, clean_right, n_out = _clean_pass(model, cfg, opts["space"], batches, device, record)
         scorer = space.space_model()
         n_classes = num_classes_of(model, cfg) or int(n_out)
         eps_list: List[Optional[float]] = list(opts["eps"]) if "eps" in opts else [None]
