@@ -42,19 +42,32 @@ def fake_train(ctx):
     return {"outputs": {"run_dir": str(rd)}}
 
 
+N_EXAMPLES = 1000
+
+
+def _bits(pct):
+    """A per-example record string: the first pct % of the examples right (so models are paired)."""
+    k = round(pct * N_EXAMPLES / 100)
+    return "1" * k + "0" * (N_EXAMPLES - k)
+
+
 def fake_eval(ctx):
     p = ctx.params
     key, seed, base = _num(p["run"])
     suite = p["suite"]
-    rows, metrics = [], {}
+    rows, metrics, per_example = [], {}, None
     if suite == "clean":
         metrics = {"top1": base, "top5": 99.0}
+        per_example = {"indices": f"0:{N_EXAMPLES}", "correct": {"clean": _bits(base)},
+                       "metrics": {"top1": {"settings": ["clean"]}}}
     elif suite in ("fgsm", "pgd"):
         for e in range(1, 4):
             rows.append({"eps": f"{e}/255", "top1": base - 10 * e, "top5": 90.0})
             metrics[f"top1@{e}/255"] = base - 10 * e
         metrics["clean_top1"] = base
         metrics["mean_top1"] = sum(r["top1"] for r in rows) / len(rows)
+        per_example = {"indices": f"0:{N_EXAMPLES}", "correct": {r["eps"]: _bits(r["top1"]) for r in rows},
+                       "metrics": {"mean_top1": {"settings": [r["eps"] for r in rows]}}}
     elif suite == "corruptions":
         for c in ("gaussian_noise", "contrast"):
             row = {"corruption": c, **{f"s{s}": 100 - base + s for s in range(1, 6)}}
@@ -75,8 +88,10 @@ def fake_eval(ctx):
         metrics = {"test_ppl_sliding": base, "valid_ppl_sliding": base + 1}
     elif suite == "wordswap":
         raise StageSkipped("word swap needs the LM component")
-    rec = {"suite": suite, "metrics": metrics, "rows": rows, "n_examples": 100, "protocol": f"fake {suite}",
+    rec = {"suite": suite, "metrics": metrics, "rows": rows, "n_examples": N_EXAMPLES, "protocol": f"fake {suite}",
            "data": {"dataset": "fashion_mnist"}, "settings": {}}
+    if per_example is not None:
+        rec["per_example"] = per_example
     out = ctx.out_dir / "runs" / p["run"] / "eval" / f"{suite}.json"
     atomic_write_json(out, rec)
     return {"outputs": {"json": str(out)}}
@@ -168,13 +183,39 @@ def check_report_files_and_tables(study_dir):
     assert claims["sparse_pcp"]["rpc"] == "rpc_pcp" and claims["sparse_pcp"]["baseline"] == "symvit"
     assert claims["clean_pcp"]["verdict"] == "not reproduced"  # 79 < 80
     assert claims["clean_pcp"]["paper"] == claims["clean"]["paper"] is not None
+    check_intervals_and_lead(md, res)
+
+
+def check_intervals_and_lead(md, res):
+    claims = {c["id"]: c for c in res["claims"]}
+    # per-example records on both sides: interval rules; clean +2 points on the first 2 % of 1000 examples
+    clean = claims["clean"]
+    assert clean["rule"] == "intervals" and clean["verdict"] == "reproduced"
+    assert clean["intervals"]["seed_ci"]["diff"] == pytest.approx(2.0, abs=1e-9)
+    pooled = clean["intervals"]["bootstrap"]["pooled"]
+    assert pooled["n_seeds"] == 2 and pooled["n_examples"] == 1000 and 0 < pooled["lo"] < 2.0 < pooled["hi"]
+    assert set(clean["intervals"]["bootstrap"]["per_seed"]) == {"0", "1"}
+    assert claims["clean_pcp"]["rule"] == "intervals" and claims["clean_pcp"]["verdict"] == "not reproduced"
+    # mCE has no per-example form, the fake sparse suite records none: the margin rules stay
+    assert claims["mce"]["rule"] == claims["sparse"]["rule"] == "margin"
+    assert claims["mce"]["intervals"]["seed_ci"] is not None and claims["mce"]["intervals"]["bootstrap"] is None
+    assert "RPC − baseline, 95 % example interval" in md and "**reproduced** (intervals)" in md
+    assert "![" in md and "(figures/verdict_intervals.png)" in md
+    # the lead paragraph: first thing after the title, the same text in results.json
+    lead = res["lead"]["text"]
+    assert md.split("\n")[2] == f"**The answer at this scale.** {lead}"
+    assert "RPC-SymViT 6iter/layer1: acted as iterated attention;" in lead
+    assert "RPC-SymViT 6iter/layer1, PCP-active: fired (up to 12 % of S entries non-zero)" in lead
+    assert "Against SymViT, RPC-SymViT 6iter/layer1 (2 seeds): clean accuracy +2.00 points (better; seed interval" in lead
+    assert "Against Symlm, RPC-Symlm (2 seeds): test perplexity -2.00 PPL (better;" in lead
+    assert "not measured: RPC-Symlm has lower perplexity on word-swap-attacked text." in lead
 
 
 def check_figures_are_pngs_and_html_inlines_them(study_dir):
     res = json.loads((study_dir / "results.json").read_text())
     figs = [f for f in res["figures"] if f.get("path")]
     names = {f["path"] for f in figs}
-    for expected in ("figures/attack_curves.png", "figures/corruption_errors.png", "figures/training_vision.png",
+    for expected in ("figures/verdict_intervals.png", "figures/attack_curves.png", "figures/corruption_errors.png", "figures/training_vision.png",
                      "figures/jproj_symvit-s0.png", "figures/alignment_symvit-s0.png"):
         assert expected in names
     assert not [f for f in res["figures"] if f.get("section") == "errors"]

@@ -15,8 +15,9 @@ import torch
 from torch import nn
 
 from .attacks import SPACES, InputSpace, make_attack
-from .inputs import data_name, eval_batches, norm_stats, num_classes_of
-from .predict import topk_correct
+from .inputs import data_name, eval_batches, eval_indices, norm_stats, num_classes_of
+from .per_example import PerExample
+from .predict import top1_hits, topk_correct
 from .suites import register_suite
 
 SWEEP = "1:6/255"
@@ -32,17 +33,22 @@ def clean_suite(model: nn.Module, cfg: Mapping[str, Any], run_dir, opts: Dict[st
     n, batches = eval_batches(cfg, "test", opts.get("limit"), int(opts["batch_size"]), desc="clean")
     hits = {1: 0, 5: 0}
     scorer = None
+    record = PerExample(eval_indices(cfg, "test", opts.get("limit")))
     for xb, yb in batches():
         if scorer is None:
             scorer = InputSpace(model, *norm_stats(cfg, xb.shape[1]), "pixel").image_model
         with torch.no_grad():
-            h = topk_correct(scorer(xb.to(device)).float().cpu(), yb, (1, 5))
-        hits[1] += h[1]
-        hits[5] += h[5]
+            logits = scorer(xb.to(device)).float().cpu()
+        right = top1_hits(logits, yb)
+        record.add("clean", right)
+        hits[1] += int(right.sum())
+        hits[5] += topk_correct(logits, yb, (5,))[5]
     if n == 0:
         raise ValueError("the evaluation split is empty")
     m = {"top1": 100.0 * hits[1] / n, "top5": 100.0 * hits[5] / n, "error": 100.0 - 100.0 * hits[1] / n}
-    return {"metrics": m, "data": _data_record(cfg, n), "n_examples": n,
+    record.metric("top1", ["clean"])
+    record.metric("error", ["clean"], error=True)
+    return {"metrics": m, "data": _data_record(cfg, n), "n_examples": n, "per_example": record.as_dict(),
             "protocol": "top-1/top-5 accuracy (%) on the un-attacked evaluation split"}
 
 
@@ -55,6 +61,24 @@ def _eps_label(eps: Optional[float], norm: str = "Linf") -> str:
     return f"{round(k)}/255" if abs(k - round(k)) < 1e-6 else f"{eps:g}"
 
 
+def _clean_pass(model: nn.Module, cfg: Mapping[str, Any], space_name: str, batches, device: str,
+                record: PerExample):
+    """``(input space, examples right, number of classes)`` on the clean examples the attack will use;
+    each example's correctness goes into ``record`` as the ``clean`` setting (metric ``clean_top1``)."""
+    space, right_total, n_out = None, 0, None
+    for xb, yb in batches():
+        if space is None:
+            space = InputSpace(model, *norm_stats(cfg, xb.shape[1]), space_name)
+        with torch.no_grad():
+            logits = space.image_model(xb.to(device)).float().cpu()
+        n_out = logits.shape[-1]
+        right = top1_hits(logits, yb)
+        record.add("clean", right)
+        right_total += int(right.sum())
+    record.metric("clean_top1", ["clean"])
+    return space, right_total, n_out
+
+
 def _attack_suite(name: str, protocol: str, norm: str):
     def fn(model: nn.Module, cfg: Mapping[str, Any], run_dir, opts: Dict[str, Any]) -> Dict[str, Any]:
         device = opts["device"]
@@ -65,22 +89,12 @@ def _attack_suite(name: str, protocol: str, norm: str):
         n, batches = eval_batches(cfg, "test", opts.get("limit"), bs, desc=f"{name} clean")
         if n == 0:
             raise ValueError("the evaluation split is empty")
-        space = None
-        clean_hits = {1: 0, 5: 0}
-        n_out = None
-        for xb, yb in batches():
-            if space is None:
-                space = InputSpace(model, *norm_stats(cfg, xb.shape[1]), opts["space"])
-            with torch.no_grad():
-                lo = space.image_model(xb.to(device)).float().cpu()
-            n_out = lo.shape[-1]
-            h = topk_correct(lo, yb, (1, 5))
-            clean_hits[1] += h[1]
-            clean_hits[5] += h[5]
+        record = PerExample(eval_indices(cfg, "test", opts.get("limit")))
+        space, clean_right, n_out = _clean_pass(model, cfg, opts["space"], batches, device, record)
         scorer = space.space_model()
         n_classes = num_classes_of(model, cfg) or int(n_out)
         eps_list: List[Optional[float]] = list(opts["eps"]) if "eps" in opts else [None]
-        rows, metrics = [], {"clean_top1": 100.0 * clean_hits[1] / n}
+        rows, metrics = [], {"clean_top1": 100.0 * clean_right / n}
         for eps in eps_list:
             attack = make_attack(name, space, eps, opts, n_classes=n_classes)
             hit1 = hit5 = 0
@@ -95,9 +109,10 @@ def _attack_suite(name: str, protocol: str, norm: str):
                 adv = attack(xb, yb)
                 with torch.no_grad():
                     logits = scorer(adv).float()
-                h = topk_correct(logits.cpu(), yb.cpu(), (1, 5))
-                hit1 += h[1]
-                hit5 += h[5]
+                right = top1_hits(logits.cpu(), yb.cpu())
+                record.add(label if eps is not None else "attacked", right)
+                hit1 += int(right.sum())
+                hit5 += topk_correct(logits.cpu(), yb.cpu(), (5,))[5]
                 d = (adv - ref).flatten(1).float()
                 max_linf = max(max_linf, float(d.abs().max()) if d.numel() else 0.0)
                 norms.append(d.norm(p=1 if norm == "L1" else 2, dim=1).cpu())
@@ -112,10 +127,12 @@ def _attack_suite(name: str, protocol: str, norm: str):
             rows.append(row)
             key = "top1" if eps is None else f"top1@{label}"
             metrics[key] = row["top1"]
+            record.metric(key, [label if eps is not None else "attacked"])
             if out_of_range > 1e-6:  # cannot happen in pixel space; recorded if it ever does
                 metrics["pixel_range_violation"] = out_of_range
         if len(eps_list) > 1:
             metrics["mean_top1"] = sum(r["top1"] for r in rows) / len(rows)
+            record.metric("mean_top1", [r["eps"] for r in rows])
         proto = protocol
         if name == "autoattack":
             std = {"steps": 100, "targets": 9, "n_queries": 5000}
@@ -126,7 +143,7 @@ def _attack_suite(name: str, protocol: str, norm: str):
         settings = {"norm": norm, "eps_units": "pixel [0,1]" if space.name == "pixel" else "normalised",
                     "clipping": "[0,1]" if space.name == "pixel" else "none"}
         return {"metrics": metrics, "rows": rows, "data": _data_record(cfg, n), "n_examples": n,
-                "protocol": f"{proto} ({space.name} space)", "settings": settings}
+                "protocol": f"{proto} ({space.name} space)", "settings": settings, "per_example": record.as_dict()}
 
     fn.__name__ = f"{name}_suite"
     return fn

@@ -28,8 +28,9 @@ import torch
 from torch import Tensor, nn
 
 from ._imagecorruptions_compat import CORRUPTIONS, available as imagecorruptions_available
-from .inputs import Normalized, cfg_value, data_name, load_eval_data, norm_stats
-from .predict import chunks, progress, topk_correct
+from .inputs import Normalized, cfg_value, data_name, eval_indices, load_eval_data, norm_stats
+from .per_example import PerExample
+from .predict import chunks, progress, top1_hits
 from .suites import register_suite
 
 __all__ = ["CORRUPTIONS", "ALEXNET_ERRORS", "corrupt_images", "mce", "MIN_SIZE"]
@@ -173,13 +174,16 @@ def _tree_error(err_of: Callable[[Tensor, Tensor], int], root: str, corruption: 
     return wrong / max(cnt, 1), cnt
 
 
-def _corrupted_error(err_of: Callable[[Tensor, Tensor], int], x: Tensor, y: Tensor, corruption: str,
-                     severity: int, seed: int, bs: int) -> float:
-    """Top-1 error on ``x`` corrupted on the fly (seeded per example position)."""
+def _corrupted_error(hits_of: Callable[[Tensor, Tensor], Tensor], x: Tensor, y: Tensor, corruption: str,
+                     severity: int, seed: int, bs: int, record: PerExample) -> float:
+    """Top-1 error on ``x`` corrupted on the fly (seeded per example position); each example's
+    correctness goes into ``record`` under ``"<corruption>@<severity>"``."""
     wrong = 0
     for start in range(0, len(y), bs):
         xb = corrupt_images(x[start:start + bs], corruption, severity, seed=seed, offset=start)
-        wrong += err_of(xb, y[start:start + bs])
+        right = hits_of(xb, y[start:start + bs])
+        record.add(f"{corruption}@{severity}", right)
+        wrong += len(right) - int(right.sum())
     return wrong / len(y)
 
 
@@ -244,13 +248,22 @@ def corruptions_suite(model: nn.Module, cfg: Mapping[str, Any], run_dir, opts: D
     scorer = Normalized(model, mean, std).to(device)
 
     @torch.no_grad()
-    def err_of(xb: Tensor, yb: Tensor) -> int:
-        return len(yb) - topk_correct(scorer(xb.to(device)).float().cpu(), yb, (1,))[1]
+    def hits_of(xb: Tensor, yb: Tensor) -> Tensor:
+        return top1_hits(scorer(xb.to(device)).float().cpu(), yb)
 
-    n, clean_err = 0, None
-    if not root:  # clean error on the same examples
+    def err_of(xb: Tensor, yb: Tensor) -> int:
+        return len(yb) - int(hits_of(xb, yb).sum())
+
+    n, clean_err, record = 0, None, None
+    if not root:  # clean error on the same examples, and every example's correctness
         n = len(y)
-        clean_err = sum(err_of(x[sl], y[sl]) for sl in chunks(n, bs, desc="clean")) / n
+        record = PerExample(eval_indices(cfg, "test", limit))
+        wrong = 0
+        for sl in chunks(n, bs, desc="clean"):
+            right = hits_of(x[sl], y[sl])
+            record.add("clean", right)
+            wrong += len(right) - int(right.sum())
+        clean_err = wrong / n
     errors: Dict[str, List[float]] = {}
     bar = progress(total=len(names) * len(SEVERITIES), desc="corruptions", unit="setting")
     for c in names:
@@ -259,7 +272,7 @@ def corruptions_suite(model: nn.Module, cfg: Mapping[str, Any], run_dir, opts: D
             if root:
                 err, n = _tree_error(err_of, str(root), c, s, limit, size, channels, bs)
             else:
-                err = _corrupted_error(err_of, x, y, c, s, seed, bs)
+                err = _corrupted_error(hits_of, x, y, c, s, seed, bs, record)
             errors[c].append(err)
             bar.update(1)
     bar.close()
@@ -269,6 +282,11 @@ def corruptions_suite(model: nn.Module, cfg: Mapping[str, Any], run_dir, opts: D
     if clean_err is not None:
         metrics["clean_error"] = 100.0 * clean_err
     ce, rel, norm_by = _normalised(mean_err, clean_err, names, n, dname, opts, metrics)
+    extra: Dict[str, Any] = {}
+    if record is not None:
+        record.metric("clean_error", ["clean"], error=True)
+        record.metric("mean_corruption_error", [f"{c}@{s}" for c in names for s in SEVERITIES], error=True)
+        extra["per_example"] = record.as_dict()
     data = {"dataset": dname, "split": "test", "n_examples": n,
             "source": f"ImageNet-C tree {root}" if root else "imagecorruptions on the fly"}
     protocol = (f"top-1 error (%) under {len(names)} corruptions x {len(SEVERITIES)} severities"
@@ -278,7 +296,7 @@ def corruptions_suite(model: nn.Module, cfg: Mapping[str, Any], run_dir, opts: D
     return {"metrics": metrics, "rows": _corruption_rows(names, errors, mean_err, ce, rel), "data": data,
             "n_examples": n, "protocol": protocol,
             "settings": {"normalised_by": norm_by, "severities": list(SEVERITIES)},
-            "errors": errors}
+            "errors": errors, **extra}
 
 
 register_suite(

@@ -11,7 +11,7 @@ from torch import Tensor, nn
 from .predict import chunks, progress
 
 __all__ = ["data_name", "num_classes_of", "cfg_value", "norm_stats", "Normalized", "dataset_to_tensors",
-           "load_eval_data", "eval_batches"]
+           "load_eval_data", "eval_batches", "eval_indices"]
 
 
 def data_name(cfg: Mapping[str, Any]) -> str:
@@ -168,3 +168,14 @@ def eval_batches(cfg: Mapping[str, Any], split: str, limit: Optional[int], batch
 
     return n, it
 
+
+
+def eval_indices(cfg: Mapping[str, Any], split: str, limit: Optional[int]) -> list:
+    """The split's indices of the examples :func:`eval_batches` and :func:`load_eval_data` yield, in
+    their order: the first ``limit`` of an in-memory data set, an even spread of a folder data set."""
+    ds = _eval_dataset(cfg, split)
+    total = len(ds[1]) if isinstance(ds, (tuple, list)) else (len(ds.tensors[0]) if hasattr(ds, "tensors") else len(ds))
+    n = total if limit is None else min(total, int(limit))
+    if _is_in_memory(ds) or n == total:
+        return list(range(n))
+    return [int(k * total / n) for k in range(n)]

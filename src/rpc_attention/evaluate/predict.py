@@ -10,7 +10,7 @@ from typing import Iterator, Optional, Sequence
 import torch
 from torch import Tensor, nn
 
-__all__ = ["progress", "chunks", "predict_logits", "topk_correct"]
+__all__ = ["progress", "chunks", "predict_logits", "topk_correct", "top1_hits"]
 
 
 def progress(iterable=None, total: Optional[int] = None, desc: str = "", unit: str = "batch"):
@@ -48,3 +48,8 @@ def topk_correct(logits: Tensor, y: Tensor, ks: Sequence[int] = (1, 5)) -> dict:
         res[k] = int(hit[:, : min(k, maxk)].any(dim=1).sum())
     return res
 
+
+
+def top1_hits(logits: Tensor, y: Tensor) -> Tensor:
+    """Boolean ``[N]``: whether each example's top-1 prediction is its label (ties: the first maximum)."""
+    return logits.argmax(dim=-1) == y.view(-1).to(logits.device)

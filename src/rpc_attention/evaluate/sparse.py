@@ -27,8 +27,9 @@ import torch
 from torch import Tensor, nn
 
 from .. import nn as rnn
-from .inputs import Normalized, data_name, load_eval_data, norm_stats
-from .predict import topk_correct
+from .inputs import Normalized, data_name, eval_indices, load_eval_data, norm_stats
+from .per_example import PerExample
+from .predict import top1_hits
 from .suites import register_suite
 
 __all__ = ["salt_and_pepper", "occlude_patches", "KeyCorruption", "first_attention", "sparse_suite"]
@@ -157,34 +158,42 @@ def sparse_suite(model: nn.Module, cfg: Mapping[str, Any], run_dir, opts: Dict[s
     settings = _settings(opts)
     patch = _patch_size(model, cfg) if any(k == "patch occlusion" for k, _, _ in settings) else None
 
+    record = PerExample(eval_indices(cfg, "test", opts.get("limit")))
+
     @torch.no_grad()
-    def top1(corrupt) -> float:
+    def top1(corrupt, setting: str) -> float:
         hits = 0
         for start in range(0, n, bs):
             xb = corrupt(x[start:start + bs], start)
-            hits += topk_correct(scorer(xb.to(device)).float().cpu(), y[start:start + bs], (1,))[1]
+            right = top1_hits(scorer(xb.to(device)).float().cpu(), y[start:start + bs])
+            record.add(setting, right)
+            hits += int(right.sum())
         return 100.0 * hits / n
 
-    clean = top1(lambda xb, start: xb)
+    clean = top1(lambda xb, start: xb, "clean")
     metrics: Dict[str, float] = {"top1_clean": clean}
+    record.metric("top1_clean", ["clean"])
     rows: List[Dict[str, Any]] = [{"corruption": "none (clean)", "level": "-", "top1": clean, "drop": 0.0}]
     for kind, label, level in settings:
+        name = _metric_name(kind, level)
         if kind == "salt-and-pepper":
-            acc = top1(lambda xb, start: salt_and_pepper(xb, level, seed, start))
+            acc = top1(lambda xb, start: salt_and_pepper(xb, level, seed, start), name)
         elif kind == "patch occlusion":
             fill = float(opts["occlusion_fill"])
-            acc = top1(lambda xb, start: occlude_patches(xb, int(level), patch, fill, seed, start))
+            acc = top1(lambda xb, start: occlude_patches(xb, int(level), patch, fill, seed, start), name)
         else:
             with KeyCorruption(model, level, float(opts["key_magnitude"]), seed) as kc:
                 def at(xb, start):
                     kc.offset = start
                     return xb
-                acc = top1(at)
-        metrics[_metric_name(kind, level)] = acc
+                acc = top1(at, name)
+        metrics[name] = acc
+        record.metric(name, [name])
         rows.append({"corruption": kind, "level": label, "top1": acc, "drop": clean - acc})
     if len(rows) > 1:
         metrics["mean_top1"] = sum(r["top1"] for r in rows[1:]) / (len(rows) - 1)
-    return {"metrics": metrics, "rows": rows, "n_examples": n,
+        record.metric("mean_top1", [_metric_name(kind, level) for kind, _, level in settings])
+    return {"metrics": metrics, "rows": rows, "n_examples": n, "per_example": record.as_dict(),
             "data": {"dataset": data_name(cfg), "split": "test", "n_examples": n},
             "settings": {"patch_size": patch},
             "protocol": ("top-1 (%) under sparse corruption: salt-and-pepper pixels, patch occlusion on the patch "

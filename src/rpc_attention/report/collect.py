@@ -14,11 +14,13 @@ import time
 from pathlib import Path
 from typing import Any, Dict, List, Optional
 
+from .intervals import paired_comparison
+from .lead import LEAD_RULE, lead_paragraph
 from .paper import PAPER_LABEL, PAPER_ROWS
 from .sparsity import collect_sparsity
-from .verdict import RULES_TEXT, verdict
+from .verdict import RULES_TEXT, interval_verdict, verdict
 
-__all__ = ["collect_results", "setup_info", "metric_value", "TABLES"]
+__all__ = ["collect_results", "setup_info", "metric_value", "TABLES", "LEAD_METRICS"]
 
 # Columns of the task tables, in the layout of the paper's tables: (suite, metric, header, higher, paper id)
 TABLES: Dict[str, Dict[str, Any]] = {
@@ -66,6 +68,17 @@ TABLES: Dict[str, Dict[str, Any]] = {
         ("seg-corruptions", "corrupted_miou", "corrupted mIoU (%)", True, "seg_corrupt_miou"),
     ]},
 }
+
+# What the lead paragraph compares for every RPC model against its family's baseline:
+# (family, suite, metric, what it is, higher is better)
+LEAD_METRICS = [
+    ("vision", "clean", "top1", "clean accuracy", True),
+    ("vision", "fgsm", "mean_top1", "FGSM accuracy", True),
+    ("vision", "pgd", "mean_top1", "PGD accuracy", True),
+    ("vision", "corruptions", "mean_corruption_error", "corruption error", False),
+    ("vision", "sparse", "mean_top1", "sparse-corruption accuracy", True),
+    ("lm", "ppl", "test_ppl_sliding", "test perplexity", False),
+]
 
 # metric aliases, so the report survives small renames in the suites' outputs
 ALIASES = {"mIoU": ["miou"], "miou": ["mIoU"], "aupr": ["AUPR"], "AUPR": ["aupr"],
@@ -180,11 +193,13 @@ def collect_results(out_dir, study, pipeline) -> Dict[str, Any]:
         "models": {}, "training": {}, "evals": {}, "tables": {}, "claims": [], "analysis": {},
     }
     _collect_models(res, study, status, out_dir)
-    _collect_evals(res, study, status, out_dir)
+    per_example = _collect_evals(res, study, status, out_dir)
     _collect_tables(res, study)
-    _collect_claims(res, study)
+    _collect_claims(res, study, per_example)
+    res["comparisons"] = _collect_comparisons(res, study, per_example)
     res["sparsity"] = collect_sparsity(out_dir, study)  # S activity of every RPC model's runs
     _collect_analyses(res, study, status, out_dir)
+    res["lead"] = {"text": lead_paragraph(res), "rule": LEAD_RULE}
     return res
 
 
@@ -201,8 +216,11 @@ def _collect_models(res: Dict[str, Any], study, status: Dict[str, Any], out_dir:
                 res["training"][run] = _train_info(rd)
 
 
-def _collect_evals(res: Dict[str, Any], study, status: Dict[str, Any], out_dir: Path) -> None:
-    """Each evaluation record, by suite, model and seed (with its stage status when it has none)."""
+def _collect_evals(res: Dict[str, Any], study, status: Dict[str, Any], out_dir: Path) -> Dict[str, Any]:
+    """Each evaluation record, by suite, model and seed (with its stage status when it has none).
+    Returns the records' per-example correctness, ``{suite: {model: {seed: per_example}}}``, which
+    stays out of ``results.json`` (its intervals go in)."""
+    per_example: Dict[str, Any] = {}
     for ev in study.evals:
         for key in ev.models:
             m = study.model(key)
@@ -214,10 +232,13 @@ def _collect_evals(res: Dict[str, Any], study, status: Dict[str, Any], out_dir: 
                     entry.update({"metrics": rec.get("metrics", {}), "rows": rec.get("rows", []),
                                   "protocol": rec.get("protocol"), "settings": rec.get("settings", {}),
                                   "n_examples": rec.get("n_examples"), "data": rec.get("data", {})})
+                    if isinstance(rec.get("per_example"), dict):
+                        per_example.setdefault(ev.suite, {}).setdefault(key, {})[str(seed)] = rec["per_example"]
                     if ev.suite == "corruptions" and ev.baseline_model == key and "mCE" not in entry["metrics"]:
                         entry["metrics"] = dict(entry["metrics"], mCE=100.0)  # the normalising model, by definition
                         entry["note"] = "mCE = 100 by definition (the errors are normalised by this model's)"
                 res["evals"].setdefault(ev.suite, {}).setdefault(key, {})[str(seed)] = entry
+    return per_example
 
 
 def _collect_tables(res: Dict[str, Any], study) -> None:
@@ -260,14 +281,63 @@ def _collect_tables(res: Dict[str, Any], study) -> None:
             "rows": rows, "paper": paper}
 
 
-def _collect_claims(res: Dict[str, Any], study) -> None:
-    """Each claim's verdict from the baseline's and the RPC model's values."""
+def _seed_values(res: Dict[str, Any], suite: str, key: str, metric: str) -> Dict[str, float]:
+    """``{seed: value}`` of one model's metric, for the seeds that measured it."""
+    per_seed = res["evals"].get(suite, {}).get(key, {})
+    vals = {seed: metric_value(e.get("metrics", {}), metric) for seed, e in per_seed.items()}
+    return {seed: v for seed, v in vals.items() if v is not None}
+
+
+def _seed_scores(per_example: Dict[str, Any], suite: str, key: str, metric: str) -> Dict[str, Any]:
+    """``{seed: (example indices, per-example scores)}`` of one model's metric, where recorded."""
+    from ..evaluate.per_example import decode_indices, example_scores
+
+    out = {}
+    for seed, rec in per_example.get(suite, {}).get(key, {}).items():
+        scores = example_scores(rec, metric)
+        if scores is not None:
+            out[seed] = (decode_indices(rec["indices"]), scores)
+    return out
+
+
+def compare_models(res: Dict[str, Any], per_example: Dict[str, Any], suite: str, metric: str,
+                   baseline: str, rpc: str) -> Dict[str, Any]:
+    """RPC - baseline of one metric with its seed and example intervals (``intervals.paired_comparison``)."""
+    return paired_comparison(_seed_values(res, suite, baseline, metric), _seed_values(res, suite, rpc, metric),
+                             _seed_scores(per_example, suite, baseline, metric),
+                             _seed_scores(per_example, suite, rpc, metric))
+
+
+def _collect_comparisons(res: Dict[str, Any], study, per_example: Dict[str, Any]) -> List[Dict[str, Any]]:
+    """Every RPC model against its family's baseline on :data:`LEAD_METRICS` (the lead paragraph's numbers)."""
+    out = []
+    for family, suite, metric, what, higher in LEAD_METRICS:
+        base = next((m.key for m in study.models if m.family == family and m.role == "baseline"), None)
+        for m in study.models:
+            if base is None or m.family != family or m.role != "rpc" or suite not in res["evals"]:
+                continue
+            cmp = compare_models(res, per_example, suite, metric, base, m.key)
+            if cmp["seeds"]:
+                out.append({"rpc": m.key, "baseline": base, "suite": suite, "metric": metric, "what": what,
+                            "higher": higher, **cmp})
+    return out
+
+
+def _collect_claims(res: Dict[str, Any], study, per_example: Dict[str, Any]) -> None:
+    """Each claim's verdict from the baseline's and the RPC model's values: by the interval rules where
+    both models have per-example records, else by the margin rules (RULES_TEXT)."""
     for c in study.claims:
         b = res["evals"].get(c.suite, {}).get(c.baseline, {})
         r = res["evals"].get(c.suite, {}).get(c.rpc, {})
         bv = [v for v in (metric_value(e.get("metrics", {}), c.metric) for e in b.values()) if v is not None]
         rv = [v for v in (metric_value(e.get("metrics", {}), c.metric) for e in r.values()) if v is not None]
         v = verdict(bv, rv, c.higher, c.margin, c.relative)
+        intervals = compare_models(res, per_example, c.suite, c.metric, c.baseline, c.rpc)
+        pooled = (intervals.get("bootstrap") or {}).get("pooled")
+        rule = "margin"
+        if v["verdict"] != "not measured" and pooled is not None:
+            v.update(interval_verdict(intervals["seed_ci"], pooled, c.higher, v["effect"]["margin"]))
+            rule = "intervals"
         reason = v["reason"]
         if not bv or not rv:
             why = [e.get("reason") or e.get("status") for e in list(b.values()) + list(r.values())
@@ -280,7 +350,7 @@ def _collect_claims(res: Dict[str, Any], study) -> None:
             "rpc": c.rpc, "rpc_label": res["models"].get(c.rpc, {}).get("label", c.rpc), "higher": c.higher,
             "margin": v["effect"]["margin"] if v["effect"]["margin"] is not None else c.margin,
             "relative_margin": c.relative, "baseline_values": bv, "rpc_values": rv,
-            "verdict": v["verdict"], "reason": reason, "effect": v["effect"],
+            "verdict": v["verdict"], "reason": reason, "effect": v["effect"], "rule": rule, "intervals": intervals,
             "paper": PAPER_ROWS.get(getattr(c, "paper_id", None) or c.id),
         })
 

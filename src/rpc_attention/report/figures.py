@@ -344,10 +344,53 @@ def seg_examples(res: Dict[str, Any], out_dir: Path) -> List[dict]:
     return out
 
 
+def verdict_intervals(res: Dict[str, Any], out_dir: Path) -> List[dict]:
+    """One row per claim with an interval: RPC - baseline, oriented so that right of 0 is "RPC better",
+    the 95 % seed interval (thick) and the 95 % example interval (thin), the verdict beside it."""
+    rows = []
+    for c in res.get("claims") or []:
+        iv = c.get("intervals") or {}
+        sign = 1.0 if c["higher"] else -1.0
+        ivs = {name: ci for name, ci in (("seed", iv.get("seed_ci")),
+                                          ("example", (iv.get("bootstrap") or {}).get("pooled"))) if ci}
+        if ivs:
+            rows.append((c, sign, ivs))
+    if not rows:
+        return []
+    plt = _plt()
+    fig, ax = plt.subplots(figsize=(7.5, 0.45 * len(rows) + 1.2))
+    labelled = set()
+    for y, (c, sign, ivs) in enumerate(reversed(rows)):
+        for name, ci, off, lw, color in (("seed", ivs.get("seed"), 0.12, 3.0, "C0"),
+                                         ("example", ivs.get("example"), -0.12, 1.2, "C1")):
+            if ci is None:
+                continue
+            lo, hi = sorted((sign * ci["lo"], sign * ci["hi"]))
+            ax.plot([lo, hi], [y + off, y + off], color=color, lw=lw,
+                    label=None if name in labelled else f"95 % {name} interval")
+            labelled.add(name)
+            ax.plot([sign * ci["diff"]], [y + off], "o", color=color, ms=4)
+        ax.annotate(c["verdict"], (1.01, y), xycoords=("axes fraction", "data"), fontsize=7, va="center")
+    ax.axvline(0.0, color="k", lw=0.8)
+    ax.set_yticks(range(len(rows)))
+    ax.set_yticklabels([f"{c['id']}: {c['rpc_label']} vs {c['baseline_label']}" for c, _, _ in reversed(rows)],
+                       fontsize=7)
+    ax.set_xlabel("RPC − baseline, oriented: > 0 means RPC better (metric units)")
+    handles, labels = ax.get_legend_handles_labels()
+    if handles:
+        ax.legend(handles, labels, fontsize=7, loc="lower right")
+    ax.grid(axis="x", alpha=0.3)
+    p = _save(fig, out_dir, "verdict_intervals.png")
+    return [{"path": p, "section": "verdicts", "caption": (
+        "Each claim's difference RPC − baseline with its 95 % intervals, signed so that right of 0 is the "
+        "paper's direction: by seed (t interval, thick) and over test examples (paired bootstrap, thin); the "
+        "verdict on the right.")}]
+
+
 def make_figures(res: Dict[str, Any], out_dir) -> List[dict]:
     out_dir = Path(out_dir)
     figs: List[dict] = []
-    for fn in (attack_curves, corruption_bars, training_curves, kpca_figures, seg_examples):
+    for fn in (verdict_intervals, attack_curves, corruption_bars, training_curves, kpca_figures, seg_examples):
         try:
             figs.extend(fn(res, out_dir))
         except Exception as exc:  # a figure must never sink the report; the failure is reported

@@ -126,20 +126,36 @@ def _claim_row(c: Dict[str, Any]) -> List[Any]:
         return fmt(mean) + (f" ± {fmt(sd)}" if sd is not None else "") + (f" (n={len(vals)})" if len(vals) > 1 else "")
 
     delta = "—" if e.get("delta") is None else fmt(e["delta"]) + (f" (2σ = {fmt(2 * e['sigma'])})" if e.get("sigma") is not None else "")
+    iv = c.get("intervals") or {}
+    seed_ci = _ci(iv.get("seed_ci")) if iv.get("seed_ci") else ("n/a, one seed" if iv.get("seeds") else "—")
+    pooled = (iv.get("bootstrap") or {}).get("pooled")
     p = c.get("paper")
     paper = f"{fmt(p['baseline'])} → {fmt(p['rpc'])} ({p['setting']}, {p['change']})" if p else "—"
     return [c["title"], f"{c['suite']}: {c['metric']} ({'higher' if c['higher'] else 'lower'} better)",
             ms(c["baseline_values"], e.get("baseline_mean"), e.get("baseline_std")) + f" [{c['baseline_label']}]",
             ms(c["rpc_values"], e.get("rpc_mean"), e.get("rpc_std")) + f" [{c['rpc_label']}]",
-            delta, fmt(c["margin"]), paper, f"**{c['verdict']}**"]
+            delta, seed_ci, _ci(pooled) if pooled else "—", fmt(c["margin"]), paper,
+            f"**{c['verdict']}**" + (" (intervals)" if c.get("rule") == "intervals" else "")]
 
 
-def _verdicts_section(claims: List[Dict[str, Any]]) -> List[str]:
+def _ci(ci: Dict[str, Any]) -> str:
+    """``+1.20 [-0.50, +2.90]``: an RPC - baseline difference and its 95 % interval."""
+    return f"{ci['diff']:+.2f} [{ci['lo']:+.2f}, {ci['hi']:+.2f}]"
+
+
+def _verdicts_section(res: Dict[str, Any], claims: List[Dict[str, Any]]) -> List[str]:
     if not claims:
         return []
     L = ["## Verdicts", ""]
-    L += _table(["claim (paper)", "metric", "baseline (ours)", "RPC (ours)", "delta, RPC better > 0", "margin",
+    L += _table(["claim (paper)", "metric", "baseline (ours)", "RPC (ours)", "delta, RPC better > 0",
+                 "RPC − baseline, 95 % seed interval", "RPC − baseline, 95 % example interval", "margin",
                  "paper: baseline → RPC (its data set)", "verdict"], [_claim_row(c) for c in claims])
+    L += ["Intervals: RPC − baseline in the metric's units (not oriented). Seed interval: t interval over the "
+          "per-seed differences (seeds paired). Example interval: paired bootstrap over test examples (the same "
+          "resampled examples for both models and every seed, seeds pooled); per-seed intervals are in "
+          "`results.json`. A verdict marked (intervals) follows the interval rules, the others the margin rules "
+          "(see Verdict rules).", ""]
+    L += _figs(res, "verdicts")
     L += ["Reasons:", ""]
     return L + [f"- {c['title']}: {c['verdict']} — {c['reason']}." for c in claims] + [""]
 
@@ -291,11 +307,13 @@ def _problems_section(res: Dict[str, Any], stages: List[Dict[str, Any]]) -> List
 def render_markdown(res: Dict[str, Any]) -> str:
     """``report.md``: verdicts, setup, time per stage, one section per task, the rules, KPCA, problems."""
     L: List[str] = [f"# Reproduction report: `{res['study']}` study", ""]
+    if (res.get("lead") or {}).get("text"):
+        L += [f"**The answer at this scale.** {res['lead']['text']}", "", f"*{res['lead']['rule']}*", ""]
     L += [res.get("description", ""), "",
           f"Generated {res['generated']} by `rpc-attention reproduce --study {res['study']}` in `{res['out_dir']}`. "
           "Every number below is also in `results.json`; verdicts are computed by the rules stated at the end, "
           "never written by hand.", ""]
-    L += _verdicts_section(res.get("claims") or [])
+    L += _verdicts_section(res, res.get("claims") or [])
     L += _setup_section(res)
     # the report stage writing this page is still running: it is not a pending stage
     stages = [r for r in res["stages"] if not (r.get("kind") == "report" and r["status"] == "running")]

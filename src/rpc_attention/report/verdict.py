@@ -14,10 +14,12 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Optional, Sequence
+from typing import Any, Dict, Optional, Sequence
+
+from .intervals import RESAMPLES
 
 __all__ = ["REPRODUCED", "NOT_REPRODUCED", "INCONCLUSIVE", "NOT_MEASURED", "Effect", "effect", "verdict",
-           "RULES_TEXT", "SINGLE_SEED_FACTOR"]
+           "interval_verdict", "oriented", "RULES_TEXT", "SINGLE_SEED_FACTOR"]
 
 REPRODUCED = "reproduced"
 NOT_REPRODUCED = "not reproduced"
@@ -40,6 +42,17 @@ margin = the smallest effect that matters for that metric (shown in each table).
   **inconclusive at this scale** (a single run cannot separate an effect from seed noise; the direction is
   still reported).
 - A number that was not measured (stage skipped or failed) gives **not measured**.
+Where both models recorded which test examples they got right (the classification suites do), the
+rules above are replaced by 95 % intervals for the difference RPC - baseline, oriented as delta: the
+seed interval (a t interval over the per-seed differences, seeds paired; needs >= 2 seeds) and the
+example interval (a paired bootstrap over test examples, {RESAMPLES} resamples of example indices, the same
+resample for both models and every seed, seeds pooled).
+- Several seeds: **reproduced** if both intervals lie above 0 (RPC better); **not reproduced** if both
+  lie below 0 (RPC worse), or if both lie inside (-margin, +margin) (precise enough to see an effect of
+  the margin's size, and none is there); otherwise **inconclusive at this scale**.
+- One seed (no seed interval): **not reproduced** if the example interval lies below -margin (RPC worse
+  by more than the margin even at the interval's edge); otherwise **inconclusive at this scale** (the
+  example interval says nothing about seed noise).
 The paper's numbers are at ImageNet, WikiText-103 and ADE20K scale (docs/method.md#published-numbers): they give the expected direction, never a target value."""
 
 
@@ -112,3 +125,33 @@ def verdict(baseline: Sequence[float], rpc: Sequence[float], higher_is_better: b
         else:
             v, why = INCONCLUSIVE, f"single seed: RPC is {direction} by {abs(d):.3g}; no noise estimate"
     return {"verdict": v, "reason": why, "effect": e.as_dict()}
+
+
+def oriented(ci: Optional[Dict[str, Any]], higher_is_better: bool) -> Optional[tuple]:
+    """``(lo, hi)`` of an RPC - baseline interval with the sign flipped where lower is better, so
+    values > 0 mean "RPC better"; None for no interval."""
+    if not ci or ci.get("lo") is None or ci.get("hi") is None:
+        return None
+    return (ci["lo"], ci["hi"]) if higher_is_better else (-ci["hi"], -ci["lo"])
+
+
+def interval_verdict(seed_ci: Optional[Dict[str, Any]], example_ci: Dict[str, Any], higher_is_better: bool,
+                     margin: float) -> Dict[str, str]:
+    """``{"verdict", "reason"}`` from the seed and example intervals of RPC - baseline (RULES_TEXT)."""
+    ex = oriented(example_ci, higher_is_better)
+    seed = oriented(seed_ci, higher_is_better)
+    text = lambda iv: f"[{iv[0]:+.3g}, {iv[1]:+.3g}]"  # noqa: E731
+    if seed is None:
+        if ex[1] < -margin:
+            return {"verdict": NOT_REPRODUCED, "reason": f"single seed: RPC is worse, example interval {text(ex)} "
+                                                         f"lies below -margin = {-margin:.3g}"}
+        return {"verdict": INCONCLUSIVE, "reason": f"single seed: example interval {text(ex)}; no seed interval"}
+    both = f"seed interval {text(seed)}, example interval {text(ex)}"
+    if seed[0] > 0 and ex[0] > 0:
+        return {"verdict": REPRODUCED, "reason": f"RPC is better: {both} both above 0"}
+    if seed[1] < 0 and ex[1] < 0:
+        return {"verdict": NOT_REPRODUCED, "reason": f"RPC is worse: {both} both below 0"}
+    if all(-margin < x < margin for x in seed + ex):
+        return {"verdict": NOT_REPRODUCED, "reason": f"no effect of the claimed size: {both} both inside "
+                                                     f"+-margin = {margin:.3g}"}
+    return {"verdict": INCONCLUSIVE, "reason": f"{both}: not both on one side of 0"}
