@@ -1,11 +1,6 @@
 """Softmax attention kernels (asymmetric, symmetric, scaled) against float64 references.
 
-Tolerances. Comparisons run in float64 unless a test is about a low-precision path. Float64 results of
-the same formula computed in a different order (batched vs per-head loops, fused vs explicit, other
-thread counts) differ by ~1e-15 (eps = 2.2e-16 on O(1) values); PAP's passes feed each pass's rounding
-into the next keys, so its comparisons allow atol=1e-10 and a single attention 1e-12: far above rounding
-on any CPU, far below any real discrepancy (a wrong step or mask moves outputs by >1e-3). Float32 and
-lower-precision tests derive their tolerance from the dtype's epsilon and the magnitudes involved.
+Tolerances: see tests/functional/reference.py.
 """
 
 import math

@@ -132,44 +132,16 @@ def test_pap_stats_values():
     assert st["n_iter_run"] == 2
 
 
-class _FakeLogger:
-    def __init__(self):
-        self.records = []
-
-    def log(self, rec):
-        self.records.append(rec)
-
-
-class _FakeTask:
-    def build_datasets(self, cfg):
-        g = torch.Generator().manual_seed(0)
-        ds = torch.utils.data.TensorDataset(torch.randn(10, 1, 16, 16, generator=g), torch.zeros(10, dtype=torch.long))
-        return {"train": ds, "val": ds}
-
-    def collate_fn(self, cfg):
-        return None
-
-    def loss(self, model, batch, cfg):
-        x, y = batch
-        return torch.nn.functional.cross_entropy(model(x), y), {}
-
-    def build_model(self, cfg):
-        raise NotImplementedError
-
-    def evaluate(self, model, loader, cfg):
-        return {}
-
-
-def test_jproj_callback_logs_both_protocols(tmp_path):
+def test_jproj_callback_logs_both_protocols(tmp_path, fake_logger, fake_task):
     from rpc_attention.kpca.jproj_callback import jproj_callback, jproj_record
     from rpc_attention.train.callbacks import get_callback
     from rpc_attention.train.tasks import register_task
 
     assert get_callback("jproj") is jproj_callback
-    register_task("kpca-test-fake", _FakeTask(), overwrite=True)
+    register_task("kpca-test-fake", fake_task(10), overwrite=True)
     m = _rpc_vit()
     cfg = {"task": "kpca-test-fake", "train": {"jproj_examples": 3}}
-    log = _FakeLogger()
+    log = fake_logger
     jproj_callback(m, cfg, 1, tmp_path, log)
     jproj_callback(m, cfg, 2, tmp_path, log)
     assert [r["epoch"] for r in log.records] == [1, 2]
@@ -179,7 +151,7 @@ def test_jproj_callback_logs_both_protocols(tmp_path):
             assert isinstance(rec[f"jproj/{proto}/model/{t}"], float)
             assert f"jproj/{proto}/blocks.1.attn/{t}" in rec
     with AttentionCapture(m) as cap, torch.no_grad():
-        m(_FakeTask().build_datasets(None)["val"].tensors[0][:3])
+        m(fake_task(10).build_datasets(None)["val"].tensors[0][:3])
     assert jproj_record(cap.captures)["jproj/exact/model/jproj"] == pytest.approx(rec["jproj/exact/model/jproj"])
 
 

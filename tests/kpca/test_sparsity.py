@@ -85,48 +85,20 @@ def test_causal_language_model_blocks():
     assert all(0 < r["frac_nonzero"] <= 1 for r in recs)
 
 
-class _Logger:
-    def __init__(self):
-        self.records = []
-
-    def log(self, rec):
-        self.records.append(rec)
-
-
-class _Task:
-    def build_datasets(self, cfg):
-        g = torch.Generator().manual_seed(0)
-        ds = torch.utils.data.TensorDataset(torch.randn(300, 1, 16, 16, generator=g), torch.zeros(300, dtype=torch.long))
-        return {"train": ds, "val": ds}
-
-    def collate_fn(self, cfg):
-        return None
-
-    def loss(self, model, batch, cfg):
-        x, y = batch
-        return torch.nn.functional.cross_entropy(model(x), y), {}
-
-    def build_model(self, cfg):
-        raise NotImplementedError
-
-    def evaluate(self, model, loader, cfg):
-        raise NotImplementedError
-
-
 def _vit(name="rpc_symvit_tiny_patch16_224", **kw):
     torch.manual_seed(0)
     return timm.create_model(name, img_size=16, patch_size=4, in_chans=1, embed_dim=32, depth=2, num_heads=2,
                              num_classes=4, **kw).eval()
 
 
-def test_callback_logs_probe_of_200_held_out_examples_and_returns_the_record(tmp_path):
+def test_callback_logs_probe_of_200_held_out_examples_and_returns_the_record(tmp_path, fake_logger, fake_task):
     from rpc_attention.train.tasks import register_task
 
     assert get_callback("sparsity") is sparsity_callback
-    register_task("sparsity-test-fake", _Task(), overwrite=True)
+    register_task("sparsity-test-fake", fake_task(300), overwrite=True)
     cfg = {"task": "sparsity-test-fake", "train": {}}
     model = _vit(rpc_layers=[1], n_iter=3, lambd=0.05, threshold="lambda_over_mu")
-    log = _Logger()
+    log = fake_logger
     before = torch.get_rng_state()
     ret = sparsity_callback(model, cfg, 3, tmp_path, log)
     assert torch.equal(torch.get_rng_state(), before)  # the training's random stream does not move
@@ -138,7 +110,7 @@ def test_callback_logs_probe_of_200_held_out_examples_and_returns_the_record(tmp
     assert rec["sparsity/max_frac_nonzero"] == block["frac_nonzero"]
     assert all(rec[f"sparsity/blocks.1.attn/{k}"] == block[k] for k in ACTIVITY_KEYS)
     # the probe is the first 200 validation examples, the same at every epoch
-    x = _Task().build_datasets(None)["val"].tensors[0][:200]
+    x = fake_task(300).build_datasets(None)["val"].tensors[0][:200]
     assert measure_sparsity(model, lambda: model(x)) == ret["blocks"]
     # no PAP block: nothing logged, nothing returned, no data loaded
     assert sparsity_callback(_vit("symvit_tiny_patch16_224"), {"task": "no-such-task"}, 1, tmp_path, log) is None
