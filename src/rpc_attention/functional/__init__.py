@@ -22,6 +22,7 @@ from .pap import (
     prepare_pap,
     soft_shrink,
     sparse_activity,
+    sparse_term_activity,
 )
 
 __all__ = [
@@ -40,5 +41,6 @@ __all__ = [
     "scaled_attention_alpha",
     "soft_shrink",
     "sparse_activity",
+    "sparse_term_activity",
     "check_pap_options",
 ]

@@ -35,7 +35,8 @@ from .attention import attend, check_dropout, check_kv, normalise_mask, resolve_
 from .pap_fused import FusedPAPOptions, fused_pap, sparse_converged
 
 __all__ = ["PAPState", "PAPProblem", "THRESHOLDS", "MU_MODES", "soft_shrink", "check_pap_options",
-           "prepare_pap", "pap_loop", "pap_attention", "pap_decompose", "sparse_activity"]
+           "prepare_pap", "pap_loop", "pap_attention", "pap_decompose", "sparse_activity",
+           "sparse_term_activity"]
 
 # How tau is set (docs/method.md#threshold-rules):
 #   lambda_mu        tau = lambd * mu                        (the official code)
@@ -259,16 +260,28 @@ def sparse_activity(state: PAPState, keys: Tensor, valid: Optional[Tensor] = Non
     ``abs_k_median`` / ``abs_k_p99`` / ``abs_k_max`` (quantiles of |k|). When ``frac_nonzero`` is 0 the
     sparse step never fired and PAP acted as iterated attention (docs/method.md).
     """
+    return sparse_term_activity(state.sparse, state.tau, keys, valid)
+
+
+def sparse_term_activity(sparse: Tensor, tau: Tensor, keys: Tensor, valid: Optional[Tensor] = None) -> Dict[str, float]:
+    """:func:`sparse_activity` from the sparse term S and the threshold tau themselves (for callers
+    that hold them without a :class:`PAPState`, such as the analysis captures). Computed in the
+    keys' precision (float32 at least)."""
     with torch.no_grad():
-        sparse, keys = state.sparse.detach().float(), keys.detach().float()
+        dtype = torch.promote_types(keys.dtype, torch.float32)
+        sparse, keys = sparse.detach().to(dtype), keys.detach().to(dtype)
         rows = torch.ones(keys.shape[:3], dtype=torch.bool, device=keys.device)
         if valid is not None:
             rows = rows & (valid[:, None, :] if valid.dim() == 2 else valid).to(keys.device)
         nonzero = (sparse != 0) & rows[..., None]
         k_valid = keys[rows]                      # (tokens, d)
         mags = k_valid.abs().flatten()
-        sample = mags if mags.numel() <= 1 << 24 else mags[torch.randperm(mags.numel())[: 1 << 24]]
-        tau = state.tau.detach().float().expand(*keys.shape[:3], 1)[rows]
+        if mags.numel() > 1 << 24:  # torch.quantile's input limit: a fixed-seed sample, global RNG untouched
+            pick = torch.randperm(mags.numel(), generator=torch.Generator().manual_seed(0))[: 1 << 24]
+            sample = mags[pick.to(mags.device)]
+        else:
+            sample = mags
+        tau = tau.detach().to(dtype).expand(*keys.shape[:3], 1)[rows]
         return {
             "frac_nonzero": float(nonzero.sum()) / max(int(rows.sum()) * keys.shape[-1], 1),
             "frac_rows_nonzero": float(nonzero.any(dim=-1).sum()) / max(int(rows.sum()), 1),

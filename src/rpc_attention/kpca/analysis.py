@@ -21,6 +21,7 @@ from typing import Dict, Iterable, List, Optional
 import torch
 from torch import Tensor
 
+from ..functional import sparse_term_activity
 from . import metrics as M
 from .hooks import LayerCapture
 
@@ -233,13 +234,13 @@ def pap_stats(captures: List[LayerCapture]) -> Dict[str, Dict[str, float]]:
         if cap.pap is None:
             continue
         s = cap.pap["sparse"]
-        k = cap.k_raw
+        act = sparse_term_activity(s, cap.pap["tau"], cap.k_raw)  # the kernel's one definition of S activity
         out[cap.name] = {
-            "zero_fraction": float((s == 0).double().mean()),
+            "zero_fraction": 1.0 - act["frac_nonzero"],
             "mean_abs": float(s.abs().mean()),
-            "rel_norm": float(s.norm() / k.norm().clamp_min(1e-300)),
-            "token_fraction": float((s != 0).any(dim=-1).double().mean()),
-            "tau_mean": float(cap.pap["tau"].mean()),
+            "rel_norm": act["s_over_k"],
+            "token_fraction": act["frac_rows_nonzero"],
+            "tau_mean": act["tau_mean"],
             "n_iter_run": int(cap.pap["n_iter_run"]),
         }
     return out
