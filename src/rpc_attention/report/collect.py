@@ -142,6 +142,7 @@ def setup_info(study) -> Dict[str, Any]:
     except OSError:
         pass
     info["seeds"] = sorted({s for m in study.models for s in m.seeds})
+    info["seeds_by_model"] = {m.label: list(m.seeds) for m in study.models}
     return info
 
 

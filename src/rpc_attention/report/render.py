@@ -185,6 +185,17 @@ def _eval_data_rows(res: Dict[str, Any]) -> List[List[str]]:
     return rows
 
 
+def _seeds_text(setup: Dict[str, Any]) -> str:
+    """"0, 1, 2" when every model has the same seeds, else the models grouped by their seeds."""
+    by_model = setup.get("seeds_by_model") or {}
+    groups: Dict[tuple, List[str]] = {}
+    for label, seeds in by_model.items():
+        groups.setdefault(tuple(seeds), []).append(label)
+    if len(groups) <= 1:
+        return ", ".join(str(x) for x in setup.get("seeds", []))
+    return "; ".join(f"{', '.join(labels)}: {', '.join(map(str, seeds))}" for seeds, labels in groups.items())
+
+
 def _setup_section(res: Dict[str, Any]) -> List[str]:
     s = res["setup"]
     v = s.get("versions", {})
@@ -193,7 +204,8 @@ def _setup_section(res: Dict[str, Any]) -> List[str]:
           + (f"GPUs: {', '.join(s['gpus'])}" if s.get("gpus") else "no GPU") + f"; device `{s.get('device')}`; "
           f"torch threads {s.get('torch_threads')}; load average at report time {s.get('load_average')}.",
           "- Software: " + ", ".join(f"{k} {val}" for k, val in v.items()) + f"; {s.get('platform')}.",
-          f"- Seeds: {', '.join(str(x) for x in s.get('seeds', []))}.", ""]
+          "- Seeds: " + _seeds_text(s) + "."]
+    L += [f"- {note}" for note in res.get("notes") or []] + [""]
     data_rows = _training_data_rows(res)
     if data_rows:
         L += ["Training runs (data and schedule, from each run's config.yaml):", ""]

@@ -1,0 +1,23 @@
+"""Study presets: which models run with which seeds, and what the study tells the report about it."""
+
+from rpc_attention.reproduce import get_study
+
+
+def test_quick_study_runs_three_seeds_per_vision_model_and_one_lm_seed():
+    study = get_study("quick")
+    vision = [m for m in study.models if m.family == "vision"]
+    lm = [m for m in study.models if m.family == "lm"]
+    assert {m.key for m in vision} == {"symvit", "rpc6", "rpc2all", "rpc_pcp"}
+    assert all(m.seeds == [0, 1, 2] for m in vision)
+    assert [m.seeds for m in lm] == [[0], [0]]
+    # fewer LM seeds than vision seeds: the report is told so
+    assert any("language-model pair is trained with 1 seed" in n for n in study.notes)
+
+
+def test_lm_seeds_setting_and_no_note_when_the_seeds_match():
+    study = get_study("quick", ["seeds=0,1", "lm_seeds=0,1"])
+    assert all(m.seeds == [0, 1] for m in study.models)
+    assert not study.notes
+    # without lm_seeds the LM pair follows the vision seeds (fmnist-full)
+    full = get_study("fmnist-full")
+    assert all(m.seeds == [0, 1, 2] for m in full.models if m.family == "lm")
