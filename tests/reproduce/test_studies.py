@@ -21,3 +21,19 @@ def test_lm_seeds_setting_and_no_note_when_the_seeds_match():
     # without lm_seeds the LM pair follows the vision seeds (fmnist-full)
     full = get_study("fmnist-full")
     assert all(m.seeds == [0, 1, 2] for m in full.models if m.family == "lm")
+
+
+def test_pgd_estimate_follows_the_study_steps_and_budgets():
+    from rpc_attention.reproduce import build_stages
+    from rpc_attention.reproduce import estimates as E
+
+    assert E.eval_estimate("pgd", 200, n_eps=3, steps=10) < E.eval_estimate("pgd", 200, n_eps=3, steps=20)
+    assert E.eval_estimate("pgd", 200, n_eps=3) < E.eval_estimate("pgd", 200, n_eps=6)
+
+    def pgd_estimate(settings):
+        stages = build_stages(get_study("quick", settings))
+        return next(s.estimate_s for s in stages if s.name == "eval.symvit-s0.pgd")
+
+    # 200 images x 3 eps x 10 steps: about twice the cost at 20 steps (the fixed overhead aside)
+    short, long = pgd_estimate([]), pgd_estimate(["pgd_steps=20"])
+    assert 1.7 < (long - E.EVAL_OVERHEAD_S) / (short - E.EVAL_OVERHEAD_S) < 2.0

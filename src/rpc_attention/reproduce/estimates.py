@@ -16,22 +16,23 @@ from typing import Optional
 # vision: per 1k images (process CPU time of a training step on the fmnist-* presets is ~1.5 ms/image on
 # one thread; two threads give ~1 ms); lm: per 1k sequences of the wiki-* presets (context 128);
 # seg: per 1k 64x64 scenes.
-# Calibration (2026-12-02): a 1/10-scale `quick` study run with one thread measured the process CPU
-# time of every stage (DIR/stages/*.done.json "cpu_s"): 2.3 s per 1k training images, ~20 s fixed per
-# vision run, 25 s per 1k LM sequences, ~2 ms per attack forward+backward. The constants below assume
-# two threads on an otherwise idle 2-core machine (about 0.7 x the single-thread CPU time).
-TRAIN_S_PER_1K = {"vision": 1.6, "lm": 18.0, "seg": 6.0, "scaled": 1.7}
-PAP_EXTRA = 0.08          # relative cost of one extra softmax evaluation in one layer (small models)
-TRAIN_OVERHEAD_S = 15.0   # model build, data load, final evaluation, checkpoint
+# Calibration (2026-12-03): the three-seed `quick` study (`make demo`) on an idle 2-core machine with two
+# threads, DIR/stages/*.done.json "seconds" against the constants: SymViT training 43 s for 24,000
+# images at batch 64 (RPC-6 47 s, RPC-2all 54 s), Symlm 99 s and RPC-Symlm 128 s for 300 steps of 16,
+# clean 1.1 s for 2,000 images, PGD 7.3 s for 200 images x 3 eps x 10 steps, corruptions 6.7 s for
+# 100 images x 45 copies, ppl / word swap 9-10 s, KPCA analysis 3.4 s, report 6.4 s.
+TRAIN_S_PER_1K = {"vision": 1.35, "lm": 18.5, "seg": 6.0, "scaled": 1.45}
+PAP_EXTRA = 0.05          # relative cost of one extra softmax evaluation in one layer (small models)
+TRAIN_OVERHEAD_S = 10.0   # model build, data load, final evaluation, checkpoint
 # seconds per 1,000 forward passes (batch inference) and forward+backward passes (attacks)
-FWD_S_PER_1K = 0.5
-FWDBWD_S_PER_1K = 1.4
-EVAL_OVERHEAD_S = 3.0
-CORRUPT_S_PER_1K_IMAGES = 1.5   # imagecorruptions on 28x28 images, averaged over the 15 corruptions
-ANALYZE_S = 10.0
+FWD_S_PER_1K = 0.3
+FWDBWD_S_PER_1K = 1.1
+EVAL_OVERHEAD_S = 0.7
+CORRUPT_S_PER_1K_IMAGES = 1.2   # imagecorruptions on 28x28 images
+ANALYZE_S = 4.0
 COMPARE_S = 5.0
-REPORT_S = 12.0
-LM_EVAL_S = 12.0          # ppl / wordswap on the embedded corpus's test split (sliding window)
+REPORT_S = 6.0
+LM_EVAL_S = 9.5           # ppl / wordswap on the embedded corpus's test split (sliding window)
 
 
 def pap_factor(n_iter: int = 1, rpc_layers: int = 0, depth: int = 1) -> float:
@@ -65,11 +66,14 @@ SUITE_PASSES = {
 
 
 def eval_estimate(suite: str, n_examples: int, factor: float = 1.0, copies: int = 1,
-                  n_eps: Optional[int] = None) -> float:
+                  n_eps: Optional[int] = None, steps: Optional[int] = None) -> float:
+    """Seconds for ``suite`` on ``n_examples`` (``copies`` corrupted copies each; ``n_eps`` budgets of
+    a sweep and ``steps`` gradient steps per budget where the study sets them)."""
     fwd, bwd = SUITE_PASSES.get(suite, (2, 0))
-    if n_eps is not None and suite in ("fgsm", "pgd", "noise"):
-        per_eps = bwd // 6
-        fwd, bwd = n_eps + 1, per_eps * n_eps
+    if suite in ("fgsm", "pgd", "noise") and (n_eps is not None or steps is not None):
+        per_eps = int(steps) if steps is not None and suite == "pgd" else bwd // 6
+        n = 6 if n_eps is None else int(n_eps)
+        fwd, bwd = n + 1, per_eps * n
     if suite in ("ppl", "wordswap"):
         return LM_EVAL_S * factor * (1.0 if n_examples >= 10000 else max(0.2, n_examples / 10000))
     t = EVAL_OVERHEAD_S + n_examples * copies * (fwd * FWD_S_PER_1K + bwd * FWDBWD_S_PER_1K) / 1000.0 * factor

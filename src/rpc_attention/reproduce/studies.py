@@ -50,6 +50,7 @@ class EvalSpec:
     sets: List[str] = field(default_factory=list)   # eval --set options
     limit: Optional[int] = None
     n_eps: Optional[int] = None                     # for the estimate of sweeps
+    steps: Optional[int] = None                     # attack steps per eps (estimate of PGD sweeps)
     copies: int = 1                                 # corrupted copies per example (estimate)
     baseline_model: Optional[str] = None            # corruptions: normalise by this model's run (same seed)
 
@@ -285,9 +286,10 @@ def _vision_evals(s: Dict[str, Any], keys: List[str], suites: Sequence[str]) -> 
             out.append(EvalSpec("clean", keys, [], lim))
         elif suite in ("fgsm", "pgd"):
             sets = [f"{suite}.eps={eps}"]
-            if suite == "pgd" and s.get("pgd_steps"):
-                sets.append(f"pgd.steps={int(s['pgd_steps'])}")
-            out.append(EvalSpec(suite, keys, sets, attack_lim, n_eps=n_eps))
+            steps = int(s["pgd_steps"]) if suite == "pgd" and s.get("pgd_steps") else None
+            if steps:
+                sets.append(f"pgd.steps={steps}")
+            out.append(EvalSpec(suite, keys, sets, attack_lim, n_eps=n_eps, steps=steps))
         elif suite == "corruptions":
             names = s.get("corruptions") or []
             sets = [f"corruptions.names={','.join(names)}"] if names else []
@@ -353,7 +355,7 @@ def quick(settings: Optional[Sequence[str]] = None) -> Study:
                          "6iter/layer1 with a PCP threshold at which the sparse step fires), three seeds each, one epoch "
                          "of 24,000 images; clean/FGSM/PGD/corruptions/OOD/sparse corruption on test subsets with "
                          "95 % intervals; S activity of every PAP block; KPCA analysis of the SymViT; small Symlm "
-                         "vs RPC-Symlm (one seed) on the embedded Wikipedia corpus. About 25 minutes on 2 idle CPU "
+                         "vs RPC-Symlm (one seed) on the embedded Wikipedia corpus. About 18 minutes on 2 idle CPU "
                          "cores.",
                          suites=("clean", "fgsm", "pgd", "corruptions", "ood", "sparse"))
 
@@ -628,7 +630,7 @@ def build_stages(study: Study, device: Optional[str] = None) -> List[Stage]:
                 name = f"eval.{run}.{ev.suite}"
                 stages.append(Stage(name, "eval", S.eval_stage, deps=deps, params={
                     "run": run, "suite": ev.suite, "sets": sets, "limit": ev.limit, "model": key, "seed": seed},
-                    estimate_s=E.eval_estimate(ev.suite, ev.limit or 10000, m.cost, ev.copies, ev.n_eps),
+                    estimate_s=E.eval_estimate(ev.suite, ev.limit or 10000, m.cost, ev.copies, ev.n_eps, ev.steps),
                     description=f"{ev.suite} on {m.label} (seed {seed})"))
                 eval_names[(run, ev.suite)] = name
     for a in study.analyses:
