@@ -78,6 +78,20 @@ def test_large_lambda_removes_the_sparse_part():
     assert torch.count_nonzero(st.sparse) > 0 and (out - plain).abs().max() > 1e-3
 
 
+def test_large_lambda_final_keys_are_the_earlier_outputs_minus_multiples_of_k():
+    """With S = 0 the keys of pass n are K2_n = L_1 + ... + L_{n-1} - (n - 2) k (docs/method.md#the-
+    large-lambda-limit): a sparse change of the keys that S does not catch reaches the final pass
+    multiplied by -(n - 2), besides its effect through the L's (the key-corruption result of the
+    `sparse` suite, docs/robustness.md#sparse-corruption). float64, so the identity holds to rounding."""
+    k, v = rand(2, 3, 9, 8, seed=41), rand(2, 3, 9, 8, seed=42)
+    # L_j is the last pass's output of a run with n_iter = j + 1 (the passes are deterministic)
+    lowranks = [RF.pap_decompose(k, v, n_iter=j + 1, lambd=math.inf).lowrank for j in range(1, 6)]
+    for n_iter in range(2, 7):
+        st = RF.pap_decompose(k, v, n_iter=n_iter, lambd=math.inf)
+        expected = sum(lowranks[: n_iter - 1]) - (n_iter - 2) * k
+        torch.testing.assert_close(st.cleaned_keys, expected, rtol=0, atol=1e-12)
+
+
 def test_one_iteration_is_symmetric_attention_on_clamped_keys():
     k, v = rand(2, 3, 10, 8, seed=13), rand(2, 3, 10, 8, seed=14)
     B, H, N, d = k.shape
