@@ -306,7 +306,7 @@ def _vision_evals(s: Dict[str, Any], keys: List[str], suites: Sequence[str]) -> 
 
 
 QUICK_DEFAULTS: Dict[str, Any] = {
-    # three seeds per vision model (paired seed intervals); the LM pair costs as much as ~5 vision runs
+    # three seeds per vision model (paired seed intervals); an LM training costs 2-3 vision trainings
     "seeds": [0, 1, 2],
     "lm_seeds": [0],             # []: the same seeds as the vision models
     # trainer presets (the vision engineer's Fashion-MNIST presets: patch 7, width 96, 6 blocks, 3 heads)
