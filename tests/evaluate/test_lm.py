@@ -113,7 +113,7 @@ def test_training_lowers_validation_perplexity_then_eval_and_generate(tmp_path, 
         "data.source=wikitext", f"data.root={root}", f"data.cache_dir={tmp_path / 'cache'}", "data.min_freq=1",
         "model.kwargs.n_layer=2", "model.kwargs.d_model=32", "model.kwargs.n_head=4", "model.kwargs.d_inner=64",
         "model.kwargs.context=16", "model.kwargs.rpc_layers=[0]", "model.kwargs.n_iter=2",
-        "model.kwargs.cutoffs=[8]", "model.kwargs.init_std=0.1", "train.steps=60", "train.batch_size=16", "schedule.warmup_steps=5",
+        "model.kwargs.cutoffs=[8]", "model.kwargs.init_std=0.1", "train.max_steps=60", "train.batch_size=16", "schedule.warmup_steps=5",
         "optim.lr=0.01", "train.log_every=20", "train.save_every=0", "train.eval_every=1", "eval.batch_size=64",
     ])
     assert cfg["model"]["kwargs"]["vocab_size"] == 1 + 1 + len(set(NOUNS + VERBS + ADJS + ["the", "."]))

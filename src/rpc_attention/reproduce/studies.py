@@ -266,7 +266,7 @@ def _fmnist_models(s: Dict[str, Any], seeds: List[int]) -> List[ModelSpec]:
 def _lm_models(s: Dict[str, Any], seeds: List[int]) -> List[ModelSpec]:
     """Symlm and RPC-Symlm on the embedded corpus, trained with ``seeds``."""
     steps, bs = int(s["lm_steps"]), int(s["lm_batch_size"])
-    common = [f"train.steps={steps}", f"train.batch_size={bs}"] + list(s.get("lm_overrides") or [])
+    common = [f"train.max_steps={steps}", f"train.batch_size={bs}"] + list(s.get("lm_overrides") or [])
     samples = steps * bs
     return [
         ModelSpec("symlm", "Symlm", s["preset_symlm"], common, "lm", "baseline", seeds, samples, 1.0),

@@ -21,6 +21,10 @@ __all__ = ["ClassificationTask"]
 class ClassificationTask:
     throughput_unit = "images"
     primary_metric = "acc1"
+    # read by rpc_attention.data.images with a per-data-set default (mnist5k, imagefolder)
+    optional_keys = ("data.test_size", "data.train_dir", "data.val_dir", "data.eval_interpolation") + tuple(
+        f"data.augment.{k}" for k in ("enabled", "padding", "flip",  # small images: crop and flip
+                                      "auto_augment", "interpolation", "reprob", "remode", "recount", "color_jitter"))
 
     def __init__(self) -> None:
         self._mixup = None

@@ -39,6 +39,8 @@ IGNORE_INDEX = 255
 class SegmentationTask:
     throughput_unit = "images"
     primary_metric = "miou"
+    # read by rpc_attention.data.segmentation with its defaults (the synthetic data set's rendering)
+    optional_keys = ("data.threshold", "data.background_max", "data.noise_std")
 
     # ------------------------------------------------------------------ config
     def default_config(self) -> Dict[str, Any]:
