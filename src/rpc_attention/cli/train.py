@@ -11,7 +11,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     g = parser.add_argument_group("run")
     g.add_argument("--preset", help="trainer preset name (see `rpc-attention presets`) or a YAML file")
     g.add_argument("--run", metavar="DIR", help="the run directory: created with --preset, continued with --resume")
-    g.add_argument("--out", metavar="DIR", help="alias of --run for a new run")
+    g.add_argument("--out", metavar="DIR",
+                   help="alias of --run; under torchrun write --out DIR (torchrun's own parser rejects --run as "
+                        "an abbreviation of its --run-path) and --resume DIR")
     g.add_argument("--resume", nargs="?", const=True, default=None, metavar="DIR",
                    help="continue the run (--run DIR) from its newest good checkpoint; `--resume DIR` also works")
     g.add_argument("--force", action="store_true", help="delete an existing run in --run and start over")
@@ -42,6 +44,7 @@ def _run_dirs(args: argparse.Namespace):
 
 
 def run(args: argparse.Namespace) -> int:
+    import os
     import sys
 
     from . import UserError
@@ -82,5 +85,6 @@ def run(args: argparse.Namespace) -> int:
     except TrainingDiverged as exc:
         print(f"rpc-attention train: training diverged: {exc}", file=sys.stderr)
         return 1
-    print(f"run saved in {out}")
+    if os.environ.get("RANK", "0") == "0":  # under torchrun only global rank 0 speaks
+        print(f"run saved in {out}")
     return 0
