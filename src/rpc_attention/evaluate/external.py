@@ -165,15 +165,13 @@ def load_external(
     cfg = _data_cfg(data_config)
     cfg = dict(cfg, task="classification")
     if timm_name:
-        import timm
-
-        from .. import models  # noqa: F401  (registers our models in timm)
+        from ..models.factory import create_model  # (importing models registers ours in timm)
 
         if not checkpoint:
             raise ValueError("--timm needs --checkpoint FILE (no hub downloads)")
         kwargs = dict(model_kwargs or {})
         try:
-            model = timm.create_model(timm_name, pretrained=False, **kwargs)
+            model = create_model(timm_name, pretrained=False, **kwargs)
         except RuntimeError as exc:
             raise ValueError(f"timm cannot build {timm_name!r}: {exc}") from None
         sd = _read_state_dict(checkpoint)

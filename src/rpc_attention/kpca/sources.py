@@ -134,12 +134,10 @@ def probe_from_timm(name: str, checkpoint: Optional[str] = None, limit: int = 8,
                     device: str = "cpu", **kwargs) -> Probe:
     """A timm model (``pretrained=False``, optionally a local checkpoint) on seeded random images
     (uniform [0, 1], normalised with the model's own mean/std)."""
-    import timm
-
-    from .. import models  # noqa: F401  (registers the SymViT family in timm)
+    from ..models.factory import create_model  # (importing models registers the SymViT family in timm)
 
     try:
-        model = timm.create_model(name, pretrained=False, **kwargs)
+        model = create_model(name, pretrained=False, **kwargs)
     except RuntimeError as exc:
         raise ValueError(f"unknown timm model {name!r}: {exc}") from None
     desc = {"source": "timm", "model": name, "checkpoint": checkpoint, "weights": "random init", "examples": limit,

@@ -202,9 +202,7 @@ def build_segmenter(mcfg: Dict[str, Any]) -> Segmenter:
     n_iter, lambd, ...``), and every key of ``kwargs`` (a dict), is passed to
     ``timm.create_model(encoder, ...)``; ``None`` values are dropped.
     """
-    import timm
-
-    from . import vision  # noqa: F401  (registers the SymViT models)
+    from .factory import create_model  # (importing models registers the SymViT models)
 
     if "num_classes" not in mcfg:
         raise ValueError("model.num_classes is required for a Segmenter")
@@ -217,7 +215,7 @@ def build_segmenter(mcfg: Dict[str, Any]) -> Segmenter:
     enc_kwargs.pop("num_classes", None)
     enc_kwargs.setdefault("dynamic_img_size", True)
     try:
-        encoder = timm.create_model(enc_name, pretrained=False, num_classes=0, **enc_kwargs)
+        encoder = create_model(enc_name, pretrained=False, num_classes=0, **enc_kwargs)
     except RuntimeError as exc:
         if "Unknown model" in str(exc):
             raise ValueError(f"unknown encoder {enc_name!r}: expected a registered timm model such as "

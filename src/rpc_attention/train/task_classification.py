@@ -59,12 +59,11 @@ class ClassificationTask:
 
     # ------------------------------------------------------------------ build
     def build_model(self, cfg: Dict[str, Any]) -> torch.nn.Module:
-        import timm
-        import rpc_attention.models  # noqa: F401  (registers the SymViT family)
+        from ..models.factory import create_model
 
         name = cfg["model"]["name"]
         try:
-            return timm.create_model(name, **(cfg["model"].get("kwargs") or {}))
+            return create_model(name, **(cfg["model"].get("kwargs") or {}))
         except RuntimeError as exc:
             if "Unknown model" in str(exc):
                 raise ValueError(f"unknown model {name!r} (not in timm's registry)") from None
