@@ -23,7 +23,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                    help="run only these stages: names, globs or kinds, comma separated "
                         "('train.*', 'eval.*.pgd', 'report'); a stage's unfinished dependencies must be selected too")
     r.add_argument("--dry-run", action="store_true", help="print the plan with estimated times and exit")
-    r.add_argument("--force", action="store_true", help="rerun the selected stages even if finished")
+    r.add_argument("--force", action="store_true",
+                   help="rerun the selected stages even if finished; also accepts a DIR that holds another study "
+                        "(which is removed first: the directory restarts cleanly) or this study with other settings")
     r.add_argument("--stop-on-error", action="store_true",
                    help="stop at the first failed stage (default: run the stages that do not depend on it)")
     r.add_argument("--device", default=None, help="device for training and evaluation (default: the study's; cpu)")
