@@ -190,3 +190,19 @@ def test_language_model_causal_capture():
     ref = torch.cat([M.projection_loss(c.k[b], c.k[b], c.v[b], c.scale, causal=True)["jproj"] for b in range(2)])
     assert res["layers"][1]["jproj"]["n"] == 4
     assert res["layers"][1]["jproj"]["mean"] == pytest.approx(ref.mean().item(), rel=1e-10)
+
+
+def test_analyze_keeps_an_earlier_analysis_unless_force(tmp_path, capsys):
+    out = tmp_path / "a"
+    argv = ["analyze", "--timm", "vit_tiny_patch16_224", "--set", "model.kwargs.img_size=16",
+            "--set", "model.kwargs.patch_size=4", "--set", "model.kwargs.depth=1", "--set", "model.kwargs.embed_dim=16",
+            "--set", "model.kwargs.num_heads=2", "--limit", "2", "--out", str(out), "--no-figures", "--protocol", "exact"]
+    assert main(argv) == 0
+    out.joinpath("kpca.json").write_text("EARLIER")
+    capsys.readouterr()
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert "already holds an analysis" in err and "--force" in err
+    assert out.joinpath("kpca.json").read_text() == "EARLIER"
+    assert main(argv + ["--force"]) == 0
+    assert json.loads(out.joinpath("kpca.json").read_text())["meta"]["source"] == "timm"

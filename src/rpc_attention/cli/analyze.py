@@ -25,6 +25,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                        help="alias of --set model.kwargs.NAME=VALUE")
     model.add_argument("--seq-len", type=int, default=128, help="--hf text models: random sequence length")
     parser.add_argument("--out", required=True, metavar="DIR", help="output directory (kpca.json, summary.md, *.png)")
+    parser.add_argument("--force", action="store_true", help="replace an earlier analysis in --out")
     add_analysis_arguments(parser)
 
 
@@ -52,6 +53,7 @@ def timm_kwargs(args: argparse.Namespace) -> dict:
 
 def run(args: argparse.Namespace) -> int:
     import json
+    import os
 
     import torch
 
@@ -65,6 +67,9 @@ def run(args: argparse.Namespace) -> int:
     except ValueError as exc:
         raise UserError(str(exc)) from None
     kw = timm_kwargs(args)
+    if os.path.exists(os.path.join(args.out, "kpca.json")) and not args.force:
+        raise UserError(f"{args.out} already holds an analysis (kpca.json); give another --out, or --force to "
+                        f"replace it")
     if opts.threads:
         torch.set_num_threads(opts.threads)
     try:

@@ -32,6 +32,8 @@ def add_suite_arguments(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--limit", type=int, default=None, metavar="N",
                    help="number of examples: evaluate the first N only (default: all)")
     g.add_argument("--out", metavar="DIR", default=None, help="output directory (default: RUN/eval)")
+    g.add_argument("--force", action="store_true",
+                   help="replace results in the output directory computed with other settings or another model")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -101,7 +103,7 @@ def run_with_loader(args: argparse.Namespace, load, sets: Optional[Dict[str, Any
 
     try:
         evaluate_model(names, load_or_explain, sets, args.limit, args.out, log=log,
-                       on_result=lambda record, path: print(S.render_markdown(record)))
+                       on_result=lambda record, path: print(S.render_markdown(record)), replace=args.force)
     except (ValueError, FileNotFoundError) as exc:
         raise UserError(str(exc)) from None
     return 0

@@ -114,7 +114,8 @@ def eval_stage(ctx: StageContext) -> dict:
             + "".join(f" --set {k}={v}" for k, v in sets.items()))
     with output_to_log(_log_path(ctx), f"eval {p['suite']} on {run_dir}"):
         evaluate_model([p["suite"]], run_loader(run_dir), sets, limit, str(run_dir / "eval"),
-                       log=logger.info, on_result=lambda record, path: logger.info(S.render_markdown(record)))
+                       log=logger.info, on_result=lambda record, path: logger.info(S.render_markdown(record)),
+                       replace=True)  # the pipeline's fingerprints decide when a result is stale
     rec = read_json(out)
     if rec is None:
         raise RuntimeError(f"the evaluation finished but {out} is missing or unreadable")
