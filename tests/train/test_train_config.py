@@ -193,3 +193,17 @@ def test_an_override_nobody_reads_is_an_error(override, needle):
 def test_a_declared_key_without_a_default_can_be_set():
     cfg = resolve_config("fmnist-symvit", ["data.name=mnist5k", "data.test_size=500", "data.augment.reprob=0.1"])
     assert cfg["data"]["test_size"] == 500 and cfg["data"]["augment"]["reprob"] == 0.1
+
+
+@pytest.mark.parametrize("preset,override,needle", [
+    ("wiki-rpc-symlm", "data.img_size=32", "data.img_size=32: the lm task does not read it"),
+    ("wiki-rpc-symlm", "data.augment.flip=true", "unknown config key 'data.augment.flip'"),
+    ("fmnist-symvit", "schedule.decay_rate=0.5", "schedule.decay_rate=0.5 has no effect with schedule.name='cosine'"),
+    ("fmnist-symvit", "schedule.decay_epochs=3", "schedule.decay_epochs=3 has no effect"),
+])
+def test_a_setting_without_effect_is_an_error(tmp_path, preset, override, needle):
+    with pytest.raises(ValueError, match=re.escape(needle)):
+        resolve_config(preset, [override, f"data.cache_dir={tmp_path}"] if preset.startswith("wiki") else [override])
+    # the same settings where they do act
+    if "decay_rate" in override:
+        assert resolve_config(preset, ["schedule.name=poly", override])["schedule"]["decay_rate"] == 0.5

@@ -333,6 +333,32 @@ def _check_override_keys(keys: Iterable[str], task: Any) -> None:
             raise unknown_key(key, known, "config key", "--set", " (no code reads it)")
 
 
+# timm's schedulers that read schedule.decay_rate / schedule.decay_epochs (create_scheduler_v2)
+_DECAY_RATE_SCHEDULES = ("step", "multistep", "plateau", "poly")
+_DECAY_EPOCHS_SCHEDULES = ("step", "multistep")
+
+
+def check_effective(cfg: Dict[str, Any], task: Any, task_name: str) -> None:
+    """ValueError naming a setting that would have no effect: one the task lists in ``ignored_keys``
+    (typed keys it does not read) set away from its default, or a decay option the scheduler ignores."""
+    for key in getattr(task, "ignored_keys", ()):
+        value, default = _get(cfg, key), _get(DEFAULTS, key)
+        if value != default:
+            raise ValueError(f"{key}={value!r}: the {task_name} task does not read it (leave it at {default!r})")
+    sched = cfg.get("schedule") or {}
+    name = str(sched.get("name") or "").lower()
+    for key, names in (("decay_rate", _DECAY_RATE_SCHEDULES), ("decay_epochs", _DECAY_EPOCHS_SCHEDULES)):
+        if sched.get(key) is not None and name not in names:
+            raise ValueError(f"schedule.{key}={sched[key]!r} has no effect with schedule.name={name!r} "
+                             f"(it is read by {', '.join(names)})")
+
+
+def _get(tree: Dict[str, Any], key: str) -> Any:
+    for part in key.split("."):
+        tree = tree.get(part) if isinstance(tree, dict) else None
+    return tree
+
+
 def _with_optional_keys(cfg: Dict[str, Any], keys: Iterable[str], task: Any) -> Dict[str, Any]:
     """``cfg`` with a null entry for each of ``keys`` the task declares without a default, so --set can set it."""
     for key in keys:
@@ -373,6 +399,7 @@ def resolve_config(preset: Optional[str] = None, overrides: Iterable[str] = (),
     if callable(finalize):
         cfg = finalize(cfg) or cfg
     check_known_keys(cfg, task, "config:")
+    check_effective(cfg, task, task_name)
     TrainConfig.from_dict(cfg)
     return cfg
 

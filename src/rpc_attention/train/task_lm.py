@@ -61,6 +61,8 @@ class LMTask:
     throughput_unit = "tokens"
     primary_metric = "ppl"
     lower_is_better = True
+    # image settings of the shared data section that a language model has no use for
+    ignored_keys = ("data.mean", "data.std", "data.num_classes", "data.in_chans", "data.img_size", "data.augment")
 
     def __init__(self) -> None:
         self._corpus = None
