@@ -86,11 +86,14 @@ def run(args: argparse.Namespace) -> int:
         return 0
     took = format_seconds(time.time() - t0)
     counts = ", ".join(f"{len(v)} {k}" for k, v in summary.items() if v)
-    print(f"study {study} in {out}: {counts} ({took})")
-    if os.path.exists(os.path.join(out, "report.md")):
+    speak = os.environ.get("RANK", "0") == "0"  # under torchrun only global rank 0 speaks
+    if speak:
+        print(f"study {study} in {out}: {counts} ({took})")
+    if speak and os.path.exists(os.path.join(out, "report.md")):
         print(f"report: {os.path.join(out, 'report.md')} and report.html")
     if summary["failed"] or summary["blocked"]:
-        print("failed: " + ", ".join(summary["failed"] + summary["blocked"]) +
-              f"  (see {out}/stages/*.failed.json; rerun the same command to retry)")
+        if speak:
+            print("failed: " + ", ".join(summary["failed"] + summary["blocked"]) +
+                  f"  (see {out}/stages/*.failed.json; rerun the same command to retry)")
         return 1
     return 0
