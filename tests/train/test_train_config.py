@@ -207,3 +207,14 @@ def test_a_setting_without_effect_is_an_error(tmp_path, preset, override, needle
     # the same settings where they do act
     if "decay_rate" in override:
         assert resolve_config(preset, ["schedule.name=poly", override])["schedule"]["decay_rate"] == 0.5
+
+
+def test_a_callback_setting_counts_only_where_the_callback_runs():
+    import rpc_attention.kpca  # noqa: F401  (registers the jproj and sparsity callbacks)
+
+    cfg = resolve_config("fmnist-symvit", ["train.callbacks=[jproj]", "train.jproj_examples=4"])
+    assert cfg["train"]["jproj_examples"] == 4
+    assert resolve_config("fmnist-symvit", ["train.sparsity_examples=16"])["train"]["sparsity_examples"] == 16
+    with pytest.raises(ValueError, match=re.escape("train.jproj_examples is read by the jproj callback, which "
+                                                   "this run does not run (--set train.callbacks=[jproj])")):
+        resolve_config("fmnist-symvit", ["train.jproj_examples=4"])

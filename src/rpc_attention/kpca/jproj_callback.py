@@ -84,4 +84,4 @@ def jproj_callback(model, cfg, epoch, run_dir, logger) -> None:
     logger.log(rec)
 
 
-register_callback("jproj", jproj_callback, overwrite=True)
+register_callback("jproj", jproj_callback, overwrite=True, config_keys=("train.jproj_examples",))

@@ -186,4 +186,5 @@ def sparsity_callback(model, cfg, epoch, run_dir, logger) -> Optional[Dict[str, 
     return {"epoch": epoch, **result}
 
 
-register_callback("sparsity", sparsity_callback, overwrite=True, always=True)
+register_callback("sparsity", sparsity_callback, overwrite=True, always=True,
+                  config_keys=("train.sparsity_examples",))

@@ -8,6 +8,8 @@ is written into ``final_metrics.json`` under the callback's name.
 
 A callback registered with ``always=True`` runs in every run, listed or not (it decides itself
 whether the model concerns it); :func:`resolve_callbacks` gives the trainer the callbacks of a run.
+``config_keys`` declares the dotted config keys a callback reads (``train.jproj_examples``): the config
+accepts them, and only in a run that runs the callback (:func:`callback_config_keys`).
 
 The registry holds what was registered, nothing else: a callback registers when the module that owns it
 is imported. The package's own ``jproj`` and ``sparsity`` callbacks belong to the analysis toolkit, a
@@ -19,20 +21,23 @@ from __future__ import annotations
 
 from typing import Callable, Dict, Iterable, List, Optional, Tuple
 
-__all__ = ["register_callback", "get_callback", "list_callbacks", "resolve_callbacks"]
+__all__ = ["register_callback", "get_callback", "list_callbacks", "resolve_callbacks", "callback_config_keys"]
 
 _CALLBACKS: Dict[str, Callable] = {}
+_CONFIG_KEYS: Dict[str, Tuple[str, ...]] = {}
 _ALWAYS: List[str] = []
 _OWNED_BY_KPCA = ("jproj", "sparsity")
 
 
-def register_callback(name: str, fn: Callable, overwrite: bool = False, always: bool = False) -> Callable:
-    """Register ``fn`` as callback ``name``; ``always=True`` runs it in every run."""
+def register_callback(name: str, fn: Callable, overwrite: bool = False, always: bool = False,
+                      config_keys: Iterable[str] = ()) -> Callable:
+    """Register ``fn`` as callback ``name``; ``always=True`` runs it in every run; ``config_keys``: what it reads."""
     if not callable(fn):
         raise TypeError(f"callback {name!r} must be callable")
     if name in _CALLBACKS and not overwrite and _CALLBACKS[name] is not fn:
         raise ValueError(f"callback {name!r} is already registered")
     _CALLBACKS[name] = fn
+    _CONFIG_KEYS[name] = tuple(config_keys)
     if always and name not in _ALWAYS:
         _ALWAYS.append(name)
     elif not always and name in _ALWAYS:
@@ -60,3 +65,8 @@ def resolve_callbacks(names: Optional[Iterable[str]]) -> List[Tuple[str, Callabl
         if n not in seen:
             seen.append(n)
     return [(n, get_callback(n)) for n in seen]
+
+
+def callback_config_keys() -> Dict[str, str]:
+    """``{dotted config key: name of the registered callback that reads it}``."""
+    return {key: name for name, keys in _CONFIG_KEYS.items() for key in keys}

@@ -302,9 +302,11 @@ def _migrate_run_config(cfg: Dict[str, Any]) -> Dict[str, Any]:
 
 def _declared_keys(task: Any) -> set:
     """The dotted keys :data:`DEFAULTS` and ``task`` declare (its ``default_config()`` and ``optional_keys``)."""
+    from .callbacks import callback_config_keys
+
     defaults = getattr(task, "default_config", None)
     known = set(flatten_keys(deep_merge(DEFAULTS, defaults() or {} if callable(defaults) else {})))
-    return known | set(getattr(task, "optional_keys", ()))
+    return known | set(getattr(task, "optional_keys", ())) | set(callback_config_keys())
 
 
 def _undeclared(key: str, known: set) -> bool:
@@ -318,10 +320,18 @@ def check_known_keys(cfg: Dict[str, Any], task: Any, source: str = "config:") ->
     Declared: the keys of :data:`DEFAULTS`, of ``task.default_config()`` and ``task.optional_keys``;
     anything below ``model.kwargs`` (:data:`FREE_SECTIONS`) is the model constructor's to check.
     """
+    from .callbacks import callback_config_keys, resolve_callbacks
+
     known = _declared_keys(task)
     for key in flatten_keys(cfg):
         if _undeclared(key, known):
             raise unknown_key(key, known, "config key", source, " (no code reads it)")
+    listed = (cfg.get("train") or {}).get("callbacks")
+    running = {name for name, _ in resolve_callbacks(listed if isinstance(listed, list) else [])}
+    for key, name in callback_config_keys().items():
+        if name not in running and _get(cfg, key) is not None:
+            raise ValueError(f"{source} {key} is read by the {name} callback, which this run does not run "
+                             f"(--set train.callbacks=[{name}])")
 
 
 def _check_override_keys(keys: Iterable[str], task: Any) -> None:
@@ -361,8 +371,10 @@ def _get(tree: Dict[str, Any], key: str) -> Any:
 
 def _with_optional_keys(cfg: Dict[str, Any], keys: Iterable[str], task: Any) -> Dict[str, Any]:
     """``cfg`` with a null entry for each of ``keys`` the task declares without a default, so --set can set it."""
+    from .callbacks import callback_config_keys
+
     for key in keys:
-        if key in getattr(task, "optional_keys", ()):
+        if key in getattr(task, "optional_keys", ()) or key in callback_config_keys():
             section, _, leaf = key.rpartition(".")
             node = cfg
             for part in section.split("."):
