@@ -52,3 +52,10 @@ def test_analyze_with_a_misspelt_model_keyword(tmp_path, capsys):
                "--out", str(tmp_path / "a")])
     assert rc == 2
     _one_error_line(capsys, "model.kwargs.n_iters", "did you mean n_iter?")
+
+
+def test_train_lm_with_a_misspelt_model_keyword(tmp_path, capsys):
+    rc = main(["train", "--preset", "wiki-rpc-symlm", "--run", str(tmp_path / "r"), "--set", "model.kwargs.n_iters=2",
+               "--set", f"data.cache_dir={tmp_path / 'cache'}"])
+    assert rc == 2
+    _one_error_line(capsys, "model.kwargs.n_iters", "did you mean n_iter?")

@@ -110,7 +110,11 @@ def lm_config(name: Optional[str] = None, **overrides) -> SymlmConfig:
     known = {f.name for f in fields(SymlmConfig)}
     unknown = sorted(set(overrides) - known)
     if unknown:
-        raise ValueError(f"unknown Symlm option(s) {unknown}; known: {sorted(known)}")
+        import difflib
+
+        close = difflib.get_close_matches(unknown[0], sorted(known), n=3)
+        hint = f"did you mean {', '.join(close)}?" if close else f"known: {', '.join(sorted(known))}"
+        raise ValueError(f"model.kwargs.{unknown[0]}: unknown Symlm option(s) {unknown}; {hint}")
     base.update(overrides)
     return SymlmConfig(**base)
 
