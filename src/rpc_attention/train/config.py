@@ -320,17 +320,21 @@ def check_known_keys(cfg: Dict[str, Any], task: Any, source: str = "config:") ->
     Declared: the keys of :data:`DEFAULTS`, of ``task.default_config()`` and ``task.optional_keys``;
     anything below ``model.kwargs`` (:data:`FREE_SECTIONS`) is the model constructor's to check.
     """
-    from .callbacks import callback_config_keys, resolve_callbacks
-
     known = _declared_keys(task)
     for key in flatten_keys(cfg):
         if _undeclared(key, known):
             raise unknown_key(key, known, "config key", source, " (no code reads it)")
+
+
+def _check_callback_keys(cfg: Dict[str, Any]) -> None:
+    """ValueError naming a key of a callback that the run (``cfg``, resolved) does not run."""
+    from .callbacks import callback_config_keys, resolve_callbacks
+
     listed = (cfg.get("train") or {}).get("callbacks")
     running = {name for name, _ in resolve_callbacks(listed if isinstance(listed, list) else [])}
     for key, name in callback_config_keys().items():
         if name not in running and _get(cfg, key) is not None:
-            raise ValueError(f"{source} {key} is read by the {name} callback, which this run does not run "
+            raise ValueError(f"{key} is read by the {name} callback, which this run does not run "
                              f"(--set train.callbacks=[{name}])")
 
 
@@ -411,6 +415,7 @@ def resolve_config(preset: Optional[str] = None, overrides: Iterable[str] = (),
     if callable(finalize):
         cfg = finalize(cfg) or cfg
     check_known_keys(cfg, task, "config:")
+    _check_callback_keys(cfg)
     check_effective(cfg, task, task_name)
     TrainConfig.from_dict(cfg)
     return cfg
