@@ -16,7 +16,11 @@ A task is any object with
 and optionally
 
 * ``count(batch) -> int``: units (images/tokens) in a batch, for the throughput (default ``len(batch[0])``)
-* ``default_config() -> dict``: task defaults merged below the preset
+* ``default_config() -> dict``: task defaults merged below the preset; with ``optional_keys`` (dotted
+  keys read without a default) they declare every key the task reads: any other key in a config is
+  an error (:func:`rpc_attention.train.config.check_known_keys`)
+* ``ignored_keys``: dotted keys of the shared sections the task does not read (an error unless at
+  their defaults)
 * ``finalize_config(cfg) -> cfg``: fill derived values (e.g. ``data.mean``) after overrides
 * ``setup(cfg, device)``: called once per run before training (e.g. to build Mixup)
 * ``primary_metric``: name of the metric shown in the progress bar / summary (default
