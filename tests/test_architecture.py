@@ -141,24 +141,48 @@ def _run(code: str) -> str:
 
 
 def test_registries_are_filled_by_explicit_imports():
-    """Tasks and suites come from the listed built-in modules; the jproj and sparsity callbacks from importing kpca
-    (its owner); the CLI lists its commands. A trainer config naming jproj without kpca says how to fix it."""
+    """Tasks and suites come from the listed built-in modules; the trainer's own callback (sparsity) is built
+    in and jproj comes from an explicit kpca.register_callbacks() call; the CLI lists its commands. A trainer
+    config naming jproj before that call says how to fix it; importing kpca registers nothing."""
     out = _run(
         "from rpc_attention.train import callbacks, tasks\n"
         "from rpc_attention.evaluate import suites\n"
         "from rpc_attention.cli import commands\n"
         "print(tasks.list_tasks())\n"
         "print(all(n in suites.list_suites() for n in ('clean', 'pgd', 'corruptions', 'ood', 'ppl', 'seg')))\n"
+        "import rpc_attention.kpca\n"
         "try:\n    callbacks.get_callback('jproj')\nexcept ValueError as e:\n    print(e)\n"
-        "import rpc_attention.kpca\nprint(callbacks.list_callbacks())\n"
+        "rpc_attention.kpca.register_callbacks()\nprint(callbacks.list_callbacks())\n"
         "print([n for n, _ in commands()])\n")
     lines = out.splitlines()
     assert lines[0] == "['classification', 'lm', 'segmentation']"
     assert lines[1] == "True"
-    assert "unknown callback 'jproj'" in lines[2] and "import rpc_attention.kpca" in lines[2]
+    assert "unknown callback 'jproj'" in lines[2] and "rpc_attention.kpca.register_callbacks()" in lines[2]
     assert lines[3] == "['jproj', 'sparsity']"
     assert lines[4] == str(["analyze", "bench", "compare", "eval", "eval-external", "generate", "pap-demo", "presets",
                             "reproduce", "train"])
+
+
+def test_a_failed_builtin_registration_leaves_the_registry_unflagged_and_a_retry_fills_it():
+    """The task registry imports its built-in modules first and sets its flag last: while an import fails,
+    no task is registered and the flag stays down; once the import works, the next lookup fills it."""
+    out = _run(
+        "import builtins, sys\n"
+        "from rpc_attention.train import tasks\n"
+        "real = builtins.__import__\n"
+        "def failing(name, globals=None, locals=None, fromlist=(), level=0):\n"
+        "    if 'task_lm' in (fromlist or ()) or name.endswith('task_lm'):\n"
+        "        raise ImportError('task_lm is broken')\n"
+        "    return real(name, globals, locals, fromlist, level)\n"
+        "builtins.__import__ = failing\n"
+        "try:\n    tasks.list_tasks()\nexcept ImportError as e:\n    print('failed:', e)\n"
+        "builtins.__import__ = real\n"
+        "print(sorted(tasks._TASKS), tasks._BUILTINS_REGISTERED)\n"
+        "print(tasks.list_tasks(), tasks._BUILTINS_REGISTERED)\n")
+    lines = out.splitlines()
+    assert lines[0] == "failed: task_lm is broken"
+    assert lines[1] == "[] False"
+    assert lines[2] == "['classification', 'lm', 'segmentation'] True"
 
 
 # --- function length ------------------------------------------------------------------------

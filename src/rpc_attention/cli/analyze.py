@@ -87,7 +87,7 @@ def run(args: argparse.Namespace) -> int:
         row = {k: (mo.get(k) or {}).get("mean") for k in ("optimal_cosine", "linear_cka", "rbf_cka", "jproj", "phi2", "h2")}
         print(f"[{proto}] " + ", ".join(f"{k}={v:.4g}" if v is not None else f"{k}=n/a" for k, v in row.items()))
     print(f"chance: {json.dumps({k: {m: round(v[m]['mean'], 4) for m in v} for k, v in result['chance'].items()})}")
-    from ..kpca.sparsity import sparsity_summary
+    from ..train.sparsity import sparsity_summary
 
     sp = result.get("sparsity") or {}
     if sp.get("blocks"):

@@ -55,11 +55,12 @@ def run(args: argparse.Namespace) -> int:
         raise UserError("--run DIR is required with --preset")
     overrides = list(args.overrides) + ([f"train.device={args.device}"] if args.device else [])
 
-    from .. import kpca  # noqa: F401  (registers the jproj epoch-end callback)
+    from ..kpca import register_callbacks
     from ..train.checkpoint import CheckpointError
     from ..train.config import dump_config, resolve_config
     from ..train.trainer import RunExistsError, TrainingDiverged, run_training
 
+    register_callbacks()
     try:
         if args.print_config:
             if resume:

@@ -16,7 +16,7 @@ from ..markdown import markdown_table
 from .analysis import ALIGN_METRICS, analyze_captures, chance_baselines, pap_stats
 from .hooks import AttentionCapture
 from .sources import Probe
-from .sparsity import FIRED_RULE, measure_sparsity, probe_sparsity, sparsity_summary, sparsity_verdict
+from ..train.sparsity import FIRED_RULE, measure_sparsity, probe_sparsity, sparsity_summary, sparsity_verdict
 
 __all__ = ["run_analysis", "load_history", "summary_markdown", "RULES"]
 

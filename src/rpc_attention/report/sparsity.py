@@ -18,7 +18,7 @@ from .rows import gather_rows
 __all__ = ["FIRED_RULE", "collect_sparsity", "model_sparsity_verdict", "render_sparsity",
            "render_sparse_corruption"]
 
-# Stated here as well as in kpca.sparsity (the report floor sits above kpca, but reads only files).
+# The rule of rpc_attention.train.sparsity.FIRED_RULE, worded for the report (runs and models).
 FIRED_RULE = ("A PAP block's sparse step *fired* when the share of non-zero entries of S (the sparse part of "
               "the keys, in PAP's final pass) is above 0 on the probe; at 0, S = 0 everywhere and the block "
               "*acted as iterated attention* (each pass attends with the previous pass's output as keys). A run "

@@ -29,7 +29,6 @@ from typing import Any, Dict, Optional
 import torch
 
 from ..data.text import text_cache_dir
-from .tasks import register_task
 
 __all__ = ["LMTask"]
 
@@ -152,4 +151,4 @@ class LMTask:
         return {"loss": loss, "ppl": math.exp(min(loss, 700.0)), "n": n}
 
 
-register_task("lm", LMTask())
+TASK = LMTask()  # registered as "lm" by rpc_attention.train.tasks
