@@ -400,7 +400,7 @@ def bench_ops(cfg: Config, device: torch.device, progress: bool = True) -> List[
                 try:
                     run()  # warm-up (and compilation)
                     _sync(device)
-                except Exception as exc:  # noqa: BLE001 - report and continue
+                except Exception as exc:
                     row["error"] = f"{type(exc).__name__}: {str(exc).splitlines()[0][:200]}"
                 if case.get("option") == "compile":
                     row["compile_s"] = time.perf_counter() - t0
@@ -613,7 +613,7 @@ def bench_models(cfg: Config, device: torch.device, progress: bool = True) -> Li
                 train()
                 infer()
                 _sync(device)
-            except Exception as exc:  # noqa: BLE001
+            except Exception as exc:
                 row["error"] = f"{type(exc).__name__}: {str(exc).splitlines()[0][:200]}"
             row["_train"], row["_infer"], row["_model"] = train, infer, model
             rows.append(row)

@@ -3,14 +3,13 @@
 Tolerances: see tests/functional/reference.py.
 """
 
-import math
 
 import pytest
 import torch
 
 from rpc_attention import functional as RF
 
-from .reference import rand, ref_pap, ref_shrink, ref_softmax_attention
+from .reference import rand, ref_softmax_attention
 
 
 def test_symmetric_attention_matches_reference():

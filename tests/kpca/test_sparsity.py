@@ -7,12 +7,17 @@ import pytest
 import timm
 import torch
 
-from rpc_attention import functional as RF
 import rpc_attention.models  # noqa: F401  (registers the timm models)
+from rpc_attention import functional as RF
 from rpc_attention import nn as rnn
-from rpc_attention.train.sparsity import (ACTIVITY_KEYS, measure_sparsity, probe_sparsity, sparsity_callback,
-                                         sparsity_verdict)
 from rpc_attention.train.callbacks import default_callbacks, get_callback, register_callback, resolve_callbacks
+from rpc_attention.train.sparsity import (
+    ACTIVITY_KEYS,
+    measure_sparsity,
+    probe_sparsity,
+    sparsity_callback,
+    sparsity_verdict,
+)
 
 
 def _rpc_module(**pap):

@@ -30,8 +30,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def timm_kwargs(args: argparse.Namespace) -> dict:
     """``--set model.kwargs.NAME=VALUE`` and the ``--timm-kwarg NAME=VALUE`` alias as a keyword dict."""
-    from . import UserError
     from ..overrides import parse_assignments
+    from . import UserError
 
     try:
         pairs = parse_assignments(args.sets, "--set")
@@ -55,10 +55,10 @@ def run(args: argparse.Namespace) -> int:
 
     import torch
 
-    from . import UserError
     from ..kpca import sources
     from ..kpca.options import options_from_namespace
     from ..kpca.runner import run_analysis
+    from . import UserError
 
     try:
         opts = options_from_namespace(args)

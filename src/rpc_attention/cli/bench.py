@@ -26,7 +26,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--no-memory", action="store_true", help="skip the memory measurements")
 
 
-def run(args: argparse.Namespace, heap: Optional["HeapControl"] = None) -> int:
+def run(args: argparse.Namespace, heap: Optional[HeapControl] = None) -> int:
     """Run the suite; ``heap`` is the C-heap control CPU peak memory needs (``benchmarks/run.py``'s)."""
     import sys
 

@@ -65,6 +65,7 @@ def run(args: argparse.Namespace) -> int:
         if args.print_config:
             if resume:
                 from pathlib import Path
+
                 from ..train.config import load_config_file
                 cfg = resolve_config(base=load_config_file(Path(resume) / "config.yaml"), overrides=overrides)
             else:

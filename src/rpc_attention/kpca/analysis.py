@@ -72,7 +72,7 @@ def _projection_records(cap: LayerCapture, b: int, q: Tensor, k: Tensor, v: Tens
         rec.setdefault(key, []).extend(pl[key].tolist())
 
 
-def _gram_records(cap: LayerCapture, b: int, k: Tensor, v: Tensor, kv: Optional[Tensor], acc: "_LayerRecords",
+def _gram_records(cap: LayerCapture, b: int, k: Tensor, v: Tensor, kv: Optional[Tensor], acc: _LayerRecords,
                   alignment: bool, perturb: float, gen: torch.Generator) -> None:
     """Gram eigen-analysis, gamma and alignment of example ``b`` over its valid tokens (the causal mask
     does not enter: kernel PCA is defined on the set of keys), appended to ``acc``."""

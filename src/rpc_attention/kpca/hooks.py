@@ -301,7 +301,7 @@ class AttentionCapture:
         self._handles: list = []
         self._saved_state: Dict[str, bool] = {}
 
-    def __enter__(self) -> "AttentionCapture":
+    def __enter__(self) -> AttentionCapture:
         for name, mod, kind in self.modules:
             if kind == "rpc":
                 self._saved_state[name] = mod.keep_state
@@ -313,7 +313,7 @@ class AttentionCapture:
         for hd in self._handles:
             hd.remove()
         self._handles.clear()
-        for name, mod, kind in self.modules:
+        for name, mod, _kind in self.modules:
             if name in self._saved_state:
                 mod.keep_state = self._saved_state[name]
                 mod.last_state = None

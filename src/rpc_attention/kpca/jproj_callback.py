@@ -20,10 +20,10 @@ from typing import Any, Dict, List
 import torch
 
 from ..data.batch import to_device
-from .analysis import PROTOCOLS
-from .hooks import AttentionCapture
 from ..train.probe import first_eval_batch
 from . import metrics as M
+from .analysis import PROTOCOLS
+from .hooks import AttentionCapture
 
 __all__ = ["jproj_callback", "jproj_record"]
 

@@ -13,10 +13,10 @@ import torch
 
 from ..files import atomic_write_json, atomic_write_text
 from ..markdown import markdown_table
+from ..train.sparsity import FIRED_RULE, measure_sparsity, probe_sparsity, sparsity_summary, sparsity_verdict
 from .analysis import ALIGN_METRICS, analyze_captures, chance_baselines, pap_stats
 from .hooks import AttentionCapture
 from .sources import Probe
-from ..train.sparsity import FIRED_RULE, measure_sparsity, probe_sparsity, sparsity_summary, sparsity_verdict
 
 __all__ = ["run_analysis", "load_history", "summary_markdown", "RULES"]
 

@@ -7,7 +7,7 @@ do), so that ``timm.create_model("rpc_symvit_tiny_patch16_224", ...)`` or
 Other families (``models.lm``, ``models.segmentation``) are imported on demand.
 """
 
-from . import fan, vision  # noqa: F401  (registers timm entry points)
+from . import fan, vision  # importing them registers their timm entry points
 from .fan import FAN, FAN_MODEL_NAMES, load_fan_checkpoint
 from .vision import MODEL_NAMES, SymViT, load_official_checkpoint
 

@@ -19,9 +19,8 @@ from __future__ import annotations
 import copy
 from typing import Any, Callable, Dict, Optional, Sequence, Type
 
-from torch import nn
-
 from timm.models import build_model_with_cfg, resolve_pretrained_cfg
+from torch import nn
 
 __all__ = ["build_timm_model"]
 

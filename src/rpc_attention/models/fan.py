@@ -34,13 +34,11 @@ from functools import partial
 from typing import Any, Callable, Dict, Iterable, List, Optional, Tuple, Union
 
 import torch
-import torch.nn.functional as F
-from torch import Tensor, nn
-from torch.utils.checkpoint import checkpoint
-
 from timm.layers import DropPath, Mlp, to_2tuple, trunc_normal_
 from timm.models import generate_default_cfgs, register_model
 from timm.models._features import feature_take_indices
+from torch import Tensor, nn
+from torch.utils.checkpoint import checkpoint
 
 from .. import functional as RF
 from ..nn import Attention, RPCAttention, SymmetricAttention, _softmax_attention, parse_layers

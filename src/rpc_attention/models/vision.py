@@ -33,11 +33,10 @@ from functools import partial
 from typing import Any, Dict, Iterable, List, Optional, Union
 
 import torch
-from torch import nn
-
 from timm.layers import to_2tuple
 from timm.models import generate_default_cfgs, register_model
 from timm.models.vision_transformer import Block, VisionTransformer
+from torch import nn
 
 from .. import functional as RF
 from ..nn import Attention, RPCAttention, ScaledAttention, SymmetricAttention, parse_layers
@@ -290,7 +289,7 @@ def _read_checkpoint_object(path: str) -> Any:
     try:
         with torch.serialization.safe_globals([argparse.Namespace]):
             return torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as exc:  # noqa: BLE001
+    except Exception as exc:
         raise ValueError(f"cannot read checkpoint {path}: {str(exc).splitlines()[0]}") from None
 
 

@@ -165,7 +165,7 @@ def training_curves(res: Dict[str, Any], out_dir: Path) -> List[dict]:
     from each run's metrics.jsonl (the trainer's schema: step, epoch, split, loss, acc1 / ppl / miou)."""
     figs = []
     by_family: Dict[str, List[str]] = {}
-    for key, m in res["models"].items():
+    for m in res["models"].values():
         for run in m["runs"]:
             if res["training"].get(run, {}).get("curve"):
                 by_family.setdefault(m["family"], []).append(run)

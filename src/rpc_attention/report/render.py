@@ -274,7 +274,7 @@ def _kpca_rows(run: str, a: Dict[str, Any]) -> List[List[str]]:
         mo = pr["model"]
         g = (mo.get("jproj") or {})
 
-        def m(k, d=3):
+        def m(k, d=3, mo=mo):
             x = mo.get(k)
             return fmt(x.get("mean"), d) if isinstance(x, dict) else "—"
 

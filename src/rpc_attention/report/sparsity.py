@@ -86,7 +86,7 @@ def render_sparsity(res: Dict[str, Any]) -> List[str]:
     if not models:
         return []
     rows: List[List[str]] = []
-    for key, m in models.items():
+    for m in models.values():
         for run, rec in m["runs"].items():
             probe = rec.get("probe") or {}
             where = f"{probe.get('examples')} {probe.get('split')}" if probe else "—"

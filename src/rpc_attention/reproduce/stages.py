@@ -50,8 +50,8 @@ def _log_path(ctx: StageContext) -> Path:
 # ------------------------------------------------------------------------------------------- train
 def train_stage(ctx: StageContext) -> dict:
     """params: run, preset, overrides (list of "a.b=v"), seed, task (vision/lm/seg), label."""
-    from ..kpca import register_callbacks
     from .. import train
+    from ..kpca import register_callbacks
     from ..train.config import resolve_config
     from ..train.rundir import RunDir
 

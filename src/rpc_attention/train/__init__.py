@@ -11,10 +11,10 @@ Tasks plug in through :func:`rpc_attention.train.tasks.register_task`; epoch-end
 :func:`rpc_attention.train.callbacks.register_callback`.
 """
 
+from .callbacks import register_callback
 from .config import list_presets, load_preset, resolve_config
 from .rundir import RunDir, load_run, run_loader
 from .tasks import get_task, list_tasks, register_task
-from .callbacks import register_callback
 from .trainer import RunExistsError, TrainingDiverged, run_training
 
 __all__ = [

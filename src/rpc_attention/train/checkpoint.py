@@ -215,6 +215,6 @@ def load_checkpoint(path: os.PathLike) -> Tuple[Dict[str, torch.Tensor], Optiona
         model_sd = load_file(str(path / "model.safetensors"))
         ema_sd = load_file(str(path / "model_ema.safetensors")) if (path / "model_ema.safetensors").is_file() else None
         state = torch.load(path / "state.pt", map_location="cpu", weights_only=True)
-    except Exception as exc:  # noqa: BLE001
+    except Exception as exc:
         raise CheckpointError(f"checkpoint {path} cannot be read: {str(exc).splitlines()[0]}") from None
     return model_sd, ema_sd, state

@@ -30,9 +30,9 @@ import torch
 from torch import Tensor, nn
 
 from .. import functional as RF
-from ..functional.attention import normalise_mask
 from .. import nn as rnn
 from ..data.batch import to_device
+from ..functional.attention import normalise_mask
 from .probe import first_eval_batch
 
 __all__ = ["ACTIVITY_KEYS", "FIRED_RULE", "PROBE_EXAMPLES", "pap_blocks", "measure_sparsity", "probe_sparsity",

@@ -13,7 +13,6 @@ from typing import Any, Dict
 import torch
 import torch.nn.functional as F
 
-
 __all__ = ["ClassificationTask"]
 
 
@@ -55,6 +54,7 @@ class ClassificationTask:
     # ------------------------------------------------------------------ build
     def build_model(self, cfg: Dict[str, Any]) -> torch.nn.Module:
         import timm
+
         import rpc_attention.models  # noqa: F401  (registers the SymViT family)
 
         name = cfg["model"]["name"]

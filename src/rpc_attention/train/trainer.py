@@ -38,8 +38,16 @@ from torch.utils.data import DataLoader, Sampler
 
 from ..data.batch import to_device
 from .callbacks import Callback, resolve_callbacks
-from .checkpoint import (CheckpointError, latest_checkpoint, list_checkpoints, load_checkpoint, rng_state,
-                         save_checkpoint, save_safetensors_atomic, set_rng_state)
+from .checkpoint import (
+    CheckpointError,
+    latest_checkpoint,
+    list_checkpoints,
+    load_checkpoint,
+    rng_state,
+    save_checkpoint,
+    save_safetensors_atomic,
+    set_rng_state,
+)
 from .config import OptimConfig, ScheduleConfig, TrainConfig, dump_config, resolve_config
 from .rundir import RUN_FILES, MetricsLogger, RunDir, RunExistsError
 from .tasks import primary_metric
@@ -239,7 +247,7 @@ def _prepare_on_rank0(run: RunDir, force: bool, rank: int, world: int) -> None:
     if rank == 0:
         try:
             run.prepare(force=force)
-        except BaseException as exc:  # noqa: BLE001
+        except BaseException as exc:
             err = exc
     if world > 1:
         flags = _gather_objects(None if err is None else repr(err), world)
