@@ -16,9 +16,6 @@ import tempfile
 from pathlib import Path
 from typing import Any, Callable, Mapping, Optional, Union
 
-__all__ = ["atomic_write", "atomic_write_bytes", "atomic_write_text", "atomic_write_json", "atomic_savefig",
-           "to_json", "json_default", "read_yaml_mapping"]
-
 PathLike = Union[str, os.PathLike]
 
 

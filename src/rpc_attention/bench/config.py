@@ -5,8 +5,6 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Dict, List, Sequence
 
-__all__ = ["OpShape", "Config", "config", "CONFIG_NAMES"]
-
 CONFIG_NAMES = ("full", "quick", "smoke")
 
 

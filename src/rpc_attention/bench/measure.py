@@ -27,10 +27,6 @@ from typing import Callable, Dict, List, Optional, Protocol, Sequence
 import torch
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-__all__ = ["HeapControl", "setup_process", "environment", "load_average", "time_call", "peak_bytes",
-           "cpu_peak_supported", "saved_bytes", "summary", "autocast", "sdpa_backend", "sync", "error_text",
-           "progress"]
-
 logger = logging.getLogger("rpc_attention.bench")
 
 _FLUSH_DENORMAL = [False]

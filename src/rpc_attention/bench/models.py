@@ -18,8 +18,6 @@ from torch import nn
 from .config import Config
 from .measure import HeapControl, autocast, error_text, peak_bytes, progress, sdpa_backend, summary, sync, time_call
 
-__all__ = ["ModelCase", "Family", "FAMILIES", "bench_models", "model_memory", "finish_models"]
-
 
 @dataclass(frozen=True)
 class ModelCase:

@@ -37,8 +37,6 @@ from .measure import (
     time_call,
 )
 
-__all__ = ["official_pap", "OpCase", "op_cases", "bench_ops", "op_memory", "finish_ops", "MODES", "TOL"]
-
 MODES = ("fwd", "fwd+bwd")
 TOL = 1e-2  # the early-stopping tolerance of the ``tol`` option
 

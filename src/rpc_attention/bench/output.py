@@ -9,8 +9,6 @@ from typing import Dict, List, Optional
 from ..files import atomic_write_text
 from ..markdown import markdown_table
 
-__all__ = ["header_markdown", "targets_markdown", "ops_markdown", "models_markdown", "write_files"]
-
 
 def _ms(s: Optional[float]) -> str:
     return "-" if s is None else f"{s * 1e3:.2f}"

@@ -26,8 +26,6 @@ from .ops import bench_ops, finish_ops, op_memory
 from .output import header_markdown, models_markdown, ops_markdown, targets_markdown, write_files
 from .targets import targets
 
-__all__ = ["CaseGroup", "CASE_GROUPS", "run_suite", "to_markdown", "write_results"]
-
 
 @dataclass(frozen=True)
 class CaseGroup:

@@ -10,8 +10,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable, List, Optional, Sequence, Tuple
 
-__all__ = ["Target", "op_row", "model_row", "targets", "TARGETS"]
-
 
 def op_row(results: dict, shape: str, mode: str, kind: str, n: int, option: Optional[str] = None) -> Optional[dict]:
     """The operator row of one case, or None when the run did not measure it."""

@@ -58,7 +58,8 @@ def run(args: argparse.Namespace) -> int:
     from ..kpca import register_callbacks
     from ..train.checkpoint import CheckpointError
     from ..train.config import dump_config, resolve_config
-    from ..train.trainer import RunExistsError, TrainingDiverged, run_training
+    from ..train.rundir import RunExistsError
+    from ..train.trainer import TrainingDiverged, run_training
 
     register_callbacks()
     try:

@@ -41,12 +41,6 @@ import numpy as np
 
 from ..files import atomic_write_bytes
 
-__all__ = [
-    "EOS", "UNK", "SPLITS", "WIKITEXT_FILES", "Vocab", "Corpus", "wiki_tokenize", "detokenize",
-    "embedded_corpus_path", "read_embedded_lines", "read_wikitext_lines", "read_lines",
-    "prepare_corpus", "text_cache_dir", "corpus_fingerprint", "stopwords", "word_swap", "LMWindows", "encode_lines",
-]
-
 log = logging.getLogger(__name__)
 
 EOS = "<eos>"
@@ -262,7 +256,9 @@ def _min_freq(data_cfg: Mapping, default: int) -> int:
     return mf
 
 
-def _data_settings(data_cfg: Mapping) -> Dict:
+def data_settings(data_cfg: Mapping) -> Dict:
+    """What identifies a text corpus (source, split seed, minimum word count, tokenizer or root); raises
+    FileNotFoundError / ValueError for a config that names no usable corpus."""
     source = data_cfg.get("source", "embedded")
     if source == "embedded":
         return {"source": "embedded", "seed": int(data_cfg.get("split_seed", 0)),
@@ -280,7 +276,7 @@ def read_lines(data_cfg: Mapping, split: str) -> Iterator[List[str]]:
     """Token lines (without ``<eos>``) of one split for a data config (used by the attacks)."""
     if split not in SPLITS:
         raise ValueError(f"split must be one of {SPLITS}, got {split!r}")
-    s = _data_settings(data_cfg)
+    s = data_settings(data_cfg)
     if s["source"] == "wikitext":
         return read_wikitext_lines(s["root"], split)
     return iter(read_embedded_lines(seed=s["seed"])[split])
@@ -299,7 +295,7 @@ def _sha256_file(path: os.PathLike, chunk: int = 1 << 22) -> str:
 
 def corpus_fingerprint(data_cfg: Mapping) -> Tuple[str, Dict]:
     """SHA-256 over the source files' contents and the corpus settings; returns (hex, description)."""
-    s = _data_settings(data_cfg)
+    s = data_settings(data_cfg)
     if s["source"] == "wikitext":
         files = _wikitext_paths(s["root"])
     else:
@@ -415,7 +411,7 @@ def prepare_corpus(data_cfg: Mapping, cache_dir: Optional[os.PathLike] = None) -
     ``min_freq`` (``None``: embedded 3, WikiText 1), ``split_seed`` (embedded). Without ``cache_dir``
     the arrays live in memory only.
     """
-    settings = _data_settings(data_cfg)
+    settings = data_settings(data_cfg)
     fingerprint, desc = corpus_fingerprint(data_cfg)
     if cache_dir is not None:
         cache = Path(cache_dir)

@@ -169,7 +169,6 @@ def eval_batches(cfg: Mapping[str, Any], split: str, limit: Optional[int], batch
     return n, it
 
 
-
 def eval_indices(cfg: Mapping[str, Any], split: str, limit: Optional[int]) -> list:
     """The split's indices of the examples :func:`eval_batches` and :func:`load_eval_data` yield, in
     their order: the first ``limit`` of an in-memory data set, an even spread of a folder data set."""

@@ -16,8 +16,6 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-__all__ = ["as_bool_mask", "attention", "symmetric_attention", "scaled_attention_s", "scaled_attention_alpha"]
-
 
 def as_bool_mask(attn_mask: Optional[Tensor]) -> Optional[Tensor]:
     """A bool mask (True = may attend) from a bool or an additive 0 / -inf float mask, same shape.

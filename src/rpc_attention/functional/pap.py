@@ -34,10 +34,6 @@ from torch import Tensor
 from .attention import attend, check_dropout, check_kv, normalise_mask, resolve_scale
 from .pap_fused import FusedPAPOptions, fused_pap, sparse_converged
 
-__all__ = ["PAPState", "PAPProblem", "THRESHOLDS", "MU_MODES", "soft_shrink", "check_pap_options",
-           "prepare_pap", "pap_loop", "pap_attention", "pap_decompose", "sparse_activity",
-           "sparse_term_activity"]
-
 # How tau is set (docs/method.md#threshold-rules):
 #   lambda_mu        tau = lambd * mu                        (the official code)
 #   lambda_over_mu   tau = lambd / mu                        (classic principal component pursuit)

@@ -31,8 +31,6 @@ from torch import Tensor
 from .. import functional as RF
 from ..nn import parse_layers
 
-__all__ = ["asymmetric_rpc_attention", "KEY_MODES", "DEFAULT_OPTIONS", "resolve_layers", "layer_selected"]
-
 KEY_MODES = ("sparse", "pap")
 
 # Paper default "6iter/layer1": PAP with 6 softmax evaluations in block 0, lambda 4.

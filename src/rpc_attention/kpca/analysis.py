@@ -21,11 +21,9 @@ from typing import Dict, Iterable, List, Optional
 import torch
 from torch import Tensor
 
-from ..functional import sparse_term_activity
+from ..functional.pap import sparse_term_activity
 from . import metrics as M
 from .hooks import LayerCapture
-
-__all__ = ["PROTOCOLS", "analyze_captures", "pap_stats", "chance_baselines", "summarise_values"]
 
 PROTOCOLS = ("paper", "exact")
 ALIGN_METRICS = ("direct_cosine", "optimal_cosine", "linear_cka", "rbf_cka")

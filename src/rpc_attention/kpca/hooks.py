@@ -29,8 +29,6 @@ from torch import Tensor, nn
 from .. import functional as RF
 from .. import nn as rnn
 
-__all__ = ["LayerCapture", "AttentionCapture", "find_attention_modules", "attention_kind"]
-
 
 @dataclass
 class LayerCapture:

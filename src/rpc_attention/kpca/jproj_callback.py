@@ -25,8 +25,6 @@ from . import metrics as M
 from .analysis import PROTOCOLS
 from .hooks import AttentionCapture
 
-__all__ = ["jproj_callback", "jproj_record"]
-
 _PROBES: Dict[str, Any] = {}
 TERMS = ("jproj", "phi2", "h2", "log_phi2", "log_h2")
 

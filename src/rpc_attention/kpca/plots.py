@@ -7,8 +7,6 @@ from typing import Any, Dict, List
 
 from ..files import atomic_savefig
 
-__all__ = ["make_figures", "plot_jproj_history"]
-
 JPROJ_HISTORY_TERMS = (("jproj", "|J_proj|", "k"), ("phi2", "||varphi(q)||^2", "C0"), ("h2", "||h||^2", "C1"))
 
 

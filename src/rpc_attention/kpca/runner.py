@@ -18,8 +18,6 @@ from .analysis import ALIGN_METRICS, analyze_captures, chance_baselines, pap_sta
 from .hooks import AttentionCapture
 from .sources import Probe
 
-__all__ = ["run_analysis", "load_history", "summary_markdown", "RULES"]
-
 RULES = {
     "alignment": ("A metric supports 'the learned values are the KPCA value matrix V_hat' when it reaches 0.8 "
                   "(near-identical up to the metric's invariances); it is 'above chance' when it exceeds the "

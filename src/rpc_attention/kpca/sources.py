@@ -18,8 +18,6 @@ from torch import Tensor, nn
 from ..data.batch import to_device
 from ..train.probe import first_eval_batch
 
-__all__ = ["Probe", "probe_from_run", "probe_from_timm", "probe_from_hf", "HF_BUILTIN_CONFIGS", "image_probe"]
-
 
 @dataclass
 class Probe:

@@ -36,18 +36,14 @@ from typing import Any, Callable, Dict, Iterable, List, Optional, Tuple, Union
 import torch
 from timm.layers import DropPath, Mlp, to_2tuple, trunc_normal_
 from timm.models import generate_default_cfgs, register_model
-from timm.models._features import feature_take_indices
 from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint
 
 from .. import functional as RF
-from ..nn import Attention, RPCAttention, SymmetricAttention, _softmax_attention, parse_layers
-from ._timm import build_timm_model
-from .vision import _unwrap_state_dict, read_checkpoint
-
-# the class attention calls the attention kernel through nn's FX/TorchScript leaf; torch.fx.wrap patches
-# a name in the calling module's globals, so it is registered here too
-torch.fx.wrap("_softmax_attention")
+from .. import nn as rnn
+from ..nn import Attention, RPCAttention, SymmetricAttention, parse_layers
+from .factory import build_timm_model, feature_take_indices
+from .vision import read_checkpoint, unwrap_state_dict
 
 __all__ = ["FAN", "FANBlock", "ChannelAttention", "ClassAttention", "SymmetricClassAttention",
            "ClassAttentionBlock", "FAN_MODEL_NAMES",
@@ -310,7 +306,7 @@ class ClassAttention(nn.Module):
         k = self.k(x).reshape(b, n, self.num_heads, self.head_dim).transpose(1, 2)
         v = self.v(x).reshape(b, n, self.num_heads, self.head_dim).transpose(1, 2)
         dropout_p = self.attn_drop.p if self.training else 0.0
-        out = _softmax_attention(q, k, v, None, False, dropout_p, self.scale, self.fused_attn)
+        out = rnn.softmax_attention(q, k, v, None, False, dropout_p, self.scale, self.fused_attn)
         return self.proj_drop(self.proj(out.transpose(1, 2).reshape(b, 1, c)))
 
 
@@ -629,7 +625,7 @@ def checkpoint_filter_fn(state_dict: Dict[str, Tensor], model: Optional[nn.Modul
     fused class-attention ``qkv`` split into ``q``/``k``/``v`` (``k``/``v`` only for symmetric models)."""
     out: Dict[str, Tensor] = {}
     symmetric = model is not None and model.rpc_cfg["token_mixing"] == "sym"
-    for key, value in _unwrap_state_dict(state_dict).items():
+    for key, value in unwrap_state_dict(state_dict).items():
         key = key.replace("pos_embeder.", "pos_embed.")
         if key.startswith("cls_attn_blocks.") and ".attn.qkv." in key:
             head, kind = key.split(".attn.qkv.")
@@ -705,7 +701,7 @@ def load_fan_checkpoint(model: FAN, checkpoint: Union[str, Dict[str, Any]], stri
     if not isinstance(model, FAN):
         raise ValueError(f"load_fan_checkpoint needs a FAN model (fan_*, symfan_*, rpc_fan_*), got {type(model).__name__}")
     if isinstance(checkpoint, dict):
-        sd = _unwrap_state_dict(checkpoint, prefer_ema)
+        sd = unwrap_state_dict(checkpoint, prefer_ema)
     else:
         sd = read_checkpoint(checkpoint, prefer_ema)
     sd = checkpoint_filter_fn(sd, model)

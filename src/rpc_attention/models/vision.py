@@ -23,7 +23,7 @@ State dicts have exactly the official SymViT / RPC-SymViT layout (timm ViT names
 wide): :func:`load_official_checkpoint` builds the model that fits a checkpoint's tensors and loads it.
 Through timm, ``pretrained=True, pretrained_cfg_overlay=dict(file=path)`` loads local weights into the
 named model; ``features_only``, FX tracing and ``torch.jit.script`` work as for timm's own ViTs
-(:mod:`rpc_attention.models._timm`).
+(:mod:`rpc_attention.models.factory`).
 """
 
 from __future__ import annotations
@@ -40,10 +40,10 @@ from torch import nn
 
 from .. import functional as RF
 from ..nn import Attention, RPCAttention, ScaledAttention, SymmetricAttention, parse_layers
-from ._timm import build_timm_model
+from .factory import build_timm_model
 
 __all__ = ["SymViT", "SymViTBlock", "MODEL_NAMES", "OFFICIAL_HEADS_BY_WIDTH", "resolve_rpc_layers", "load_official_checkpoint",
-           "checkpoint_model_kwargs", "read_checkpoint"]
+           "checkpoint_model_kwargs", "read_checkpoint", "unwrap_state_dict"]
 
 ATTENTION_TYPES = ("sym", "attn", "scaled_s", "scaled_alpha")
 
@@ -255,7 +255,9 @@ _SIZE_BY_WIDTH = {192: "tiny", 348: "small", 384: "small", 768: "base"}
 _HEADS_BY_SIZE_WORD = {"tiny": 3, "small": 6, "base": 12}
 
 
-def _unwrap_state_dict(obj: Any, prefer_ema: bool = False) -> Dict[str, torch.Tensor]:
+def unwrap_state_dict(obj: Any, prefer_ema: bool = False) -> Dict[str, torch.Tensor]:
+    """The tensors of a loaded checkpoint object: the model (or EMA, ``prefer_ema``) state dict inside a
+    training checkpoint's dict, with ``module.`` / ``_orig_mod.`` prefixes (DDP, torch.compile) removed."""
     if not isinstance(obj, dict):
         raise ValueError(f"checkpoint holds a {type(obj).__name__}, expected a state dict")
     keys = ("model_ema", "state_dict_ema", "model", "state_dict") if prefer_ema else (
@@ -300,7 +302,7 @@ def read_checkpoint(path: str, prefer_ema: bool = False) -> Dict[str, torch.Tens
     ``argparse.Namespace`` is allow-listed for the safe unpickler. ``"model"`` is preferred over
     ``"model_ema"`` unless ``prefer_ema``.
     """
-    return _unwrap_state_dict(_read_checkpoint_object(path), prefer_ema)
+    return unwrap_state_dict(_read_checkpoint_object(path), prefer_ema)
 
 
 def _checkpoint_args(obj: Any) -> Dict[str, Any]:
@@ -396,7 +398,7 @@ def _resample_pos_embed(model: nn.Module, sd: Dict[str, torch.Tensor]) -> Dict[s
 
 def _checkpoint_filter(state_dict: Dict[str, Any], model: nn.Module) -> Dict[str, torch.Tensor]:
     """timm's ``pretrained_filter_fn`` for ``pretrained=True``: official layout, pos_embed resampled."""
-    sd = _unwrap_state_dict(state_dict)
+    sd = unwrap_state_dict(state_dict)
     sd = _resample_pos_embed(model, sd)
     # timm itself adapts the classifier (other num_classes) and the patch conv (other in_chans) next
     _check_fits(model, sd, skip=("head.", "patch_embed.proj."))
@@ -427,7 +429,7 @@ def load_official_checkpoint(checkpoint: Union[str, Dict[str, Any], nn.Module],
     if checkpoint is None:
         raise ValueError("load_official_checkpoint needs a checkpoint path or state dict")
     obj = checkpoint if isinstance(checkpoint, dict) else _read_checkpoint_object(str(checkpoint))
-    sd = _unwrap_state_dict(obj, prefer_ema)
+    sd = unwrap_state_dict(obj, prefer_ema)
     if model is None:
         import timm
 

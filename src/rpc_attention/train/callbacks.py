@@ -22,9 +22,6 @@ from __future__ import annotations
 
 from typing import Callable, Dict, Iterable, List, Optional, Sequence, Tuple
 
-__all__ = ["Callback", "register_callback", "get_callback", "list_callbacks", "default_callbacks",
-           "resolve_callbacks"]
-
 Callback = Callable[..., Optional[dict]]
 
 _CALLBACKS: Dict[str, Callback] = {}

@@ -31,11 +31,6 @@ import torch
 
 from ..files import atomic_write_bytes
 
-__all__ = [
-    "atomic_write_bytes", "save_safetensors_atomic", "save_checkpoint", "verify_checkpoint", "list_checkpoints",
-    "latest_checkpoint", "load_checkpoint", "rng_state", "set_rng_state", "CheckpointError",
-]
-
 
 class CheckpointError(ValueError):
     """A checkpoint that cannot be used (missing file, hash mismatch, unreadable)."""

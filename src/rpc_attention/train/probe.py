@@ -12,8 +12,6 @@ import torch
 
 from .tasks import get_task
 
-__all__ = ["EvalBatch", "first_eval_batch"]
-
 
 class EvalBatch(NamedTuple):
     task: Any

@@ -32,8 +32,6 @@ from ..files import atomic_write_bytes, atomic_write_text
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["RunDir", "RunExistsError", "MetricsLogger", "RUN_FILES", "load_run", "run_loader"]
-
 CONFIG = "config.yaml"
 METRICS = "metrics.jsonl"
 WEIGHTS = "model.safetensors"

@@ -13,8 +13,6 @@ from typing import Any, Dict
 import torch
 import torch.nn.functional as F
 
-__all__ = ["ClassificationTask"]
-
 
 class ClassificationTask:
     throughput_unit = "images"

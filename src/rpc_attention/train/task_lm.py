@@ -30,8 +30,6 @@ import torch
 
 from ..data.text import text_cache_dir
 
-__all__ = ["LMTask"]
-
 
 def _run_dir_of(cfg: Dict[str, Any]) -> Optional[str]:
     train = cfg.get("train") or {}

@@ -29,8 +29,6 @@ import torch.nn.functional as F
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["SegmentationTask"]
-
 IGNORE_INDEX = 255
 
 

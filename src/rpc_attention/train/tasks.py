@@ -33,8 +33,6 @@ from __future__ import annotations
 
 from typing import Any, Dict, List
 
-__all__ = ["register_task", "get_task", "list_tasks", "primary_metric", "DEFAULT_PRIMARY_METRIC"]
-
 DEFAULT_PRIMARY_METRIC = "acc1"  # top-1 accuracy, what the classification task's evaluate reports
 
 _TASKS: Dict[str, Any] = {}

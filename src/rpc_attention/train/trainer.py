@@ -49,13 +49,10 @@ from .checkpoint import (
     set_rng_state,
 )
 from .config import OptimConfig, ScheduleConfig, TrainConfig, dump_config, resolve_config
-from .rundir import RUN_FILES, MetricsLogger, RunDir, RunExistsError
+from .rundir import MetricsLogger, RunDir
 from .tasks import primary_metric
 
 _log = logging.getLogger(__name__)  # messages; metrics go to the run directory (self.logger)
-
-__all__ = ["run_training", "Trainer", "TrainingDiverged", "RunExistsError", "StepSampler",
-           "MetricsLogger", "RUN_FILES"]
 
 
 class TrainingDiverged(RuntimeError):
@@ -188,7 +185,6 @@ def _gather_objects(obj: Any, world: int) -> List[Any]:
     out: List[Any] = [None] * world
     dist.all_gather_object(out, obj)
     return out
-
 
 
 def _barrier(world: int) -> None:

@@ -20,9 +20,12 @@ import copy
 from typing import Any, Callable, Dict, Optional, Sequence, Type
 
 from timm.models import build_model_with_cfg, resolve_pretrained_cfg
+from timm.models._features import feature_take_indices
 from torch import nn
 
-__all__ = ["build_timm_model"]
+# feature_take_indices (which blocks forward_intermediates returns, from timm's `indices` argument) is what
+# timm's own models call; timm keeps it in a private module, so this is the one place that reaches for it.
+__all__ = ["build_timm_model", "feature_take_indices"]
 
 _WEIGHT_SOURCES = ("file", "url", "state_dict", "hf_hub_id")
 
