@@ -104,6 +104,16 @@ def atomic_savefig(fig, path: PathLike, **kwargs: Any) -> Path:
     return atomic_write(path, lambda tmp: fig.savefig(tmp, **kwargs))
 
 
+def pyplot():
+    """``matplotlib.pyplot`` on the headless Agg backend (figures are only ever written to files)."""
+    import matplotlib
+
+    matplotlib.use("Agg", force=True)
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
 def read_yaml_mapping(path: PathLike) -> dict:
     """The mapping in YAML file ``path``; FileNotFoundError / ValueError with one-line messages."""
     import yaml

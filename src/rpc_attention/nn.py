@@ -133,8 +133,8 @@ def _check_heads(dim: int, num_heads: int) -> int:
 class _AttentionBase(nn.Module):
     """Shared projection, head split/merge and dropout handling.
 
-    Subclasses that add options repeat the base constructor's arguments (a deliberate parallel, as in
-    timm: every module's signature is complete and typed where users read it)."""
+    Subclasses that add options list the base constructor's arguments too (as in timm: every module's
+    signature is complete and typed where users read it)."""
 
     n_proj: int = 3
 
@@ -230,8 +230,7 @@ class RPCAttention(SymmetricAttention):
         attn_drop: float = 0.0,
         proj_drop: float = 0.0,
         fused_attn: bool = True,
-        # PAP options, spelled out in every public entry point (a deliberate parallel: typed and
-        # documented where users read them; functional.check_pap_options is their one validator)
+        # PAP options, typed and documented here; functional.check_pap_options is their one validator
         n_iter: int = 6,
         lambd: float = 4.0,
         threshold: str = "lambda_mu",

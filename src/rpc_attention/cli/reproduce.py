@@ -50,7 +50,7 @@ def run(args: argparse.Namespace) -> int:
     import os
     import time
 
-    from ..report.render import format_seconds
+    from ..markdown import format_seconds
     from ..reproduce import StageSelectionError, StudyError, run_study
     from ..reproduce.studies import list_studies
     from . import UserError

@@ -354,8 +354,8 @@ def pap_attention(
     return (out, state) if return_state else out
 
 
-# pap_decompose repeats pap_attention's options on purpose (a deliberate parallel): the same
-# keywords mean the same thing in both, and both go through prepare_pap.
+# pap_decompose takes pap_attention's options: the same keywords mean the same thing in both, and
+# both go through prepare_pap.
 def pap_decompose(
     k: Tensor,
     v: Tensor,

@@ -78,16 +78,6 @@ def check_options(opts: dict) -> dict:
     return out
 
 
-def _bool_mask(mask: Optional[Tensor]) -> Optional[Tensor]:
-    """:func:`rpc_attention.functional.as_bool_mask` (bool, or additive 0/-inf; biases refused), made 4-D."""
-    mask = RF.as_bool_mask(mask)
-    if mask is None:
-        return None
-    while mask.dim() < 4:
-        mask = mask.unsqueeze(0)
-    return mask
-
-
 def _key_key_mask(mask: Optional[Tensor], nk: int, same_tokens: bool) -> Optional[Tensor]:
     """The (B?, H?, Nk, Nk) mask PAP runs under, derived from the (B?, H?, Nq, Nk) attention mask.
 
@@ -139,8 +129,7 @@ def asymmetric_rpc_attention(
     dropout_p: float = 0.0,
     scale: Optional[float] = None,
     same_tokens: bool = True,
-    # PAP options, spelled out in every public entry point (a deliberate parallel: typed and
-    # documented where users read them; functional.check_pap_options is their one validator)
+    # PAP options, typed and documented here; functional.check_pap_options is their one validator
     n_iter: int = 6,
     lambd: float = 4.0,
     threshold: str = "lambda_mu",
@@ -183,7 +172,7 @@ def asymmetric_rpc_attention(
     v = _repeat_heads(v, rep)
     if model_dim is None:
         model_dim = h * d
-    mask = _bool_mask(attn_mask)
+    mask = RF.as_bool_mask(attn_mask, ndim=4)  # bool, or additive 0/-inf; attention biases are refused
     same = bool(same_tokens) and nq == nk
     kk_mask = _key_key_mask(mask, nk, same)
     state = RF.pap_decompose(

@@ -114,9 +114,7 @@ def _bool_mask(mask: Optional[Tensor], b: int, n: int) -> Optional[Tensor]:
     """
     if mask is None:
         return None
-    m = RF.as_bool_mask(mask.detach()).cpu()
-    while m.dim() < 4:
-        m = m.unsqueeze(0)
+    m = RF.as_bool_mask(mask.detach(), ndim=4).cpu()
     m = m.expand(m.shape[0], m.shape[1], n, n) if m.shape[-2] == 1 else m
     if bool(m.all()):
         return None

@@ -410,8 +410,7 @@ class FAN(nn.Module):
         qkv_bias: bool = True,
         token_mixing: str = "attn",
         rpc_layers: Union[None, str, int, Iterable[int]] = None,
-        # PAP options, spelled out in every public entry point (a deliberate parallel: typed and
-        # documented where users read them; functional.check_pap_options is their one validator)
+        # PAP options, typed and documented here; functional.check_pap_options is their one validator
         n_iter: int = 4,
         lambd: float = 4.0,
         threshold: str = "lambda_mu",
@@ -650,7 +649,7 @@ _SMALL = dict(patch_size=16, embed_dim=384, depth=12, num_heads=8)
 _RPC = dict(token_mixing="sym", rpc_layers=[0], n_iter=4, lambd=4.0)
 
 
-# timm entry points: one small function per registered name (a deliberate parallel, as in timm).
+# timm entry points: one small function per registered name, as in timm.
 @register_model
 def fan_tiny_12_p16_224(pretrained: bool = False, **kwargs: Any) -> FAN:
     """FAN-tiny (NVlabs FAN-T-ViT): 192 wide, 12 blocks, 4 heads, asymmetric token mixing."""

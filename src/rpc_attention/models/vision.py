@@ -98,8 +98,7 @@ class SymViT(VisionTransformer):
         *,
         attention: str = "sym",
         rpc_layers: Union[None, str, int, Iterable[int]] = None,
-        # PAP options, spelled out in every public entry point (a deliberate parallel: typed and
-        # documented where users read them; functional.check_pap_options is their one validator)
+        # PAP options, typed and documented here; functional.check_pap_options is their one validator
         n_iter: int = 6,
         lambd: float = 4.0,
         threshold: str = "lambda_mu",

@@ -13,6 +13,7 @@ import math
 from pathlib import Path
 from typing import Any, Dict, List
 
+from ..markdown import markdown_table
 from .rows import gather_rows
 
 __all__ = ["FIRED_RULE", "collect_sparsity", "model_sparsity_verdict", "render_sparsity",
@@ -74,9 +75,7 @@ def _num(x: Any) -> str:
 
 
 def _table(header: List[str], rows: List[List[str]]) -> List[str]:
-    esc = lambda s: str(s).replace("|", "\\|")  # noqa: E731
-    return (["| " + " | ".join(esc(h) for h in header) + " |", "|" + "|".join("---" for _ in header) + "|"]
-            + ["| " + " | ".join(esc(c) for c in r) + " |" for r in rows] + [""])
+    return markdown_table(header, rows) + [""]
 
 
 def render_sparsity(res: Dict[str, Any]) -> List[str]:

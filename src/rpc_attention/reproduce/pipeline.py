@@ -35,7 +35,7 @@ from pathlib import Path
 from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence
 
 from ..files import atomic_write_bytes, atomic_write_json, atomic_write_text, json_default  # re-exported for stages
-from ..report.render import format_seconds
+from ..markdown import format_seconds
 
 logger = logging.getLogger(__name__)
 

@@ -37,6 +37,7 @@ import torch.distributed as dist
 from torch.utils.data import DataLoader, Sampler
 
 from ..data.batch import to_device
+from ..markdown import format_seconds
 from .callbacks import Callback, resolve_callbacks
 from .checkpoint import (
     CheckpointError,
@@ -142,11 +143,6 @@ def _amp_context(amp: Any, device: torch.device):
         raise ValueError("train.amp=fp16 needs a CUDA device; use train.amp=bf16 on CPU")
     scaler = torch.amp.GradScaler("cuda") if dtype is torch.float16 else None
     return (lambda: torch.autocast(device_type=device.type, dtype=dtype)), scaler
-
-
-def _fmt_time(s: float) -> str:
-    s = int(max(0, s))
-    return f"{s // 3600}:{s % 3600 // 60:02d}:{s % 60:02d}" if s >= 3600 else f"{s // 60}:{s % 60:02d}"
 
 
 def _build_optimizer(model: torch.nn.Module, o: OptimConfig, global_batch: int):
@@ -519,7 +515,7 @@ class Trainer:
         if self.is_main and bar.disable:  # no progress bar (not a terminal): one log line per log step
             eta = (self.total_steps - step) * dt / n_steps
             _log.info("step %d/%d ep %.2f %s eta %s", step, self.total_steps, step / spe,
-                      " ".join(f"{k} {v}" for k, v in post.items()), _fmt_time(eta))
+                      " ".join(f"{k} {v}" for k, v in post.items()), format_seconds(max(0.0, eta)))
         self.window = _Window(step + 1)
 
     # ---------------------------------------------------------------------- evaluation, callbacks
