@@ -5,8 +5,6 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Dict, List, Sequence
 
-CONFIG_NAMES = ("full", "quick", "smoke")
-
 
 @dataclass
 class OpShape:

@@ -374,6 +374,14 @@ def _pap_settings(token_mixing: str, rpc_layers: Union[None, str, int, Iterable[
     return layers, pap
 
 
+def _token_mixer(token_mixing: str, pap_layer: bool, pap: Dict[str, Any], attn_kwargs: Dict[str, Any]) -> nn.Module:
+    """A FAN block's token mixer: asymmetric attention (``"attn"``), else symmetric attention, PAP in the
+    blocks ``rpc_layers`` names."""
+    if token_mixing == "attn":
+        return Attention(**attn_kwargs)
+    return RPCAttention(**attn_kwargs, **pap) if pap_layer else SymmetricAttention(**attn_kwargs)
+
+
 class FAN(nn.Module):
     """Fully Attentional Network (FAN-ViT) with :mod:`rpc_attention.nn` token mixing.
 
@@ -431,42 +439,30 @@ class FAN(nn.Module):
             raise ValueError(f"global_pool must be 'token', 'avg' or '', got {global_pool!r}")
         layers, pap = _pap_settings(token_mixing, rpc_layers, depth, n_iter=n_iter, lambd=lambd,
                                     threshold=threshold, mu_mode=mu_mode, model_dim=model_dim, tol=tol)
-        self.num_classes = num_classes
-        self.global_pool = global_pool
+        self.num_classes, self.global_pool = num_classes, global_pool
         self.num_features = self.head_hidden_size = self.embed_dim = embed_dim
-        self.num_prefix_tokens = 1
-        self.grad_checkpointing = False
+        self.num_prefix_tokens, self.grad_checkpointing = 1, False
         norm_layer = partial(nn.LayerNorm, eps=1e-6)
-
         self.patch_embed = ConvPatchEmbed(img_size, patch_size, in_chans, embed_dim)
         self.pos_embed = FourierPositionalEncoding(dim=embed_dim) if use_pos_embed else None
         self.pos_drop = nn.Dropout(drop_rate)
-
-        def token_mixer(index: int) -> nn.Module:
-            akw = dict(dim=embed_dim, num_heads=num_heads, qkv_bias=qkv_bias, attn_drop=attn_drop_rate,
-                       proj_drop=drop_rate, fused_attn=fused_attn)
-            if token_mixing == "attn":
-                return Attention(**akw)
-            return RPCAttention(**akw, **pap) if index in layers else SymmetricAttention(**akw)
-
+        attn_kwargs = dict(dim=embed_dim, num_heads=num_heads, qkv_bias=qkv_bias, attn_drop=attn_drop_rate,
+                           proj_drop=drop_rate, fused_attn=fused_attn)
         self.blocks = nn.ModuleList([
-            FANBlock(embed_dim, num_heads, token_mixer(i), mlp_ratio=mlp_ratio, qkv_bias=qkv_bias, drop=drop_rate,
-                     attn_drop=attn_drop_rate, drop_path=drop_path_rate, eta=eta, norm_layer=norm_layer)
+            FANBlock(embed_dim, num_heads, _token_mixer(token_mixing, i in layers, pap, attn_kwargs),
+                     mlp_ratio=mlp_ratio, qkv_bias=qkv_bias, drop=drop_rate, attn_drop=attn_drop_rate,
+                     drop_path=drop_path_rate, eta=eta, norm_layer=norm_layer)
             for i in range(depth)])
-        self.feature_info = [dict(num_chs=embed_dim, reduction=patch_size, module=f"blocks.{i}")
-                             for i in range(depth)]
+        self.feature_info = [dict(num_chs=embed_dim, reduction=patch_size, module=f"blocks.{i}") for i in range(depth)]
         self.cls_token = nn.Parameter(torch.zeros(1, 1, embed_dim))
-        self.cls_attn_blocks = nn.ModuleList([
-            ClassAttentionBlock(embed_dim, num_heads, mlp_ratio=mlp_ratio, qkv_bias=qkv_bias, drop=drop_rate,
-                                attn_drop=attn_drop_rate, eta=eta, tokens_norm=tokens_norm,
-                                symmetric=token_mixing == "sym", norm_layer=norm_layer)
-            for _ in range(cls_attn_layers)])
+        cls_block = partial(ClassAttentionBlock, embed_dim, num_heads, mlp_ratio=mlp_ratio, qkv_bias=qkv_bias,
+                            drop=drop_rate, attn_drop=attn_drop_rate, eta=eta, tokens_norm=tokens_norm,
+                            symmetric=token_mixing == "sym", norm_layer=norm_layer)
+        self.cls_attn_blocks = nn.ModuleList([cls_block() for _ in range(cls_attn_layers)])
         self.norm = norm_layer(embed_dim)
         self.head = nn.Linear(embed_dim, num_classes) if num_classes > 0 else nn.Identity()
-
-        self.rpc_cfg: Dict[str, Any] = {"token_mixing": token_mixing, "rpc_layers": layers}
-        if layers:
-            self.rpc_cfg.update(pap, model_dim=model_dim or embed_dim)
+        self.rpc_cfg: Dict[str, Any] = {"token_mixing": token_mixing, "rpc_layers": layers,
+                                        **(dict(pap, model_dim=model_dim or embed_dim) if layers else {})}
         self._init_weights()
 
     def _init_weights(self) -> None:

@@ -79,6 +79,18 @@ class SymViTBlock(Block):
                                  proj_drop=proj_drop, device=device, dtype=dtype)
 
 
+def _scaled_s_tokens(kwargs: Dict[str, Any]) -> int:
+    """The fixed token count N of ``scaled_s`` attention (its N x N weight), from the ViT's keyword arguments."""
+    if kwargs.get("dynamic_img_size"):
+        raise ValueError("scaled_s attention has a fixed N x N matrix and cannot use dynamic_img_size")
+    img = to_2tuple(kwargs.get("img_size", 224))
+    patch = to_2tuple(kwargs.get("patch_size", 16))
+    if img[0] % patch[0] or img[1] % patch[1]:
+        raise ValueError(f"img_size {img} must be divisible by patch_size {patch} for scaled_s attention")
+    prefix = (1 if kwargs.get("class_token", True) else 0) + int(kwargs.get("reg_tokens", 0))
+    return (img[0] // patch[0]) * (img[1] // patch[1]) + prefix
+
+
 class SymViT(VisionTransformer):
     """A timm VisionTransformer with :mod:`rpc_attention.nn` attention in every block.
 
@@ -122,16 +134,7 @@ class SymViT(VisionTransformer):
         for name in ("block_fn", "attn_layer"):
             if name in kwargs:
                 raise ValueError(f"SymViT chooses its own {name}; use attention=/rpc_layers= instead")
-        num_tokens = None
-        if attention == "scaled_s":
-            if kwargs.get("dynamic_img_size"):
-                raise ValueError("scaled_s attention has a fixed N x N matrix and cannot use dynamic_img_size")
-            img = to_2tuple(kwargs.get("img_size", 224))
-            patch = to_2tuple(kwargs.get("patch_size", 16))
-            if img[0] % patch[0] or img[1] % patch[1]:
-                raise ValueError(f"img_size {img} must be divisible by patch_size {patch} for scaled_s attention")
-            prefix = (1 if kwargs.get("class_token", True) else 0) + int(kwargs.get("reg_tokens", 0))
-            num_tokens = (img[0] // patch[0]) * (img[1] // patch[1]) + prefix
+        num_tokens = _scaled_s_tokens(kwargs) if attention == "scaled_s" else None
         pap = {"n_iter": n_iter, "lambd": float(lambd), "threshold": threshold, "mu_mode": mu_mode,
                "model_dim": model_dim, "tol": tol}
         rpc_set = set(layers)
