@@ -7,7 +7,11 @@ import torch
 
 from rpc_attention.data.images import fashion_mnist
 from rpc_attention.data.segmentation import (
-    IGNORE_INDEX, ADE20KSegmentation, FashionMNISTSegmentation, build_datasets, seg_collate,
+    IGNORE_INDEX,
+    ADE20KSegmentation,
+    FashionMNISTSegmentation,
+    build_datasets,
+    seg_collate,
 )
 
 

@@ -7,7 +7,12 @@ import pytest
 import torch
 
 from rpc_attention.evaluate.segmentation import (
-    IGNORE_INDEX, SegEvaluator, confusion_matrix, metrics_from_confusion, seg_corruptions_suite, seg_suite,
+    IGNORE_INDEX,
+    SegEvaluator,
+    confusion_matrix,
+    metrics_from_confusion,
+    seg_corruptions_suite,
+    seg_suite,
 )
 from rpc_attention.evaluate.suites import get_suite, list_suites
 

@@ -133,10 +133,12 @@ def test_pap_stats_values():
 
 
 def test_jproj_callback_logs_both_protocols(tmp_path, fake_logger, fake_task):
+    from rpc_attention.kpca import register_callbacks
     from rpc_attention.kpca.jproj_callback import jproj_callback, jproj_record
     from rpc_attention.train.callbacks import get_callback
     from rpc_attention.train.tasks import register_task
 
+    register_callbacks()
     assert get_callback("jproj") is jproj_callback
     register_task("kpca-test-fake", fake_task(10), overwrite=True)
     m = _rpc_vit()

@@ -4,7 +4,13 @@ import pytest
 import torch
 
 from rpc_attention.models.lm import (
-    AdaptiveLogSoftmax, LM_CONFIGS, Symlm, build_lm, generate, lm_config, parse_rpc_layers,
+    LM_CONFIGS,
+    AdaptiveLogSoftmax,
+    Symlm,
+    build_lm,
+    generate,
+    lm_config,
+    parse_rpc_layers,
 )
 from rpc_attention.nn import Attention, RPCAttention, SymmetricAttention
 

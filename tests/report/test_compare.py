@@ -2,8 +2,6 @@
 
 import json
 
-import pytest
-
 from rpc_attention.cli import main
 from rpc_attention.report.compare import compare_runs, lower_is_better, read_curves
 

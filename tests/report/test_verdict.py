@@ -4,8 +4,16 @@ import math
 
 import pytest
 
-from rpc_attention.report.verdict import (INCONCLUSIVE, NOT_MEASURED, NOT_REPRODUCED, REPRODUCED, RULES_TEXT,
-                                          SINGLE_SEED_FACTOR, effect, verdict)
+from rpc_attention.report.verdict import (
+    INCONCLUSIVE,
+    NOT_MEASURED,
+    NOT_REPRODUCED,
+    REPRODUCED,
+    RULES_TEXT,
+    SINGLE_SEED_FACTOR,
+    effect,
+    verdict,
+)
 
 
 def test_effect_orientation_and_sigma():

@@ -5,8 +5,15 @@ import re
 import pytest
 import torch
 
-from rpc_attention.train.config import (DEFAULTS, TrainConfig, apply_overrides, list_presets, load_preset,
-                                        parse_overrides, resolve_config)
+from rpc_attention.train.config import (
+    DEFAULTS,
+    TrainConfig,
+    apply_overrides,
+    list_presets,
+    load_preset,
+    parse_overrides,
+    resolve_config,
+)
 from rpc_attention.train.trainer import StepSampler
 
 
@@ -98,7 +105,7 @@ def test_every_preset_reads_as_a_typed_config(name):
         for key, value in (raw.get(section) or {}).items():
             have = getattr(getattr(cfg, section), key, None)
             if have is None:
-                have = getattr(getattr(cfg, section), "extra").get(key)
+                have = getattr(cfg, section).extra.get(key)
             assert have == value or (key == "ema" and have == TrainConfig.from_dict({"train": {"ema": value}}).train.ema)
 
 

@@ -14,9 +14,8 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from rpc_attention.train import TrainingDiverged, load_run, run_training
+from rpc_attention.train import RunExistsError, TrainingDiverged, load_run, run_training
 from rpc_attention.train.checkpoint import CheckpointError, list_checkpoints, verify_checkpoint
-from rpc_attention.train.trainer import RunExistsError
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))

@@ -31,8 +31,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def timm_kwargs(args: argparse.Namespace) -> dict:
     """``--set model.kwargs.NAME=VALUE`` and the ``--timm-kwarg NAME=VALUE`` alias as a keyword dict."""
-    from . import UserError
     from ..overrides import parse_assignments
+    from . import UserError
 
     try:
         pairs = parse_assignments(args.sets, "--set")
@@ -57,10 +57,10 @@ def run(args: argparse.Namespace) -> int:
 
     import torch
 
-    from . import UserError
     from ..kpca import sources
     from ..kpca.options import options_from_namespace
     from ..kpca.runner import run_analysis
+    from . import UserError
 
     try:
         opts = options_from_namespace(args)
@@ -92,7 +92,7 @@ def run(args: argparse.Namespace) -> int:
         row = {k: (mo.get(k) or {}).get("mean") for k in ("optimal_cosine", "linear_cka", "rbf_cka", "jproj", "phi2", "h2")}
         print(f"[{proto}] " + ", ".join(f"{k}={v:.4g}" if v is not None else f"{k}=n/a" for k, v in row.items()))
     print(f"chance: {json.dumps({k: {m: round(v[m]['mean'], 4) for m in v} for k, v in result['chance'].items()})}")
-    from ..kpca.sparsity import sparsity_summary
+    from ..train.sparsity import sparsity_summary
 
     sp = result.get("sparsity") or {}
     if sp.get("blocks"):

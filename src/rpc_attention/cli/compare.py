@@ -24,8 +24,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     import os
 
-    from . import UserError
     from ..report.compare import compare_runs
+    from . import UserError
 
     runs = list(args.run_dirs) + list(args.runs)
     if not runs:

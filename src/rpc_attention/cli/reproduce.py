@@ -52,11 +52,10 @@ def run(args: argparse.Namespace) -> int:
     import os
     import time
 
-    from . import UserError
-
+    from ..markdown import format_seconds
     from ..reproduce import StageSelectionError, StudyError, run_study
     from ..reproduce.studies import list_studies
-    from ..report.render import format_seconds
+    from . import UserError
 
     if args.list:
         for name, desc, defaults in list_studies():

@@ -58,15 +58,18 @@ def run(args: argparse.Namespace) -> int:
         raise UserError("--run DIR is required with --preset")
     overrides = list(args.overrides) + ([f"train.device={args.device}"] if args.device else [])
 
-    from .. import kpca  # noqa: F401  (registers the jproj epoch-end callback)
+    from ..kpca import register_callbacks
     from ..train.checkpoint import CheckpointError
     from ..train.config import dump_config, resolve_config
-    from ..train.trainer import RunExistsError, TrainingDiverged, run_training
+    from ..train.rundir import RunExistsError
+    from ..train.trainer import TrainingDiverged, run_training
 
+    register_callbacks()
     try:
         if args.print_config:
             if resume:
                 from pathlib import Path
+
                 from ..train.config import load_config_file
                 cfg = resolve_config(base=load_config_file(Path(resume) / "config.yaml"), overrides=overrides)
             else:

@@ -286,8 +286,8 @@ def _small_dataset(dcfg: dict, split: str, normalize: bool, train_aug: bool):
 
 
 def _imagefolder(dcfg: dict, split: str, normalize: bool, train_aug: bool):
-    from torchvision.datasets import ImageFolder
     from timm.data import create_transform
+    from torchvision.datasets import ImageFolder
 
     root = dcfg.get("root")
     if not root:

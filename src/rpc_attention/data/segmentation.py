@@ -31,12 +31,6 @@ import torch
 import torch.nn.functional as F
 from torch.utils.data import Dataset
 
-__all__ = [
-    "IGNORE_INDEX", "FMNIST_SEG_CLASSES", "FMNIST_SEG_MEAN", "FMNIST_SEG_STD", "ADE20K_MEAN", "ADE20K_STD",
-    "FashionMNISTSegmentation", "ADE20KSegmentation", "compose_canvas", "seg_collate", "build_datasets",
-    "build_eval_dataset", "dataset_info",
-]
-
 IGNORE_INDEX = 255
 FMNIST_SEG_CLASSES = (
     "background", "T-shirt/top", "Trouser", "Pullover", "Dress", "Coat", "Sandal", "Shirt", "Sneaker", "Bag",

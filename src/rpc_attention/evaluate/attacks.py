@@ -191,7 +191,7 @@ def sparse_l1_descent(
 
 
 def _ta():
-    import torchattacks  # noqa: F401  (imported lazily: it is slow and optional for other code)
+    import torchattacks  # imported here: it is slow to import and only the attacks need it
 
     return torchattacks
 

@@ -117,7 +117,7 @@ def _attack_suite(name: str, protocol: str, norm: str):
                 max_linf = max(max_linf, float(d.abs().max()) if d.numel() else 0.0)
                 norms.append(d.norm(p=1 if norm == "L1" else 2, dim=1).cpu())
                 if space.name == "pixel":
-                    out_of_range = max(out_of_range, float((adv.min().clamp(max=0).neg())), float((adv.max() - 1).clamp(min=0)))
+                    out_of_range = max(out_of_range, float(adv.min().clamp(max=0).neg()), float((adv.max() - 1).clamp(min=0)))
             nrm = torch.cat(norms)
             row: Dict[str, Any] = {}
             if eps is not None:

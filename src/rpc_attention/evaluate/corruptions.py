@@ -27,7 +27,8 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
-from ._imagecorruptions_compat import CORRUPTIONS, available as imagecorruptions_available
+from ._imagecorruptions_compat import CORRUPTIONS
+from ._imagecorruptions_compat import available as imagecorruptions_available
 from .inputs import Normalized, cfg_value, data_name, eval_indices, load_eval_data, norm_stats
 from .per_example import PerExample
 from .predict import chunks, progress, top1_hits

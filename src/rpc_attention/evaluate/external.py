@@ -18,7 +18,7 @@ from typing import Any, Dict, Mapping, Optional, Tuple
 import torch
 from torch import nn
 
-from ..integrations._core import DEFAULT_OPTIONS, check_options
+from ..integrations import DEFAULT_OPTIONS, check_options
 
 __all__ = ["add_arguments", "rpc_options_from_args", "apply_test_time_rpc", "load_external", "HFClassifier"]
 

@@ -55,7 +55,7 @@ def plain_windows(n_tokens: int, context: int) -> List[Tuple[int, int, int]]:
 
 
 def _unwrap(model):
-    while hasattr(model, "module") and isinstance(getattr(model, "module"), torch.nn.Module):
+    while hasattr(model, "module") and isinstance(model.module, torch.nn.Module):
         model = model.module
     return getattr(model, "_orig_mod", model)
 
@@ -140,9 +140,9 @@ def _check(cfg: Mapping[str, Any], opts: Dict[str, Any]) -> None:
     _check_protocols(opts["protocols"])
     if int(opts.get("stride") or 0) < 0:
         raise ValueError("stride must be >= 0 (0 = context / 4)")
-    from ..data.text import _data_settings, corpus_fingerprint
+    from ..data.text import corpus_fingerprint, data_settings
 
-    _data_settings(cfg["data"])
+    data_settings(cfg["data"])
     corpus_fingerprint(cfg["data"])  # raises FileNotFoundError when the data is missing
 
 

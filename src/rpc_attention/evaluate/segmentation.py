@@ -363,8 +363,8 @@ def _all_background_miou(cm: Tensor) -> float:
 def seg_corruptions_suite(model: nn.Module, cfg: Mapping[str, Any], run_dir, opts: Dict[str, Any]) -> Dict[str, Any]:
     """Segmentation metrics on corrupted inputs, per corruption and severity (labels unchanged)."""
     from ..data.segmentation import build_eval_dataset
-    from .predict import progress
     from .corruptions import corrupt_images
+    from .predict import progress
 
     device = torch.device(opts.get("device") or "cpu")
     split = str(opts.get("split", "test"))

@@ -112,7 +112,7 @@ class KeyCorruption:
             out[i, :, self.slot] = keys[i] + noise
         return out.reshape(b, n, width)
 
-    def __enter__(self) -> "KeyCorruption":
+    def __enter__(self) -> KeyCorruption:
         self._handle = self.module.qkv.register_forward_hook(self._hook)
         return self
 
@@ -177,10 +177,10 @@ def sparse_suite(model: nn.Module, cfg: Mapping[str, Any], run_dir, opts: Dict[s
     for kind, label, level in settings:
         name = _metric_name(kind, level)
         if kind == "salt-and-pepper":
-            acc = top1(lambda xb, start: salt_and_pepper(xb, level, seed, start), name)
+            acc = top1(lambda xb, start, p=level: salt_and_pepper(xb, p, seed, start), name)
         elif kind == "patch occlusion":
             fill = float(opts["occlusion_fill"])
-            acc = top1(lambda xb, start: occlude_patches(xb, int(level), patch, fill, seed, start), name)
+            acc = top1(lambda xb, start, n=int(level), f=fill: occlude_patches(xb, n, patch, f, seed, start), name)
         else:
             with KeyCorruption(model, level, float(opts["key_magnitude"]), seed) as kc:
                 def at(xb, start):

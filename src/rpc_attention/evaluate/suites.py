@@ -79,12 +79,13 @@ def register_suite(
 
 
 def _register_builtin_suites() -> None:
-    """Import the built-in suite modules (each registers its suites on import); idempotent."""
+    """Import the built-in suite modules (each registers its suites on import); idempotent. The flag is set
+    after the imports, so a failing import is retried (and reported) at the next lookup."""
     global _BUILTINS_REGISTERED
     if _BUILTINS_REGISTERED:
         return
-    _BUILTINS_REGISTERED = True
     from . import classification, corruptions, lm, ood, segmentation, sparse  # noqa: F401
+    _BUILTINS_REGISTERED = True
 
 
 def list_suites(task: Optional[str] = None) -> List[str]:

@@ -13,21 +13,18 @@ from .attention import as_bool_mask, attention, scaled_attention_alpha, scaled_a
 from .pap import (
     MU_MODES,
     THRESHOLDS,
-    PAPProblem,
     PAPState,
     check_pap_options,
     pap_attention,
     pap_decompose,
-    pap_loop,
-    prepare_pap,
     soft_shrink,
     sparse_activity,
-    sparse_term_activity,
 )
 
+# The public kernels. The plumbing behind pap_attention (prepare_pap, PAPProblem, pap_loop,
+# sparse_term_activity) is imported from rpc_attention.functional.pap by the code that builds on it.
 __all__ = [
     "PAPState",
-    "PAPProblem",
     "THRESHOLDS",
     "MU_MODES",
     "as_bool_mask",
@@ -35,12 +32,9 @@ __all__ = [
     "symmetric_attention",
     "pap_attention",
     "pap_decompose",
-    "pap_loop",
-    "prepare_pap",
     "scaled_attention_s",
     "scaled_attention_alpha",
     "soft_shrink",
     "sparse_activity",
-    "sparse_term_activity",
     "check_pap_options",
 ]

@@ -34,10 +34,6 @@ from torch import Tensor
 from .attention import attend, check_dropout, check_kv, normalise_mask, resolve_scale
 from .pap_fused import FusedPAPOptions, fused_pap, sparse_converged
 
-__all__ = ["PAPState", "PAPProblem", "THRESHOLDS", "MU_MODES", "soft_shrink", "check_pap_options",
-           "prepare_pap", "pap_loop", "pap_attention", "pap_decompose", "sparse_activity",
-           "sparse_term_activity"]
-
 # How tau is set (docs/method.md#threshold-rules):
 #   lambda_mu        tau = lambd * mu                        (the official code)
 #   lambda_over_mu   tau = lambd / mu                        (classic principal component pursuit)
@@ -318,9 +314,8 @@ def pap_attention(
         k, v: keys and values ``(B, H, N, d)``; PAP needs ``d_v == d_k``.
         n_iter: softmax evaluations in the layer (``n_iter - 1`` ADMM passes plus the final one).
             ``n_iter=1`` is symmetric attention on ``clamp(k, -tau, tau)``.
-        lambd: sparsity weight lambda (official experiments: 4). ``lambd=inf`` makes S = 0 (for
-            ``n_iter=1`` plain symmetric attention); 0 is degenerate (uniform attention) but allowed;
-            negative raises.
+        lambd: sparsity weight lambda (official experiments: 4). ``inf`` makes S = 0 (for ``n_iter=1``
+            plain symmetric attention); 0 is degenerate (uniform attention) but allowed; negative raises.
         attn_mask: bool (True = may attend) or additive float mask broadcastable to (B, H, N, N).
             Keys no query may attend to (padding) take no part in attention, in mu or in N.
         is_causal: apply a causal mask in every iteration (and default to the causal mu).
@@ -347,8 +342,7 @@ def pap_attention(
     """
     problem = prepare_pap(k, v, n_iter=n_iter, lambd=lambd, attn_mask=attn_mask, is_causal=is_causal,
                           scale=scale, model_dim=model_dim, threshold=threshold, mu_mode=mu_mode, tol=tol)
-    dropout_p = check_dropout(dropout_p)
-    tol = None if tol is None else float(tol)
+    dropout_p, tol = check_dropout(dropout_p), None if tol is None else float(tol)
     if fused and not return_state and not torch.compiler.is_compiling():
         options = FusedPAPOptions(n_iter=n_iter, is_causal=bool(is_causal), dropout_p=dropout_p,
                                   scale=problem.scale, tol=tol, checkpoint_iters=bool(checkpoint_iters))
@@ -358,8 +352,8 @@ def pap_attention(
     return (out, state) if return_state else out
 
 
-# pap_decompose repeats pap_attention's options on purpose (a deliberate parallel): the same
-# keywords mean the same thing in both, and both go through prepare_pap.
+# pap_decompose takes pap_attention's options: the same keywords mean the same thing in both, and
+# both go through prepare_pap.
 def pap_decompose(
     k: Tensor,
     v: Tensor,

@@ -23,15 +23,13 @@ iteration's attention output when S = 0).
 
 from __future__ import annotations
 
-from typing import Optional
+from typing import Optional, Tuple
 
 import torch
 from torch import Tensor
 
 from .. import functional as RF
 from ..nn import parse_layers
-
-__all__ = ["asymmetric_rpc_attention", "KEY_MODES", "DEFAULT_OPTIONS", "resolve_layers", "layer_selected"]
 
 KEY_MODES = ("sparse", "pap")
 
@@ -80,16 +78,6 @@ def check_options(opts: dict) -> dict:
     return out
 
 
-def _bool_mask(mask: Optional[Tensor]) -> Optional[Tensor]:
-    """:func:`rpc_attention.functional.as_bool_mask` (bool, or additive 0/-inf; biases refused), made 4-D."""
-    mask = RF.as_bool_mask(mask)
-    if mask is None:
-        return None
-    while mask.dim() < 4:
-        mask = mask.unsqueeze(0)
-    return mask
-
-
 def _key_key_mask(mask: Optional[Tensor], nk: int, same_tokens: bool) -> Optional[Tensor]:
     """The (B?, H?, Nk, Nk) mask PAP runs under, derived from the (B?, H?, Nq, Nk) attention mask.
 
@@ -131,6 +119,21 @@ def _repeat_heads(x: Tensor, rep: int) -> Tensor:
     return x[:, :, None].expand(b, h, rep, n, d).reshape(b, h * rep, n, d)
 
 
+def _shared_heads(q: Tensor, k: Tensor, v: Tensor, key_mode: str) -> Tuple[Tensor, Tensor]:
+    """``k`` and ``v`` with their heads repeated to the query heads (grouped-query attention), after the
+    shape checks of :func:`asymmetric_rpc_attention`."""
+    if q.dim() != 4 or k.dim() != 4 or v.dim() != 4:
+        raise ValueError("q, k, v must be 4-D (batch, heads, tokens, head_dim)")
+    if key_mode not in KEY_MODES:
+        raise ValueError(f"key_mode must be one of {KEY_MODES}, got {key_mode!r}")
+    h, hkv = q.shape[1], k.shape[1]
+    if h % hkv != 0:
+        raise ValueError(f"query heads ({h}) must be a multiple of key/value heads ({hkv})")
+    if v.shape[-1] != k.shape[-1]:
+        raise ValueError(f"RPC attention needs d_v == d_k (PAP's L step lives in value space), got {v.shape[-1]} vs {k.shape[-1]}")
+    return _repeat_heads(k, h // hkv), _repeat_heads(v, h // hkv)
+
+
 def asymmetric_rpc_attention(
     q: Tensor,
     k: Tensor,
@@ -141,8 +144,7 @@ def asymmetric_rpc_attention(
     dropout_p: float = 0.0,
     scale: Optional[float] = None,
     same_tokens: bool = True,
-    # PAP options, spelled out in every public entry point (a deliberate parallel: typed and
-    # documented where users read them; functional.check_pap_options is their one validator)
+    # PAP options, typed and documented here; functional.check_pap_options is their one validator
     n_iter: int = 6,
     lambd: float = 4.0,
     threshold: str = "lambda_mu",
@@ -170,27 +172,14 @@ def asymmetric_rpc_attention(
             ``model_dim`` defaults to ``H * d`` (query heads times head width).
     Returns ``(B, H, Nq, d_v)`` and, with ``return_state``, the :class:`~rpc_attention.functional.PAPState`.
     """
-    if q.dim() != 4 or k.dim() != 4 or v.dim() != 4:
-        raise ValueError("q, k, v must be 4-D (batch, heads, tokens, head_dim)")
-    if key_mode not in KEY_MODES:
-        raise ValueError(f"key_mode must be one of {KEY_MODES}, got {key_mode!r}")
-    b, h, nq, d = q.shape
-    hkv, nk = k.shape[1], k.shape[2]
-    if h % hkv != 0:
-        raise ValueError(f"query heads ({h}) must be a multiple of key/value heads ({hkv})")
-    if v.shape[-1] != k.shape[-1]:
-        raise ValueError(f"RPC attention needs d_v == d_k (PAP's L step lives in value space), got {v.shape[-1]} vs {k.shape[-1]}")
-    rep = h // hkv
-    k = _repeat_heads(k, rep)
-    v = _repeat_heads(v, rep)
-    if model_dim is None:
-        model_dim = h * d
-    mask = _bool_mask(attn_mask)
+    k, v = _shared_heads(q, k, v, key_mode)
+    (_, h, nq, d), nk = q.shape, k.shape[2]
+    mask = RF.as_bool_mask(attn_mask, ndim=4)  # bool, or additive 0/-inf; attention biases are refused
     same = bool(same_tokens) and nq == nk
-    kk_mask = _key_key_mask(mask, nk, same)
     state = RF.pap_decompose(
-        k, v, n_iter=n_iter, lambd=lambd, attn_mask=kk_mask, is_causal=is_causal,
-        scale=scale, model_dim=model_dim, threshold=threshold, mu_mode=mu_mode, tol=tol, fused=fused,
+        k, v, n_iter=n_iter, lambd=lambd, attn_mask=_key_key_mask(mask, nk, same), is_causal=is_causal,
+        scale=scale, model_dim=h * d if model_dim is None else model_dim, threshold=threshold, mu_mode=mu_mode,
+        tol=tol, fused=fused,
     )
     sparse = state.sparse.to(k.dtype)
     k_clean = k - sparse if key_mode == "sparse" else state.cleaned_keys.to(k.dtype)
@@ -203,6 +192,4 @@ def asymmetric_rpc_attention(
     # nk - nq + i); a static cache's mask is stricter and wins in the intersection
     out = RF.attention(q_clean, k_clean, v, attn_mask=mask, is_causal=is_causal, dropout_p=dropout_p,
                        scale=scale, fused=fused)
-    if return_state:
-        return out, state
-    return out
+    return (out, state) if return_state else out

@@ -21,11 +21,9 @@ from typing import Dict, Iterable, List, Optional
 import torch
 from torch import Tensor
 
-from ..functional import sparse_term_activity
+from ..functional.pap import sparse_term_activity
 from . import metrics as M
 from .hooks import LayerCapture
-
-__all__ = ["PROTOCOLS", "analyze_captures", "pap_stats", "chance_baselines", "summarise_values"]
 
 PROTOCOLS = ("paper", "exact")
 ALIGN_METRICS = ("direct_cosine", "optimal_cosine", "linear_cka", "rbf_cka")
@@ -72,7 +70,7 @@ def _projection_records(cap: LayerCapture, b: int, q: Tensor, k: Tensor, v: Tens
         rec.setdefault(key, []).extend(pl[key].tolist())
 
 
-def _gram_records(cap: LayerCapture, b: int, k: Tensor, v: Tensor, kv: Optional[Tensor], acc: "_LayerRecords",
+def _gram_records(cap: LayerCapture, b: int, k: Tensor, v: Tensor, kv: Optional[Tensor], acc: _LayerRecords,
                   alignment: bool, perturb: float, gen: torch.Generator) -> None:
     """Gram eigen-analysis, gamma and alignment of example ``b`` over its valid tokens (the causal mask
     does not enter: kernel PCA is defined on the set of keys), appended to ``acc``."""

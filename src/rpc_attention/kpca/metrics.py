@@ -22,25 +22,6 @@ import numpy as np
 import torch
 from torch import Tensor
 
-__all__ = [
-    "standardize_tokens",
-    "log_feature_norms",
-    "projection_loss",
-    "centred_gram",
-    "gram_eigen",
-    "kpca_values",
-    "recover_a_hat",
-    "gamma_ratios",
-    "pairwise_abs_diff_stats",
-    "gamma_stats",
-    "direct_cosine",
-    "optimal_cosine",
-    "linear_cka",
-    "rbf_cka",
-    "alignment_metrics",
-    "random_alignment_baseline",
-]
-
 _NEG_INF = float("-inf")
 
 

@@ -5,20 +5,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Dict, List
 
-from ..files import atomic_savefig
-
-__all__ = ["make_figures", "plot_jproj_history"]
+from ..files import atomic_savefig, pyplot
 
 JPROJ_HISTORY_TERMS = (("jproj", "|J_proj|", "k"), ("phi2", "||varphi(q)||^2", "C0"), ("h2", "||h||^2", "C1"))
-
-
-def _plt():
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    return plt
 
 
 def _save(fig, path: Path) -> str:
@@ -44,7 +33,7 @@ def _short(name: str) -> str:
 def make_figures(result: Dict[str, Any], out_dir: Path) -> List[str]:
     """Write the analysis figures into ``out_dir``; returns the file names written (a figure with
     nothing to show is skipped)."""
-    plt = _plt()
+    plt = pyplot()
     out_dir = Path(out_dir)
     protos = list(result["protocols"])
     files = []

@@ -13,12 +13,10 @@ import torch
 
 from ..files import atomic_write_json, atomic_write_text
 from ..markdown import markdown_table
+from ..train.sparsity import FIRED_RULE, measure_sparsity, probe_sparsity, sparsity_summary, sparsity_verdict
 from .analysis import ALIGN_METRICS, analyze_captures, chance_baselines, pap_stats
 from .hooks import AttentionCapture
 from .sources import Probe
-from .sparsity import FIRED_RULE, measure_sparsity, probe_sparsity, sparsity_summary, sparsity_verdict
-
-__all__ = ["run_analysis", "load_history", "summary_markdown", "RULES"]
 
 RULES = {
     "alignment": ("A metric supports 'the learned values are the KPCA value matrix V_hat' when it reaches 0.8 "
@@ -82,6 +80,27 @@ def _perturbation_study(probe: Probe, clean_caps, eps: float, noise: float, seed
     return out
 
 
+def _add_pap_records(result: Dict[str, Any], probe: Probe, cap, fgsm_eps: float, noise_sigma: float,
+                     seed: int) -> None:
+    """PAP under perturbation, S activity and the run's J_proj history, into ``result``; a part that fails
+    is recorded in ``result["failures"]`` and the others still run."""
+    try:
+        pap = _perturbation_study(probe, cap.captures, fgsm_eps, noise_sigma, seed)
+    except Exception as exc:
+        pap = {}
+        result["failures"].append({"stage": "pap-perturbation", "error": f"{type(exc).__name__}: {exc}"})
+    if pap:
+        result["pap"] = pap
+    try:
+        result["sparsity"] = _sparsity(probe)
+    except Exception as exc:
+        result["failures"].append({"stage": "sparsity", "error": f"{type(exc).__name__}: {exc}"})
+    if probe.run_dir is not None:
+        hist = load_history(probe.run_dir)
+        if hist:
+            result["history"] = hist
+
+
 def run_analysis(
     probe: Probe,
     out_dir,
@@ -120,21 +139,7 @@ def run_analysis(
     shapes = {(c.tokens if c.key_valid(0) is None else int(c.key_valid(0).sum()), int(c.values().shape[-1]))
               for c in cap.captures}
     result["chance"] = chance_baselines(shapes, seed=seed)
-    try:
-        pap = _perturbation_study(probe, cap.captures, fgsm_eps, noise_sigma, seed)
-    except Exception as exc:
-        pap = {}
-        result["failures"].append({"stage": "pap-perturbation", "error": f"{type(exc).__name__}: {exc}"})
-    if pap:
-        result["pap"] = pap
-    try:
-        result["sparsity"] = _sparsity(probe)
-    except Exception as exc:
-        result["failures"].append({"stage": "sparsity", "error": f"{type(exc).__name__}: {exc}"})
-    if probe.run_dir is not None:
-        hist = load_history(probe.run_dir)
-        if hist:
-            result["history"] = hist
+    _add_pap_records(result, probe, cap, fgsm_eps, noise_sigma, seed)
     result["meta"]["seconds"] = round(time.perf_counter() - t0, 2)
     out_dir.mkdir(parents=True, exist_ok=True)
     if figures:

@@ -1,22 +1,100 @@
-"""``create_model``: :func:`timm.create_model` whose misspelt keyword is one clear line, not a traceback.
+"""The one place where this library's model families meet timm's model factory.
 
-A model keyword no constructor takes (``--set model.kwargs.n_iters=2``) surfaces in timm as a
-``TypeError`` deep inside the factory. :func:`create_model` turns it into a ``ValueError`` naming the
-setting (``model.kwargs.n_iters``), the model and the closest keywords the model's constructors
-accept (every ``__init__`` along the class hierarchy of the model being built), so every command
+:func:`build_timm_model` wraps :func:`timm.models.build_model_with_cfg` so that a registered model
+behaves like timm's own models without hub weights:
+
+* ``features_only=True`` (with ``out_indices`` and ``feature_cls``: ``"getter"`` by default, also
+  ``"fx"``, ``"hook"``, ...) wraps the model as timm does;
+* ``pretrained_cfg_overlay`` fields (``mean``, ``std``, ``file``, ...) reach ``model.pretrained_cfg``
+  and its alias ``model.default_cfg``;
+* ``pretrained=True`` loads the weights the resolved config names (``file=`` a local ``.pth`` /
+  ``.safetensors``, a ``url``, a ``state_dict``), adapting the classifier and the input channels as
+  timm does; with no source at all it raises timm's ``RuntimeError``, saying how to load local weights;
+* model attributes named in ``cfg_attrs`` (``rpc_cfg``) are recorded in ``pretrained_cfg`` /
+  ``default_cfg`` of the model and, with ``features_only``, of the feature wrapper too.
+
+:func:`create_model` is :func:`timm.create_model` whose misspelt keyword is one clear line: a model
+keyword no constructor takes (``--set model.kwargs.n_iters=2``) surfaces in timm as a ``TypeError`` deep
+inside the factory, and :func:`create_model` turns it into a ``ValueError`` naming the setting
+(``model.kwargs.n_iters``), the model and the closest keywords its constructors accept, so every command
 that builds a timm model from user settings (train, eval-external, analyze) reports it the same way.
 """
 
 from __future__ import annotations
 
+import copy
 import difflib
 import inspect
 import re
-from typing import Any, List, Optional
+from typing import Any, Callable, Dict, List, Optional, Sequence, Type
 
+from timm.models import build_model_with_cfg, resolve_pretrained_cfg
+from timm.models._features import feature_take_indices
 from torch import nn
 
-__all__ = ["create_model", "keyword_error"]
+# feature_take_indices (which blocks forward_intermediates returns, from timm's `indices` argument) is what
+# timm's own models call; timm keeps it in a private module, so this is the one place that reaches for it.
+__all__ = ["build_timm_model", "create_model", "feature_take_indices", "keyword_error"]
+
+_WEIGHT_SOURCES = ("file", "url", "state_dict", "hf_hub_id")
+
+
+def _check_weights_exist(variant: str, kwargs: Dict[str, Any]) -> None:
+    cfg = resolve_pretrained_cfg(variant, pretrained_cfg=kwargs.get("pretrained_cfg"),
+                                 pretrained_cfg_overlay=kwargs.get("pretrained_cfg_overlay"))
+    if not any(getattr(cfg, key, None) for key in _WEIGHT_SOURCES):
+        raise RuntimeError(
+            f"No pretrained weights exist for {variant}. Use pretrained=False for random init, or load local "
+            f"weights with timm.create_model({variant!r}, pretrained=True, "
+            f"pretrained_cfg_overlay=dict(file='path/to/checkpoint.pth'))")
+
+
+def build_timm_model(
+    model_cls: Type[nn.Module],
+    variant: str,
+    pretrained: bool = False,
+    *,
+    cfg_attrs: Sequence[str] = (),
+    default_out_indices: Any = 3,
+    default_feature_cls: str = "getter",
+    pretrained_filter_fn: Optional[Callable[[Dict[str, Any], nn.Module], Dict[str, Any]]] = None,
+    **kwargs: Any,
+) -> nn.Module:
+    """Build ``model_cls(**kwargs)`` as the registered ``variant`` through timm's factory.
+
+    Args:
+        model_cls: the model class (its ``__init__`` receives the remaining ``kwargs``).
+        variant: the registered name whose ``default_cfgs`` entry is the pretrained config.
+        pretrained: load the weights the resolved pretrained config points to.
+        cfg_attrs: model attributes (plain data) copied into ``pretrained_cfg`` / ``default_cfg``.
+        default_out_indices: feature levels for ``features_only`` when ``out_indices`` is not given.
+        default_feature_cls: feature wrapper for ``features_only`` when ``feature_cls`` is not given.
+        pretrained_filter_fn: ``fn(state_dict, model) -> state_dict`` run on loaded weights.
+        **kwargs: model arguments plus timm's factory arguments (``features_only``, ``out_indices``,
+            ``feature_cls``, ``pretrained_cfg``, ``pretrained_cfg_overlay``, ``cache_dir``).
+    """
+    if pretrained:
+        _check_weights_exist(variant, kwargs)
+    out_indices = kwargs.pop("out_indices", default_out_indices)
+    built = []
+
+    def construct(**model_kwargs: Any) -> nn.Module:
+        model = model_cls(**model_kwargs)
+        built.append(model)
+        return model
+
+    model = build_model_with_cfg(
+        construct, variant, pretrained, pretrained_filter_fn=pretrained_filter_fn,
+        feature_cfg=dict(out_indices=out_indices, feature_cls=default_feature_cls), **kwargs)
+    # A feature wrapper holds a deep copy of the inner model's config: record the extras in both.
+    extras = {name: copy.deepcopy(getattr(built[0], name)) for name in cfg_attrs}
+    for holder in (model, built[0]):
+        for cfg_name in ("pretrained_cfg", "default_cfg"):
+            cfg = getattr(holder, cfg_name, None)
+            if isinstance(cfg, dict):
+                cfg.update(copy.deepcopy(extras))
+    return model
+
 
 _UNEXPECTED = re.compile(r"(\w+)\.__init__\(\) got an unexpected keyword argument '(\w+)'")
 

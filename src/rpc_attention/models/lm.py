@@ -119,7 +119,7 @@ def lm_config(name: Optional[str] = None, **overrides) -> SymlmConfig:
     return SymlmConfig(**base)
 
 
-def build_lm(name: Optional[str] = "symlm-small", **overrides) -> "Symlm":
+def build_lm(name: Optional[str] = "symlm-small", **overrides) -> Symlm:
     return Symlm(lm_config(name, **overrides))
 
 

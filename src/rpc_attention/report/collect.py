@@ -107,13 +107,13 @@ def _versions() -> Dict[str, str]:
             from importlib.metadata import version
 
             out[mod] = version(mod)
-        except Exception:  # noqa: BLE001
+        except Exception:
             pass
     try:
         from .. import __version__
 
         out["rpc_attention"] = __version__
-    except Exception:  # noqa: BLE001
+    except Exception:
         pass
     return out
 
@@ -254,7 +254,7 @@ def _collect_tables(res: Dict[str, Any], study) -> None:
         rows = []
         for key in keys:
             cells = {}
-            for suite, metric, header, higher, pid in cols:
+            for suite, metric, _header, _higher, _pid in cols:
                 per = res["evals"][suite].get(key, {})
                 vals = [metric_value(e.get("metrics", {}), metric) for e in per.values()]
                 c = _cell(vals)
@@ -271,7 +271,7 @@ def _collect_tables(res: Dict[str, Any], study) -> None:
             r["cells"] = {k: v for k, v in r["cells"].items() if any(k == f"{c[0]}:{c[1]}" for c in keep)}
         cols = keep
         paper = {"baseline": {}, "rpc": {}}
-        for suite, metric, header, higher, pid in cols:
+        for suite, metric, _header, _higher, pid in cols:
             if pid and pid in PAPER_ROWS:
                 pr = PAPER_ROWS[pid]
                 paper["baseline"][f"{suite}:{metric}"] = {"value": pr["baseline"], "setting": pr["setting"]}

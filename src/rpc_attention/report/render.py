@@ -7,25 +7,13 @@ import html
 import math
 import re
 from pathlib import Path
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List
 
-from ..markdown import markdown_table
+from ..markdown import format_seconds, markdown_table
 from .rows import gather_rows
 from .sparsity import render_sparse_corruption, render_sparsity
 
 __all__ = ["render_markdown", "render_html", "fmt", "format_seconds"]
-
-
-def format_seconds(s: Optional[float]) -> str:
-    """``42s``, ``3m05s``, ``2h07m``; ``-`` for None (stage timings in plans and reports)."""
-    if s is None:
-        return "-"
-    s = float(s)
-    if s < 60:
-        return f"{s:.0f}s"
-    if s < 3600:
-        return f"{int(s // 60)}m{int(round(s % 60)):02d}s"
-    return f"{int(s // 3600)}h{int(round((s % 3600) / 60)):02d}m"
 
 
 def fmt(x: Any, digits: int = 2) -> str:
@@ -274,7 +262,7 @@ def _kpca_rows(run: str, a: Dict[str, Any]) -> List[List[str]]:
         mo = pr["model"]
         g = (mo.get("jproj") or {})
 
-        def m(k, d=3):
+        def m(k, d=3, mo=mo):
             x = mo.get(k)
             return fmt(x.get("mean"), d) if isinstance(x, dict) else "—"
 

@@ -13,12 +13,13 @@ import math
 from pathlib import Path
 from typing import Any, Dict, List
 
+from ..markdown import markdown_table
 from .rows import gather_rows
 
 __all__ = ["FIRED_RULE", "collect_sparsity", "model_sparsity_verdict", "render_sparsity",
            "render_sparse_corruption"]
 
-# Stated here as well as in kpca.sparsity (the report floor sits above kpca, but reads only files).
+# The rule of rpc_attention.train.sparsity.FIRED_RULE, worded for the report (runs and models).
 FIRED_RULE = ("A PAP block's sparse step *fired* when the share of non-zero entries of S (the sparse part of "
               "the keys, in PAP's final pass) is above 0 on the probe; at 0, S = 0 everywhere and the block "
               "*acted as iterated attention* (each pass attends with the previous pass's output as keys). A run "
@@ -74,9 +75,7 @@ def _num(x: Any) -> str:
 
 
 def _table(header: List[str], rows: List[List[str]]) -> List[str]:
-    esc = lambda s: str(s).replace("|", "\\|")  # noqa: E731
-    return (["| " + " | ".join(esc(h) for h in header) + " |", "|" + "|".join("---" for _ in header) + "|"]
-            + ["| " + " | ".join(esc(c) for c in r) + " |" for r in rows] + [""])
+    return markdown_table(header, rows) + [""]
 
 
 def render_sparsity(res: Dict[str, Any]) -> List[str]:
@@ -86,7 +85,7 @@ def render_sparsity(res: Dict[str, Any]) -> List[str]:
     if not models:
         return []
     rows: List[List[str]] = []
-    for key, m in models.items():
+    for m in models.values():
         for run, rec in m["runs"].items():
             probe = rec.get("probe") or {}
             where = f"{probe.get('examples')} {probe.get('split')}" if probe else "—"

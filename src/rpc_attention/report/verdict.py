@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any, Dict, Optional, Sequence
+from typing import Any, Dict, Optional, Sequence, Tuple
 
 from .intervals import RESAMPLES
 
@@ -73,7 +73,8 @@ class Effect:
         return dict(self.__dict__)
 
 
-def _mean_std(xs: Sequence[float]):
+def mean_std(xs: Sequence[Optional[float]]) -> Tuple[int, Optional[float], Optional[float]]:
+    """``(n, mean, sample std)`` of the finite values; std is None below two values, mean too at none."""
     xs = [float(x) for x in xs if x is not None and not (isinstance(x, float) and math.isnan(x))]
     if not xs:
         return 0, None, None
@@ -86,8 +87,8 @@ def _mean_std(xs: Sequence[float]):
 
 def effect(baseline: Sequence[float], rpc: Sequence[float], higher_is_better: bool = True,
            margin: float = 1.0, relative_margin: bool = False) -> Effect:
-    nb, mb, sb = _mean_std(baseline or [])
-    nr, mr, sr = _mean_std(rpc or [])
+    nb, mb, sb = mean_std(baseline or [])
+    nr, mr, sr = mean_std(rpc or [])
     if nb == 0 or nr == 0:
         return Effect(nb, nr, mb, mr, sb, sr, None, None, None, None)
     raw = mr - mb

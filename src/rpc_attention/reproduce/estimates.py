@@ -16,11 +16,8 @@ from typing import Optional
 # vision: per 1k images (process CPU time of a training step on the fmnist-* presets is ~1.5 ms/image on
 # one thread; two threads give ~1 ms); lm: per 1k sequences of the wiki-* presets (context 128);
 # seg: per 1k 64x64 scenes.
-# Calibration (2026-12-03): the three-seed `quick` study (`make demo`) on an idle 2-core machine with two
-# threads, DIR/stages/*.done.json "seconds" against the constants: SymViT training 43 s for 24,000
-# images at batch 64 (RPC-6 47 s, RPC-2all 54 s), Symlm 99 s and RPC-Symlm 128 s for 300 steps of 16,
-# clean 1.1 s for 2,000 images, PGD 7.3 s for 200 images x 3 eps x 10 steps, corruptions 6.7 s for
-# 100 images x 45 copies, ppl / word swap 9-10 s, KPCA analysis 3.4 s, report 6.4 s.
+# The constants are fitted to the stage times (DIR/stages/*.done.json "seconds") of the three-seed `quick`
+# study on an idle 2-core machine with two threads; docs/reproduce.md#cost-estimates lists those times.
 TRAIN_S_PER_1K = {"vision": 1.35, "lm": 18.5, "seg": 6.0, "scaled": 1.45}
 PAP_EXTRA = 0.05          # relative cost of one extra softmax evaluation in one layer (small models)
 TRAIN_OVERHEAD_S = 10.0   # model build, data load, final evaluation, checkpoint

@@ -50,11 +50,12 @@ def _log_path(ctx: StageContext) -> Path:
 # ------------------------------------------------------------------------------------------- train
 def train_stage(ctx: StageContext) -> dict:
     """params: run, preset, overrides (list of "a.b=v"), seed, task (vision/lm/seg), label."""
-    from .. import kpca  # noqa: F401  (registers the jproj epoch-end callback the studies ask for)
     from .. import train
+    from ..kpca import register_callbacks
     from ..train.config import resolve_config
     from ..train.rundir import RunDir
 
+    register_callbacks()
     p = ctx.params
     overrides = list(p.get("overrides", [])) + [f"train.seed={int(p['seed'])}"]
     cfg = resolve_config(p["preset"], overrides)

@@ -218,7 +218,7 @@ def _fan_models(s: Dict[str, Any], seeds: List[int], common: List[str], samples:
     ]
 
 
-def _add_fan(st: "Study", models: List[ModelSpec], evals: List[EvalSpec]) -> None:
+def _add_fan(st: Study, models: List[ModelSpec], evals: List[EvalSpec]) -> None:
     """Append the FAN comparison to a study: its models, its evaluations (corruption errors normalised
     by SymFAN) and the paper's FAN claims for the suites it runs."""
     st.models.extend(models)

@@ -148,7 +148,7 @@ class TrainConfig:
     eval: EvalConfig = field(default_factory=EvalConfig)
 
     @classmethod
-    def from_dict(cls, cfg: Dict[str, Any]) -> "TrainConfig":
+    def from_dict(cls, cfg: Dict[str, Any]) -> TrainConfig:
         """The typed view of a config dict; a ValueError names the first key whose value has the wrong type."""
         return _from_dict(cls, cfg, "")
 

@@ -13,10 +13,6 @@ from typing import Any, Dict
 import torch
 import torch.nn.functional as F
 
-from .tasks import register_task
-
-__all__ = ["ClassificationTask"]
-
 
 class ClassificationTask:
     throughput_unit = "images"
@@ -127,4 +123,4 @@ class ClassificationTask:
         return {"loss": loss_sum / n, "acc1": 100.0 * c1 / n, "acc5": 100.0 * c5 / n, "n": n}
 
 
-register_task("classification", ClassificationTask())
+TASK = ClassificationTask()  # registered as "classification" by rpc_attention.train.tasks

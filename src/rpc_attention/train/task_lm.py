@@ -31,9 +31,6 @@ import torch
 
 from ..data.text import text_cache_dir
 from .config import DEFAULTS
-from .tasks import register_task
-
-__all__ = ["LMTask"]
 
 
 def _run_dir_of(cfg: Dict[str, Any]) -> Optional[str]:
@@ -169,4 +166,4 @@ class LMTask:
         return {"loss": loss, "ppl": math.exp(min(loss, 700.0)), "n": n}
 
 
-register_task("lm", LMTask())
+TASK = LMTask()  # registered as "lm" by rpc_attention.train.tasks
