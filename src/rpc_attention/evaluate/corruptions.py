@@ -33,7 +33,7 @@ from .per_example import PerExample
 from .predict import chunks, progress, top1_hits
 from .suites import register_suite
 
-__all__ = ["CORRUPTIONS", "ALEXNET_ERRORS", "corrupt_images", "mce", "MIN_SIZE"]
+__all__ = ["CORRUPTIONS", "ALEXNET_ERRORS", "corrupt_images", "mce", "declare_mce", "MIN_SIZE"]
 
 ALEXNET_ERRORS = {
     "gaussian_noise": 0.886428, "shot_noise": 0.894468, "impulse_noise": 0.922640,
@@ -190,18 +190,19 @@ def _corrupted_error(hits_of: Callable[[Tensor, Tensor], Tensor], x: Tensor, y: 
 def _normalised(mean_err: Dict[str, float], clean_err: Optional[float], names: List[str], n: int,
                 dname: str, opts: Dict[str, Any], metrics: Dict[str, float]):
     """Corruption errors normalised by AlexNet's (ImageNet) or a baseline run's: ``(CE, relative CE,
-    what they are normalised by)``; adds ``mCE`` / ``relative_mCE`` to ``metrics``."""
+    what they are normalised by, the reference error of each corruption)``; adds ``mCE`` /
+    ``relative_mCE`` to ``metrics``."""
     ce: Dict[str, float] = {}
     rel: Dict[str, float] = {}
-    norm_by = None
+    norm_by, ref = None, None
     if dname.lower().startswith("imagenet") and not opts.get("baseline"):
         ce, metrics["mCE"] = mce(mean_err, ALEXNET_ERRORS)
-        norm_by = "AlexNet (Hendrycks & Dietterich 2019)"
+        norm_by, ref = "AlexNet (Hendrycks & Dietterich 2019)", ALEXNET_ERRORS
     elif opts.get("baseline"):
         base = _baseline(str(opts["baseline"]), names, n, opts.get("seed"))
         base_err = {c: float(np.mean(base["errors"][c])) for c in names}
         ce, metrics["mCE"] = mce(mean_err, base_err)
-        norm_by = f"baseline run {opts['baseline']}"
+        norm_by, ref = f"baseline run {opts['baseline']}", base_err
         base_clean = base.get("metrics", {}).get("clean_error")
         if clean_err is not None and base_clean is not None:
             bc = base_clean / 100.0
@@ -209,7 +210,15 @@ def _normalised(mean_err: Dict[str, float], clean_err: Optional[float], names: L
                 denom = base_err[c] - bc
                 rel[c] = (mean_err[c] - clean_err) / denom if abs(denom) > 1e-12 else float("nan")
             metrics["relative_mCE"] = 100.0 * float(np.nanmean(list(rel.values())))
-    return ce, rel, norm_by
+    return ce, rel, norm_by, ref
+
+
+def declare_mce(record: PerExample, names: Sequence[str], reference: Mapping[str, float]) -> None:
+    """Declare ``mCE`` in a per-example record: example i's score is ``100 x sum_{c,s} err_{i,c,s} /
+    (C S reference_c)``, whose mean over examples is ``100 x mean_c (mean_s E_{c,s}) / reference_c``."""
+    settings = [f"{c}@{s}" for c in names for s in SEVERITIES]
+    weights = [1.0 / (len(names) * len(SEVERITIES) * float(reference[c])) for c in names for _ in SEVERITIES]
+    record.metric("mCE", settings, error=True, weights=weights)
 
 
 def _corruption_rows(names: List[str], errors: Dict[str, List[float]], mean_err: Dict[str, float],
@@ -281,11 +290,13 @@ def corruptions_suite(model: nn.Module, cfg: Mapping[str, Any], run_dir, opts: D
     metrics: Dict[str, float] = {"mean_corruption_error": 100.0 * float(np.mean(list(mean_err.values())))}
     if clean_err is not None:
         metrics["clean_error"] = 100.0 * clean_err
-    ce, rel, norm_by = _normalised(mean_err, clean_err, names, n, dname, opts, metrics)
+    ce, rel, norm_by, ref = _normalised(mean_err, clean_err, names, n, dname, opts, metrics)
     extra: Dict[str, Any] = {}
     if record is not None:
         record.metric("clean_error", ["clean"], error=True)
         record.metric("mean_corruption_error", [f"{c}@{s}" for c in names for s in SEVERITIES], error=True)
+        if ref is not None:
+            declare_mce(record, names, ref)
         extra["per_example"] = record.as_dict()
     data = {"dataset": dname, "split": "test", "n_examples": n,
             "source": f"ImageNet-C tree {root}" if root else "imagecorruptions on the fly"}
