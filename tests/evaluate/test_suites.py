@@ -11,6 +11,7 @@ import torch
 from torch import nn
 
 from rpc_attention.evaluate import suites as S
+from rpc_attention.evaluate.per_example import example_data, example_scores
 
 CHEAP = {
     "clean": {},
@@ -112,6 +113,10 @@ def test_ood_suite_default_data(tiny_model):
     assert rec["data"]["n_in"] == 64 and rec["data"]["n_ood"] == 64
     m = rec["metrics"]
     assert 0 <= m["AUPR"] <= 100 and 0 <= m["AUROC"] <= 100 and 0 <= m["FPR95"] <= 100
+    # each example's score and stratum: the report's bootstrap recomputes AUPR from them
+    data = example_data(rec["per_example"], "AUPR")
+    assert data.values.shape == (128, 1) and data.strata.tolist() == [0] * 64 + [1] * 64
+    assert data.statistic(data.values, data.strata) == pytest.approx(m["AUPR"], abs=1e-10)
 
 
 def test_corruptions_suite_and_baseline(tiny_model, tmp_path):
@@ -125,6 +130,10 @@ def test_corruptions_suite_and_baseline(tiny_model, tmp_path):
     rec2 = _run("corruptions", model, cfg, {**sets, "corruptions.baseline": str(tmp_path)}, 8)
     if rec["metrics"]["mean_corruption_error"] > 0:
         assert rec2["metrics"]["mCE"] == pytest.approx(100.0)  # the model against itself
+        # per-example errors weighted 1 / (C S E_ref_c) average to the mCE
+        scores = example_scores(rec2["per_example"], "mCE")
+        assert scores.mean() == pytest.approx(rec2["metrics"]["mCE"], rel=1e-12)
+        assert "mCE" not in rec["per_example"]["metrics"]  # no normalisation, no mCE
     with pytest.raises(ValueError, match="same --limit"):
         _run("corruptions", model, cfg, {**sets, "corruptions.baseline": str(tmp_path)}, 4)
 

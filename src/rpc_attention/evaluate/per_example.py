@@ -24,6 +24,9 @@ exp(sum NLL / sum tokens), is recomputed on a resample of the blocks)::
     {"indices": "0:1500", "kind": "aupr", "values": {"AUPR": [[score], ...]}, "strata": "0..01..1"}
     {"indices": "0:420", "kind": "ppl", "values": {"test_ppl_sliding": [[nll_sum, tokens], ...]}}
 
+Metrics over different examples (the splits of a perplexity suite) keep one such record each:
+``{"by_metric": {metric: record}}``.
+
 :func:`example_data` turns any of these records into an :class:`ExampleData` (indices, values, the
 statistic that recomputes the metric from values, strata) for the paired bootstrap.
 """
@@ -184,6 +187,8 @@ def example_data(record: Optional[Mapping[str, Any]], metric: str) -> Optional[E
     the record does not describe that metric."""
     if not record:
         return None
+    if "by_metric" in record:  # one record per metric (metrics over different examples, e.g. splits)
+        return example_data(record["by_metric"].get(metric), metric)
     indices = decode_indices(record["indices"]) if "indices" in record else None
     kind = record.get("kind", "mean")
     if kind == "mean":

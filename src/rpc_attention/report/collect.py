@@ -300,7 +300,7 @@ def _seed_scores(per_example: Dict[str, Any], suite: str, key: str, metric: str)
 
     out = {}
     for seed, rec in per_example.get(suite, {}).get(key, {}).items():
-        data = example_data(rec, metric)
+        data = next((d for d in (example_data(rec, m) for m in [metric] + ALIASES.get(metric, [])) if d), None)
         if data is not None:
             out[seed] = data
     return out
