@@ -178,6 +178,7 @@ def test_imagenet_a_masks_logits_to_its_classes(tmp_path):
                {"imagenet-a.root": str(tmp_path / "a"), "imagenet-a.classes": str(tmp_path / "cls.txt")}, None)
     # restricted to classes (3, 7) every image is predicted as folder 0 (class 3): half are right
     assert rec["metrics"]["top1"] == pytest.approx(50.0) and rec["n_examples"] == 4
+    assert example_scores(rec["per_example"], "top1").tolist() == [100.0, 100.0, 0.0, 0.0]  # folder n03 right
     with pytest.raises(FileNotFoundError):
         S.get_suite("imagenet-r").check({}, S.resolve_options(S.get_suite("imagenet-r"),
                                                               {"imagenet-r.root": str(tmp_path / "missing"),
@@ -206,6 +207,9 @@ def test_imagenet_c_tree(tmp_path):
                                                    "corruptions.names": ",".join(names)}, None)
     assert rec["rows"][0]["s1"] == pytest.approx(50.0)  # always class 0 -> folder n00 right
     assert rec["metrics"]["mCE"] == pytest.approx(100 * np.mean([0.5 / 0.819324, 0.5 / 0.853204]))
+    # per image (the same positions in every folder): error 100 on the n01 image, weighted like the mCE
+    assert example_scores(rec["per_example"], "mean_corruption_error").tolist() == [0.0, 100.0]
+    assert example_scores(rec["per_example"], "mCE").mean() == pytest.approx(rec["metrics"]["mCE"], rel=1e-12)
     suite = S.get_suite("corruptions")
     with pytest.raises(FileNotFoundError, match="lacks"):
         suite.check(cfg, S.resolve_options(suite, {"corruptions.root": str(tmp_path / "c")}))

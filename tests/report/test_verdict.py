@@ -95,3 +95,33 @@ def test_rules_text_states_the_one_rule():
                  "margin", "Smallest resolvable", "Example interval"):
         assert word in RULES_TEXT
     assert "2 sigma" not in RULES_TEXT and "margin rule" not in RULES_TEXT
+
+
+def _every_study(tmp_path):
+    """Every study of reproduce.studies, the ones that need data paths given existing placeholders."""
+    from rpc_attention.reproduce import studies as S
+
+    (tmp_path / "classes.txt").write_text("0\n")
+    out = []
+    for name, _description, defaults in S.list_studies():
+        sets = [f"{k}={tmp_path / 'classes.txt' if k.endswith('_classes') else tmp_path}"
+                for k, v in defaults.items() if k.startswith("data.") and v is None]
+        out.append(S.get_study(name, sets))
+    return out
+
+
+def test_every_claim_of_every_study_gets_the_interval_rule(tmp_path):
+    # the seed interval and the paired t test apply to any metric with >= 2 seeds; the example interval
+    # needs the suite to record the claim's metric per example: a claim on a metric without one fails here
+    from rpc_attention.evaluate.per_example import has_example_record
+    from rpc_attention.report.collect import ALIASES
+
+    studies = _every_study(tmp_path)
+    assert {s.name for s in studies} >= {"smoke", "quick", "fmnist-full", "imagenet", "wikitext103"}
+    missing = [(s.name, c.id, c.suite, c.metric) for s in studies for c in s.claims
+               if not any(has_example_record(c.suite, m) for m in [c.metric] + ALIASES.get(c.metric, []))]
+    assert not missing, f"claims without a per-example record (no example interval): {missing}"
+    for s in studies:  # and the rule decides each of them from a three-seed comparison
+        for c in s.claims:
+            v = claim_verdict(_cmp([2.0, 2.1, 1.9], (1.0, 3.0)), c.higher, c.margin, 0.01)
+            assert v["verdict"] == (REPRODUCED if c.higher else CONTRADICTED), (s.name, c.id)

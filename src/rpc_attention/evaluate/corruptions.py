@@ -160,16 +160,20 @@ def _check(cfg: Mapping[str, Any], opts: Dict[str, Any]) -> None:
                                     f"`rpc-attention eval --run {b} --suite corruptions` first")
 
 
-def _tree_error(err_of: Callable[[Tensor, Tensor], int], root: str, corruption: str, severity: int,
-                limit: Optional[int], size: int, channels: int, bs: int) -> Tuple[float, int]:
-    """Top-1 error on the ImageNet-C tree's images of one corruption and severity, and their count."""
+def _tree_error(hits_of: Callable[[Tensor, Tensor], Tensor], root: str, corruption: str, severity: int,
+                limit: Optional[int], size: int, channels: int, bs: int, record: PerExample) -> Tuple[float, int]:
+    """Top-1 error on the ImageNet-C tree's images of one corruption and severity, and their count;
+    each image's correctness goes into ``record`` (every setting's folder holds the same images, listed
+    in the same order, so positions pair them)."""
     ds, idx = _tree_images(root, corruption, severity, limit, size, channels)
     wrong = cnt = 0
     for start in range(0, len(idx), bs):
         items = [ds[i] for i in idx[start:start + bs]]
         xb = torch.stack([a for a, _ in items])
         yb = torch.tensor([b for _, b in items])
-        wrong += err_of(xb, yb)
+        right = hits_of(xb, yb)
+        record.add(f"{corruption}@{severity}", right)
+        wrong += len(right) - int(right.sum())
         cnt += len(yb)
     return wrong / max(cnt, 1), cnt
 
@@ -260,11 +264,10 @@ def corruptions_suite(model: nn.Module, cfg: Mapping[str, Any], run_dir, opts: D
     def hits_of(xb: Tensor, yb: Tensor) -> Tensor:
         return top1_hits(scorer(xb.to(device)).float().cpu(), yb)
 
-    def err_of(xb: Tensor, yb: Tensor) -> int:
-        return len(yb) - int(hits_of(xb, yb).sum())
-
-    n, clean_err, record = 0, None, None
-    if not root:  # clean error on the same examples, and every example's correctness
+    n, clean_err = 0, None
+    if root:  # the tree's image positions (the same in every corruption folder)
+        record = PerExample(_tree_images(str(root), names[0], SEVERITIES[0], limit, size, channels)[1])
+    else:  # clean error on the same examples, and every example's correctness
         n = len(y)
         record = PerExample(eval_indices(cfg, "test", limit))
         wrong = 0
@@ -279,7 +282,7 @@ def corruptions_suite(model: nn.Module, cfg: Mapping[str, Any], run_dir, opts: D
         errors[c] = []
         for s in SEVERITIES:
             if root:
-                err, n = _tree_error(err_of, str(root), c, s, limit, size, channels, bs)
+                err, n = _tree_error(hits_of, str(root), c, s, limit, size, channels, bs, record)
             else:
                 err = _corrupted_error(hits_of, x, y, c, s, seed, bs, record)
             errors[c].append(err)
@@ -291,13 +294,11 @@ def corruptions_suite(model: nn.Module, cfg: Mapping[str, Any], run_dir, opts: D
     if clean_err is not None:
         metrics["clean_error"] = 100.0 * clean_err
     ce, rel, norm_by, ref = _normalised(mean_err, clean_err, names, n, dname, opts, metrics)
-    extra: Dict[str, Any] = {}
-    if record is not None:
+    if not root:
         record.metric("clean_error", ["clean"], error=True)
-        record.metric("mean_corruption_error", [f"{c}@{s}" for c in names for s in SEVERITIES], error=True)
-        if ref is not None:
-            declare_mce(record, names, ref)
-        extra["per_example"] = record.as_dict()
+    record.metric("mean_corruption_error", [f"{c}@{s}" for c in names for s in SEVERITIES], error=True)
+    if ref is not None:
+        declare_mce(record, names, ref)
     data = {"dataset": dname, "split": "test", "n_examples": n,
             "source": f"ImageNet-C tree {root}" if root else "imagecorruptions on the fly"}
     protocol = (f"top-1 error (%) under {len(names)} corruptions x {len(SEVERITIES)} severities"
@@ -307,7 +308,7 @@ def corruptions_suite(model: nn.Module, cfg: Mapping[str, Any], run_dir, opts: D
     return {"metrics": metrics, "rows": _corruption_rows(names, errors, mean_err, ce, rel), "data": data,
             "n_examples": n, "protocol": protocol,
             "settings": {"normalised_by": norm_by, "severities": list(SEVERITIES)},
-            "errors": errors, **extra}
+            "errors": errors, "per_example": record.as_dict()}
 
 
 register_suite(

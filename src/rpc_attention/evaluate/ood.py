@@ -28,8 +28,8 @@ from sklearn.metrics import average_precision_score, roc_auc_score, roc_curve
 from torch import Tensor, nn
 
 from .inputs import Normalized, cfg_value, data_name, load_eval_data, norm_stats
-from .per_example import score_record
-from .predict import predict_logits, progress, topk_correct
+from .per_example import PerExample, score_record
+from .predict import predict_logits, progress, top1_hits, topk_correct
 from .suites import register_suite
 
 __all__ = ["auroc", "aupr", "fpr_at_recall", "ood_metrics", "msp_score", "read_class_list"]
@@ -262,7 +262,11 @@ def _masked_suite(set_name: str):
         hits = topk_correct(masked, y, (1, 5))
         n = len(y)
         m = {"top1": 100.0 * hits[1] / n, "top5": 100.0 * hits[5] / n}
-        return {"metrics": m, "data": {"dataset": set_name, "root": str(opts["root"]), "n_examples": n},
+        record = PerExample(idx)  # the folder's image positions (the same for every model with this limit)
+        record.add("clean", top1_hits(masked, y))
+        record.metric("top1", ["clean"])
+        return {"per_example": record.as_dict(),
+                "metrics": m, "data": {"dataset": set_name, "root": str(opts["root"]), "n_examples": n},
                 "n_examples": n, "protocol": f"top-1 on logits restricted to the {len(classes)} classes of {set_name}"}
 
     return fn, check

@@ -16,10 +16,11 @@ with ``weights`` (one per setting) is ``100 x sum_s w_s bit_s`` per example (err
 instead of the plain mean: mCE = 100 x mean_c (mean_s E_{c,s}) / E^ref_c is the mean over examples of
 ``100 x sum_{c,s} err_{i,c,s} / (C S E^ref_c)``, so its weights are ``1 / (C S E^ref_c)``.
 
-Two suites keep a per-example value that is not a bit (:func:`score_record`): OOD detection (each
-example's score and whether it is OOD; the metric, AUPR, is recomputed on a resample of the examples)
-and perplexity (the summed NLL and token count of each block of consecutive tokens; the metric,
-exp(sum NLL / sum tokens), is recomputed on a resample of the blocks)::
+Three suites keep a per-example value that is not a bit (:func:`score_record`): OOD detection (each
+example's score and whether it is OOD; the metric, AUPR, is recomputed on a resample of the examples),
+perplexity (the summed NLL and token count of each block of consecutive tokens; the metric,
+exp(sum NLL / sum tokens), is recomputed on a resample of the blocks) and segmentation (each image's
+true-positive, ground-truth and predicted pixel counts per class; mIoU recomputed from their sums)::
 
     {"indices": "0:1500", "kind": "aupr", "values": {"AUPR": [[score], ...]}, "strata": "0..01..1"}
     {"indices": "0:420", "kind": "ppl", "values": {"test_ppl_sliding": [[nll_sum, tokens], ...]}}
@@ -33,14 +34,36 @@ statistic that recomputes the metric from values, strata) for the paired bootstr
 
 from __future__ import annotations
 
+import fnmatch
+import functools
 from typing import Any, Callable, Dict, List, Mapping, NamedTuple, Optional, Sequence, Union
 
 import numpy as np
 import torch
 from torch import Tensor
 
-__all__ = ["encode_bits", "decode_bits", "encode_indices", "decode_indices", "PerExample", "example_scores",
+__all__ = ["EXAMPLE_METRICS", "has_example_record", "encode_bits", "decode_bits", "encode_indices", "decode_indices", "PerExample", "example_scores",
            "ExampleData", "example_data", "score_record", "average_precision", "STATISTICS"]
+
+
+_ATTACK = ("clean_top1", "top1", "top1@*", "mean_top1")
+# The metrics each suite writes a per-example record for (fnmatch patterns), so that a claim on them gets
+# an example interval in the report; tests/evaluate check the suites' records against this table.
+EXAMPLE_METRICS: Dict[str, tuple] = {
+    "clean": ("top1", "error"),
+    **{name: _ATTACK for name in ("fgsm", "pgd", "spsa", "sld", "cw", "noise", "square", "autoattack")},
+    "corruptions": ("clean_error", "mean_corruption_error", "mCE"),
+    "sparse": ("top1_*", "mean_top1"),
+    "ood": ("AUPR",),
+    "imagenet-a": ("top1",), "imagenet-r": ("top1",),
+    "ppl": ("*_ppl_*",), "wordswap": ("*_ppl_*",),
+    "seg": ("miou",), "seg-corruptions": ("clean_miou", "corrupted_miou"),
+}
+
+
+def has_example_record(suite: str, metric: str) -> bool:
+    """Whether ``suite`` writes a per-example record of ``metric`` (:data:`EXAMPLE_METRICS`)."""
+    return any(fnmatch.fnmatchcase(metric, p) for p in EXAMPLE_METRICS.get(suite, ()))
 
 
 def encode_bits(hits: Union[Tensor, Sequence[bool]]) -> str:
@@ -153,9 +176,14 @@ def _ppl(values: np.ndarray, strata: Optional[np.ndarray]) -> np.ndarray:
     return np.exp(values[..., 0].sum(axis=-1) / values[..., 1].sum(axis=-1))
 
 
+def _miou(values: np.ndarray, strata: Optional[np.ndarray], classes: int) -> np.ndarray:
+    from .segmentation import miou_of_stats
+
+    return miou_of_stats(values, classes)
+
+
 # statistic of each record kind: values (..., n, k) and strata (..., n) -> the metric (...)
-STATISTICS: Dict[str, Callable[[np.ndarray, Optional[np.ndarray]], np.ndarray]] = {
-    "mean": _mean, "aupr": _aupr, "ppl": _ppl}
+STATISTICS: Dict[str, Callable[..., np.ndarray]] = {"mean": _mean, "aupr": _aupr, "ppl": _ppl, "miou": _miou}
 
 
 class ExampleData(NamedTuple):
@@ -166,11 +194,15 @@ class ExampleData(NamedTuple):
     strata: Optional[np.ndarray] = None     # (n,) resampled separately, or None
 
 
-def score_record(kind: str, values: Mapping[str, Any], strata: Optional[Sequence[bool]] = None) -> Dict[str, Any]:
+def score_record(kind: str, values: Mapping[str, Any], strata: Optional[Sequence[bool]] = None,
+                 classes: Optional[int] = None) -> Dict[str, Any]:
     """A per-example record of non-bit values: ``kind`` "aupr" (values ``{metric: per-example score}``,
-    ``strata`` = is OOD) or "ppl" (values ``{metric: [[nll_sum, tokens], ...]}`` per block)."""
-    if kind not in ("aupr", "ppl"):
-        raise ValueError(f"score record kind must be aupr or ppl, got {kind!r}")
+    ``strata`` = is OOD), "ppl" (values ``{metric: [[nll_sum, tokens], ...]}`` per block) or "miou"
+    (values ``{metric: per-image counts}``, see ``segmentation.miou_of_stats``; needs ``classes``)."""
+    if kind not in ("aupr", "ppl", "miou"):
+        raise ValueError(f"score record kind must be aupr, ppl or miou, got {kind!r}")
+    if (kind == "miou") != (classes is not None):
+        raise ValueError("a miou record needs the number of classes, and only a miou record takes it")
     arrays = {k: np.asarray(v, dtype=np.float64).reshape(len(v), -1) for k, v in values.items()}
     n = {len(a) for a in arrays.values()} | ({len(strata)} if strata is not None else set())
     if len(n) != 1:
@@ -179,6 +211,8 @@ def score_record(kind: str, values: Mapping[str, Any], strata: Optional[Sequence
                            "values": {k: a.tolist() for k, a in arrays.items()}}
     if strata is not None:
         rec["strata"] = encode_bits(torch.as_tensor(np.asarray(strata, dtype=bool)))
+    if classes is not None:
+        rec["classes"] = int(classes)
     return rec
 
 
@@ -198,4 +232,7 @@ def example_data(record: Optional[Mapping[str, Any]], metric: str) -> Optional[E
     if vals is None or kind not in STATISTICS:
         return None
     strata = decode_bits(record["strata"]).astype(np.int64) if record.get("strata") else None
-    return ExampleData(indices, np.asarray(vals, dtype=np.float64).reshape(len(vals), -1), STATISTICS[kind], strata)
+    stat = STATISTICS[kind]
+    if kind == "miou":
+        stat = functools.partial(stat, classes=int(record["classes"]))
+    return ExampleData(indices, np.asarray(vals, dtype=np.float64).reshape(len(vals), -1), stat, strata)
