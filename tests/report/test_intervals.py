@@ -101,6 +101,11 @@ def test_score_records_recompute_the_metric_and_resample_within_strata():
     blocks = [[3.0 * 4, 4], [2.0 * 4, 4], [5.0 * 2, 2]]
     ppl = example_data(score_record("ppl", {"test_ppl_sliding": blocks}), "test_ppl_sliding")
     assert STATISTICS["ppl"](ppl.values, None) == pytest.approx(math.exp(30.0 / 10), rel=1e-14)
+    # the perplexity ratio: every block's NLL per token lowered by 0.1 -> ratio exp(-0.1) on every resample
+    lower = ExampleData(ppl.indices, ppl.values - np.outer([4, 4, 2], [0.1, 0.0]), ppl.statistic)
+    iv = paired_bootstrap([ppl.values], [lower.values], resamples=100, statistic=ppl.statistic)
+    assert iv["ratio"] == pytest.approx(math.exp(-0.1), rel=1e-12)
+    assert iv["ratio_lo"] == pytest.approx(math.exp(-0.1), rel=1e-12) == pytest.approx(iv["ratio_hi"], rel=1e-12)
     assert example_data(rec, "other") is None
     with pytest.raises(ValueError, match="kind"):
         score_record("median", {"x": [1.0]})

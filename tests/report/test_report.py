@@ -2,13 +2,14 @@
 verdicts, results.json, figures (real PNGs), HTML with inlined images, skipped stages."""
 
 import json
+import math
 import re
 
 import pytest
 import torch
 
 from rpc_attention.evaluate.corruptions import declare_mce
-from rpc_attention.evaluate.per_example import PerExample
+from rpc_attention.evaluate.per_example import PerExample, score_record
 
 from rpc_attention.reproduce import StageSkipped, get_study, make_pipeline
 from rpc_attention.reproduce.pipeline import atomic_write_json, atomic_write_text
@@ -101,6 +102,8 @@ def fake_eval(ctx):
         metrics = {"top1_clean": base, "mean_top1": base - 25}
     elif suite == "ppl":
         metrics = {"test_ppl_sliding": base, "valid_ppl_sliding": base + 1}
+        blocks = [[math.log(base) * 10, 10]] * 5   # NLL per block of 10 tokens: exp(sum / count) = base
+        per_example = {"kind": "ppl", "by_metric": {"test_ppl_sliding": score_record("ppl", {"test_ppl_sliding": blocks})}}
     elif suite == "wordswap":
         raise StageSkipped("word swap needs the LM component")
     rec = {"suite": suite, "metrics": metrics, "rows": rows, "n_examples": N_EXAMPLES, "protocol": f"fake {suite}",
@@ -225,6 +228,8 @@ def check_intervals_and_lead(md, res):
     # Holm over the claims with >= 2 seeds (the 11 vision claims; the LM pair has one seed)
     assert {c["intervals"]["family"] for c in claims.values()} == {11}
     assert claims["lm_ppl"]["intervals"]["p_holm"] is None and claims["lm_ppl"]["intervals"]["min_detectable"] is None
+    # the LM claim's example interval over token blocks, and its perplexity ratio 48 / 50
+    assert "(ratio 0.960 [0.960, 0.960])" in md
     assert "p / p (Holm)" in md and "smallest resolvable" in md and "margin rule" not in md
     assert "RPC − baseline, 95 % example interval" in md and "**reproduced**" in md
     assert "![" in md and "(figures/verdict_intervals.png)" in md

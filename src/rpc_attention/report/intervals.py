@@ -125,14 +125,25 @@ def paired_bootstrap(baseline: Sequence[np.ndarray], rpc: Sequence[np.ndarray], 
     strata = None if strata is None else np.asarray(strata)
     n = sizes.pop()
     diff = float(np.mean([stat(r, strata) - stat(b, strata) for b, r in zip(base, rp)]))
+    with np.errstate(divide="ignore", invalid="ignore"):
+        ratio = float(np.mean([stat(r, strata) / stat(b, strata) for b, r in zip(base, rp)]))
     rng = np.random.default_rng(seed)
-    boot = []
+    boot, boot_ratio = [], []
     for start in range(0, int(resamples), _CHUNK):
         idx = _draw(rng, min(_CHUNK, int(resamples) - start), n, strata)
         st = None if strata is None else strata[idx]
-        boot.append(np.mean([stat(r[idx], st) - stat(b[idx], st) for b, r in zip(base, rp)], axis=0))
-    lo, hi = np.quantile(np.concatenate(boot), [0.5 - level / 2, 0.5 + level / 2])
-    return {"diff": diff, "lo": float(lo), "hi": float(hi), "n_examples": int(n), "n_seeds": len(base),
+        pairs = [(stat(b[idx], st), stat(r[idx], st)) for b, r in zip(base, rp)]
+        boot.append(np.mean([sr - sb for sb, sr in pairs], axis=0))
+        with np.errstate(divide="ignore", invalid="ignore"):
+            boot_ratio.append(np.mean([sr / sb for sb, sr in pairs], axis=0))
+    q = [0.5 - level / 2, 0.5 + level / 2]
+    lo, hi = np.quantile(np.concatenate(boot), q)
+    # the ratio RPC / baseline of the metric (the perplexity ratio for language models), the same resamples;
+    # None where a resample's baseline metric is 0
+    ratios = np.concatenate(boot_ratio)
+    rlo, rhi = (float(x) for x in np.quantile(ratios, q)) if np.isfinite(ratios).all() else (None, None)
+    return {"diff": diff, "lo": float(lo), "hi": float(hi), "ratio": ratio if math.isfinite(ratio) else None,
+            "ratio_lo": rlo, "ratio_hi": rhi, "n_examples": int(n), "n_seeds": len(base),
             "resamples": int(resamples), "seed": int(seed), "level": level}
 
 

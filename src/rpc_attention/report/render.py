@@ -137,8 +137,16 @@ def _claim_row(c: Dict[str, Any]) -> List[Any]:
     return [c["title"], f"{c['suite']}: {c['metric']} ({'higher' if c['higher'] else 'lower'} better)",
             ms(c["baseline_values"], e.get("baseline_mean"), e.get("baseline_std")) + f" [{c['baseline_label']}]",
             ms(c["rpc_values"], e.get("rpc_mean"), e.get("rpc_std")) + f" [{c['rpc_label']}]",
-            delta, seed_ci, _ci(pooled) if pooled else "—", p_text, fmt(iv.get("min_detectable")),
+            delta, seed_ci, (_ci(pooled) + _ratio(pooled, c["metric"])) if pooled else "—", p_text,
+            fmt(iv.get("min_detectable")),
             fmt(c["margin"]), paper, f"**{c['verdict']}**"]
+
+
+def _ratio(ci: Dict[str, Any], metric: str) -> str:
+    """`` (ratio 0.95 [0.93, 0.97])`` for perplexities (RPC / baseline on the same resamples), else ``""``."""
+    if "ppl" not in metric or ci.get("ratio_lo") is None:
+        return ""
+    return f" (ratio {ci['ratio']:.3f} [{ci['ratio_lo']:.3f}, {ci['ratio_hi']:.3f}])"
 
 
 def _ci(ci: Dict[str, Any]) -> str:
