@@ -125,3 +125,29 @@ def test_every_claim_of_every_study_gets_the_interval_rule(tmp_path):
         for c in s.claims:
             v = claim_verdict(_cmp([2.0, 2.1, 1.9], (1.0, 3.0)), c.higher, c.margin, 0.01)
             assert v["verdict"] == (REPRODUCED if c.higher else CONTRADICTED), (s.name, c.id)
+
+
+def test_no_verdict_contradicts_its_own_intervals():
+    # random three-seed comparisons: a claim is never reproduced (contradicted) unless every interval it
+    # shows lies above (below) 0, its delta reaches the margin and p (Holm) < 0.05
+    import numpy as np
+
+    rng = np.random.default_rng(7)
+    seen = set()
+    for _ in range(2000):
+        diffs = list(rng.normal(rng.normal(0, 2), rng.uniform(0.05, 3), size=3))
+        ex = tuple(sorted(rng.normal(np.mean(diffs), 1.5, size=2)))
+        p_holm = float(rng.uniform(0, 0.2))
+        higher = bool(rng.integers(2))
+        v = claim_verdict(_cmp(diffs, ex), higher, 1.0, p_holm)["verdict"]
+        seen.add(v)
+        sign = 1.0 if higher else -1.0
+        seed = t_interval(diffs)
+        los = [min(sign * seed["lo"], sign * seed["hi"]), min(sign * ex[0], sign * ex[1])]
+        his = [max(sign * seed["lo"], sign * seed["hi"]), max(sign * ex[0], sign * ex[1])]
+        delta = sign * sum(diffs) / 3
+        if v == REPRODUCED:
+            assert min(los) > 0 and delta >= 1.0 and p_holm < 0.05
+        if v == CONTRADICTED:
+            assert max(his) < 0 and delta <= -1.0 and p_holm < 0.05
+    assert seen == {REPRODUCED, CONTRADICTED, INCONCLUSIVE}
