@@ -370,6 +370,7 @@ def _analysis_summary(kp: Dict[str, Any], run: str) -> Dict[str, Any]:
         mo = pr.get("model") or {}
         entry["protocols"][proto] = {
             "model": {k: mo.get(k) for k in ("jproj", "phi2", "h2", "log_phi2", "log_h2", "log_mean_jproj",
+                                              "log_mean_jproj_official", "rel_error_wrt_phi2", "rel_error_wrt_h2",
                                               "optimal_cosine", "direct_cosine", "linear_cka", "rbf_cka",
                                               "eig_max", "eig_min", "eig_mean", "eig_median")},
             "gamma": {k: {kk: vv for kk, vv in (g or {}).items() if kk in ("mean", "std", "n")}
