@@ -23,9 +23,10 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 import numpy as np
 import torch
 
+from .per_example import score_record
 from .suites import register_suite
 
-__all__ = ["sliding_windows", "score_stream", "perplexity", "corpus_for_run", "PROTOCOLS"]
+__all__ = ["sliding_windows", "target_nll", "score_stream", "nll_blocks", "perplexity", "corpus_for_run", "PROTOCOLS"]
 
 PROTOCOLS = ("sliding", "plain")
 
@@ -61,9 +62,10 @@ def _unwrap(model):
 
 
 @torch.no_grad()
-def score_stream(model, tokens: np.ndarray, protocol: str = "sliding", context: Optional[int] = None,
-                 stride: Optional[int] = None, batch_size: int = 32, device: Any = None) -> Tuple[float, int]:
-    """Sum of negative log-likelihoods (nats) of the targets of ``tokens`` and their number."""
+def target_nll(model, tokens: np.ndarray, protocol: str = "sliding", context: Optional[int] = None,
+               stride: Optional[int] = None, batch_size: int = 32, device: Any = None) -> np.ndarray:
+    """Negative log-likelihood (nats, float64) of every target ``tokens[t + 1]``, ``t = 0 .. n - 2``,
+    each scored once by the window that the protocol assigns to it."""
     model = _unwrap(model)
     ctx = int(context or model.config.context)
     if ctx > model.config.context:
@@ -79,8 +81,7 @@ def score_stream(model, tokens: np.ndarray, protocol: str = "sliding", context: 
         raise ValueError(f"protocol must be one of {PROTOCOLS}, got {protocol!r}")
     device = torch.device(device) if device is not None else next(model.parameters()).device
     arr = np.asarray(tokens)
-    total = 0.0
-    count = 0
+    losses = np.full(n - 1, np.nan)
     # group windows by length so that each batch is rectangular
     by_len: Dict[int, List[Tuple[int, int, int]]] = {}
     for w in windows:
@@ -90,15 +91,25 @@ def score_stream(model, tokens: np.ndarray, protocol: str = "sliding", context: 
             chunk = group[i:i + batch_size]
             idx = np.stack([arr[b:e + 1] for b, e, _ in chunk]).astype(np.int64)
             t = torch.from_numpy(idx).to(device)
-            lp = model(t[:, :-1], t[:, 1:]).double()
-            keep = torch.zeros_like(lp, dtype=torch.bool)
-            for r, (_, _, k) in enumerate(chunk):
-                keep[r, length - k:] = True
-            total -= float(lp[keep].sum())
-            count += int(keep.sum())
-    if count != n - 1:  # pragma: no cover - guarded by the window construction
-        raise RuntimeError(f"scored {count} of {n - 1} targets")
-    return total, count
+            lp = model(t[:, :-1], t[:, 1:]).double().cpu().numpy()
+            for r, (_, e, k) in enumerate(chunk):  # the window's last k targets: tokens e-k+1 .. e
+                losses[e - k:e] = -lp[r, length - k:]
+    if np.isnan(losses).any():  # pragma: no cover - guarded by the window construction
+        raise RuntimeError(f"scored {int((~np.isnan(losses)).sum())} of {n - 1} targets")
+    return losses
+
+
+def score_stream(model, tokens: np.ndarray, protocol: str = "sliding", context: Optional[int] = None,
+                 stride: Optional[int] = None, batch_size: int = 32, device: Any = None) -> Tuple[float, int]:
+    """Sum of negative log-likelihoods (nats) of the targets of ``tokens`` and their number."""
+    losses = target_nll(model, tokens, protocol, context, stride, batch_size, device)
+    return float(losses.sum()), len(losses)
+
+
+def nll_blocks(losses: np.ndarray, block: int) -> List[List[float]]:
+    """``[[NLL sum, targets], ...]`` of consecutive blocks of ``block`` targets (the last may be shorter):
+    the per-example record of a perplexity, resampled by block in the report's bootstrap."""
+    return [[float(losses[i:i + block].sum()), int(min(block, len(losses) - i))] for i in range(0, len(losses), block)]
 
 
 def perplexity(model, tokens: np.ndarray, protocol: str = "sliding", **kw) -> float:
@@ -153,16 +164,22 @@ def _resolved(model, opts) -> Tuple[int, int]:
     return ctx, stride
 
 
-def _ppl_rows(model, streams: Dict[str, np.ndarray], opts, label: str = "") -> Tuple[List[Dict], Dict[str, float]]:
+def _ppl_rows(model, streams: Dict[str, np.ndarray], opts, label: str = "",
+              blocks: Optional[Dict[str, Any]] = None) -> Tuple[List[Dict], Dict[str, float]]:
+    """One row and one metric per split and protocol; each metric's NLL per block of ``context``
+    targets goes into ``blocks`` (the suite's per-example record)."""
     ctx, stride = _resolved(model, opts)
     rows, metrics = [], {}
     for split, toks in streams.items():
         for proto in opts["protocols"]:
-            nll, n = score_stream(model, toks, proto, context=ctx, stride=stride,
-                                  batch_size=int(opts["batch_size"]), device=opts.get("device"))
+            losses = target_nll(model, toks, proto, context=ctx, stride=stride,
+                                batch_size=int(opts["batch_size"]), device=opts.get("device"))
+            nll, n = float(losses.sum()), len(losses)
             ppl = math.exp(nll / n)
             name = f"{split}{label}_ppl_{proto}"
             metrics[name] = ppl
+            if blocks is not None:
+                blocks[name] = nll_blocks(losses, ctx)
             rows.append({"split": split, "text": label.strip("_") or "clean", "protocol": proto,
                          "context": ctx, "stride": stride if proto == "sliding" else ctx,
                          "tokens": n, "nll": nll / n, "ppl": ppl})
@@ -173,9 +190,11 @@ def ppl_suite(model, cfg, run_dir, opts) -> Dict[str, Any]:
     corpus = corpus_for_run(cfg, run_dir)
     model.to(opts.get("device") or "cpu")
     streams = {s: _limit(corpus.split(s), opts.get("limit")) for s in opts["splits"]}
-    rows, metrics = _ppl_rows(model, streams, opts)
+    blocks: Dict[str, Any] = {}
+    rows, metrics = _ppl_rows(model, streams, opts, blocks=blocks)
     ctx, stride = _resolved(model, opts)
     return {
+        "per_example": _block_record(blocks),
         "metrics": metrics, "rows": rows,
         "data": {"source": cfg["data"].get("source"), "vocab_size": len(corpus.vocab),
                  "splits": ",".join(opts["splits"]), "n_examples": sum(len(t) - 1 for t in streams.values())},
@@ -203,10 +222,11 @@ def wordswap_suite(model, cfg, run_dir, opts) -> Dict[str, Any]:
             raise RuntimeError(f"attacked {split} has {len(arr)} tokens, clean {len(corpus.split(split))}")
         attacked[split] = _limit(arr, opts.get("limit"))
         stats[split] = st
-    rows, metrics = _ppl_rows(model, attacked, opts, label="_attacked")
+    blocks: Dict[str, Any] = {}
+    rows, metrics = _ppl_rows(model, attacked, opts, label="_attacked", blocks=blocks)
     if opts.get("clean", True):
         clean = {s: _limit(corpus.split(s), opts.get("limit")) for s in opts["splits"]}
-        crow, cmet = _ppl_rows(model, clean, opts)
+        crow, cmet = _ppl_rows(model, clean, opts, blocks=blocks)
         rows = crow + rows
         metrics.update(cmet)
     for split, st in stats.items():
@@ -214,6 +234,7 @@ def wordswap_suite(model, cfg, run_dir, opts) -> Dict[str, Any]:
     in_vocab = str(opts["token"]) in vocab
     ctx, stride = _resolved(model, opts)
     return {
+        "per_example": _block_record(blocks),
         "metrics": metrics, "rows": rows,
         "data": {"source": cfg["data"].get("source"), "vocab_size": len(vocab), "splits": ",".join(opts["splits"]),
                  "swap_stats": stats, "token_in_vocab": in_vocab},
@@ -225,6 +246,12 @@ def wordswap_suite(model, cfg, run_dir, opts) -> Dict[str, Any]:
                      f"non-overlapping windows of {ctx})."),
         "settings": {"context": ctx, "stride": stride, "token_in_vocab": in_vocab},
     }
+
+
+def _block_record(blocks: Dict[str, Any]) -> Dict[str, Any]:
+    """The per-example record of the perplexities: one record per metric length would not share
+    indices, so every metric keeps its own block list (the splits differ in length)."""
+    return {"kind": "ppl", "by_metric": {name: score_record("ppl", {name: b}) for name, b in blocks.items()}}
 
 
 _COMMON = {"splits": ["valid", "test"], "protocols": ["sliding", "plain"], "stride": 0, "context": 0}

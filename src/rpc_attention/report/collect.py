@@ -14,13 +14,13 @@ import time
 from pathlib import Path
 from typing import Any, Dict, List, Optional
 
-from .intervals import paired_comparison
+from .intervals import holm, min_detectable, paired_comparison
 from .lead import LEAD_RULE, lead_paragraph
 from .paper import PAPER_LABEL, PAPER_ROWS
 from .sparsity import collect_sparsity
-from .verdict import RULES_TEXT, interval_verdict, verdict
+from .verdict import RULES_TEXT, claim_verdict, effect
 
-__all__ = ["collect_results", "setup_info", "metric_value", "TABLES", "LEAD_METRICS"]
+__all__ = ["collect_results", "setup_info", "metric_value", "TABLES"]
 
 # Columns of the task tables, in the layout of the paper's tables: (suite, metric, header, higher, paper id)
 TABLES: Dict[str, Dict[str, Any]] = {
@@ -68,17 +68,6 @@ TABLES: Dict[str, Dict[str, Any]] = {
         ("seg-corruptions", "corrupted_miou", "corrupted mIoU (%)", True, "seg_corrupt_miou"),
     ]},
 }
-
-# What the lead paragraph compares for every RPC model against its family's baseline:
-# (family, suite, metric, what it is, higher is better)
-LEAD_METRICS = [
-    ("vision", "clean", "top1", "clean accuracy", True),
-    ("vision", "fgsm", "mean_top1", "FGSM accuracy", True),
-    ("vision", "pgd", "mean_top1", "PGD accuracy", True),
-    ("vision", "corruptions", "mean_corruption_error", "corruption error", False),
-    ("vision", "sparse", "mean_top1", "sparse-corruption accuracy", True),
-    ("lm", "ppl", "test_ppl_sliding", "test perplexity", False),
-]
 
 # metric aliases, so the report survives small renames in the suites' outputs
 ALIASES = {"mIoU": ["miou"], "miou": ["mIoU"], "aupr": ["AUPR"], "AUPR": ["aupr"],
@@ -197,7 +186,6 @@ def collect_results(out_dir, study, pipeline) -> Dict[str, Any]:
     per_example = _collect_evals(res, study, status, out_dir)
     _collect_tables(res, study)
     _collect_claims(res, study, per_example)
-    res["comparisons"] = _collect_comparisons(res, study, per_example)
     res["sparsity"] = collect_sparsity(out_dir, study)  # S activity of every RPC model's runs
     _collect_analyses(res, study, status, out_dir)
     res["lead"] = {"text": lead_paragraph(res), "rule": LEAD_RULE}
@@ -233,13 +221,30 @@ def _collect_evals(res: Dict[str, Any], study, status: Dict[str, Any], out_dir: 
                     entry.update({"metrics": rec.get("metrics", {}), "rows": rec.get("rows", []),
                                   "protocol": rec.get("protocol"), "settings": rec.get("settings", {}),
                                   "n_examples": rec.get("n_examples"), "data": rec.get("data", {})})
-                    if isinstance(rec.get("per_example"), dict):
-                        per_example.setdefault(ev.suite, {}).setdefault(key, {})[str(seed)] = rec["per_example"]
                     if ev.suite == "corruptions" and ev.baseline_model == key and "mCE" not in entry["metrics"]:
                         entry["metrics"] = dict(entry["metrics"], mCE=100.0)  # the normalising model, by definition
                         entry["note"] = "mCE = 100 by definition (the errors are normalised by this model's)"
+                        _self_normalised_mce(rec)
+                    if isinstance(rec.get("per_example"), dict):
+                        per_example.setdefault(ev.suite, {}).setdefault(key, {})[str(seed)] = rec["per_example"]
                 res["evals"].setdefault(ev.suite, {}).setdefault(key, {})[str(seed)] = entry
     return per_example
+
+
+def _self_normalised_mce(rec: Dict[str, Any]) -> None:
+    """Declare the normalising model's own per-example mCE (its errors over its own mean errors, mean
+    100), the same weights the other models' mCE records carry for this baseline run."""
+    from ..evaluate.corruptions import declare_mce
+    from ..evaluate.per_example import PerExample
+
+    pe, errors = rec.get("per_example"), rec.get("errors") or {}
+    if not isinstance(pe, dict) or "mCE" in (pe.get("metrics") or {}) or not errors:
+        return
+    if any(float(sum(v)) <= 0.0 for v in errors.values()):
+        return  # a corruption with no error cannot normalise
+    holder = PerExample([])
+    declare_mce(holder, list(errors), {c: sum(map(float, v)) / len(v) for c, v in errors.items()})
+    pe["metrics"] = dict(pe.get("metrics") or {}, mCE=holder.as_dict()["metrics"]["mCE"])
 
 
 def _collect_tables(res: Dict[str, Any], study) -> None:
@@ -290,14 +295,14 @@ def _seed_values(res: Dict[str, Any], suite: str, key: str, metric: str) -> Dict
 
 
 def _seed_scores(per_example: Dict[str, Any], suite: str, key: str, metric: str) -> Dict[str, Any]:
-    """``{seed: (example indices, per-example scores)}`` of one model's metric, where recorded."""
-    from ..evaluate.per_example import decode_indices, example_scores
+    """``{seed: ExampleData}`` of one model's metric, where recorded."""
+    from ..evaluate.per_example import example_data
 
     out = {}
     for seed, rec in per_example.get(suite, {}).get(key, {}).items():
-        scores = example_scores(rec, metric)
-        if scores is not None:
-            out[seed] = (decode_indices(rec["indices"]), scores)
+        data = next((d for d in (example_data(rec, m) for m in [metric] + ALIASES.get(metric, [])) if d), None)
+        if data is not None:
+            out[seed] = data
     return out
 
 
@@ -309,49 +314,37 @@ def compare_models(res: Dict[str, Any], per_example: Dict[str, Any], suite: str,
                              _seed_scores(per_example, suite, rpc, metric))
 
 
-def _collect_comparisons(res: Dict[str, Any], study, per_example: Dict[str, Any]) -> List[Dict[str, Any]]:
-    """Every RPC model against its family's baseline on :data:`LEAD_METRICS` (the lead paragraph's numbers)."""
-    out = []
-    for family, suite, metric, what, higher in LEAD_METRICS:
-        base = next((m.key for m in study.models if m.family == family and m.role == "baseline"), None)
-        for m in study.models:
-            if base is None or m.family != family or m.role != "rpc" or suite not in res["evals"]:
-                continue
-            cmp = compare_models(res, per_example, suite, metric, base, m.key)
-            if cmp["seeds"]:
-                out.append({"rpc": m.key, "baseline": base, "suite": suite, "metric": metric, "what": what,
-                            "higher": higher, **cmp})
-    return out
-
-
 def _collect_claims(res: Dict[str, Any], study, per_example: Dict[str, Any]) -> None:
-    """Each claim's verdict from the baseline's and the RPC model's values: by the interval rules where
-    both models have per-example records, else by the margin rules (RULES_TEXT)."""
+    """Each claim's verdict by the one rule of RULES_TEXT: paired seed interval, example interval where
+    both models have per-example records, margin, and the paired t test's p Holm-adjusted over the
+    study's claims; with the smallest difference the seeds could have resolved."""
+    rows = []
     for c in study.claims:
         b = res["evals"].get(c.suite, {}).get(c.baseline, {})
         r = res["evals"].get(c.suite, {}).get(c.rpc, {})
         bv = [v for v in (metric_value(e.get("metrics", {}), c.metric) for e in b.values()) if v is not None]
         rv = [v for v in (metric_value(e.get("metrics", {}), c.metric) for e in r.values()) if v is not None]
-        v = verdict(bv, rv, c.higher, c.margin, c.relative)
-        intervals = compare_models(res, per_example, c.suite, c.metric, c.baseline, c.rpc)
-        pooled = (intervals.get("bootstrap") or {}).get("pooled")
-        rule = "margin"
-        if v["verdict"] != "not measured" and pooled is not None:
-            v.update(interval_verdict(intervals["seed_ci"], pooled, c.higher, v["effect"]["margin"]))
-            rule = "intervals"
+        rows.append((c, b, r, bv, rv, effect(bv, rv, c.higher, c.margin, c.relative),
+                     compare_models(res, per_example, c.suite, c.metric, c.baseline, c.rpc)))
+    raw_p = [(iv.get("t_test") or {}).get("p") for *_, iv in rows]
+    family = sum(p is not None for p in raw_p)
+    for (c, b, r, bv, rv, e, iv), p_holm in zip(rows, holm(raw_p)):
+        iv["p_holm"], iv["family"] = p_holm, family
+        iv["min_detectable"] = min_detectable(list(iv["per_seed_diff"].values()), family)
+        v = claim_verdict(iv, c.higher, e.margin, p_holm)
         reason = v["reason"]
         if not bv or not rv:
-            why = [e.get("reason") or e.get("status") for e in list(b.values()) + list(r.values())
-                   if e.get("status") != "done"]
+            why = [x.get("reason") or x.get("status") for x in list(b.values()) + list(r.values())
+                   if x.get("status") != "done"]
             if why:
                 reason += f" ({why[0]})"
         res["claims"].append({
             "id": c.id, "title": c.title, "table": c.table, "suite": c.suite, "metric": c.metric,
             "baseline": c.baseline, "baseline_label": res["models"].get(c.baseline, {}).get("label", c.baseline),
             "rpc": c.rpc, "rpc_label": res["models"].get(c.rpc, {}).get("label", c.rpc), "higher": c.higher,
-            "margin": v["effect"]["margin"] if v["effect"]["margin"] is not None else c.margin,
+            "margin": e.margin if e.margin is not None else c.margin,
             "relative_margin": c.relative, "baseline_values": bv, "rpc_values": rv,
-            "verdict": v["verdict"], "reason": reason, "effect": v["effect"], "rule": rule, "intervals": intervals,
+            "verdict": v["verdict"], "reason": reason, "effect": e.as_dict(), "intervals": iv,
             "paper": PAPER_ROWS.get(getattr(c, "paper_id", None) or c.id),
         })
 
@@ -377,6 +370,7 @@ def _analysis_summary(kp: Dict[str, Any], run: str) -> Dict[str, Any]:
         mo = pr.get("model") or {}
         entry["protocols"][proto] = {
             "model": {k: mo.get(k) for k in ("jproj", "phi2", "h2", "log_phi2", "log_h2", "log_mean_jproj",
+                                              "log_mean_jproj_official", "rel_error_wrt_phi2", "rel_error_wrt_h2",
                                               "optimal_cosine", "direct_cosine", "linear_cka", "rbf_cka",
                                               "eig_max", "eig_min", "eig_mean", "eig_median")},
             "gamma": {k: {kk: vv for kk, vv in (g or {}).items() if kk in ("mean", "std", "n")}

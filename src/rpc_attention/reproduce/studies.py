@@ -464,9 +464,9 @@ def _fmnist_study(name: str, s: Dict[str, Any], description: str, suites: Sequen
         if len(lm_seeds) < len(seeds):
             st.notes.append(f"The language-model pair is trained with {len(lm_seeds)} seed(s) "
                             f"({', '.join(map(str, lm_seeds))}) and the vision models with {len(seeds)}: an LM "
-                            "training costs as much as several vision ones here. Its rows have a seed interval only with "
-                            "two or more seeds (the LM suites keep no per-token record to bootstrap), so with one "
-                            "seed its verdicts rest on the margin rule alone.")
+                            "training costs as much as several vision ones here. Its rows have a seed interval and a "
+                            "paired t test only with two or more seeds, so with one seed its verdicts are "
+                            "\"unresolved (one seed)\" (the example interval over token blocks is still shown).")
         st.models.extend(lm)
         lk = [m.key for m in lm]
         lim = int(s.get("lm_eval_limit") or 0) or None
