@@ -7,6 +7,7 @@ no second copy of the PAP algorithm anywhere. Tensors are shaped ``(batch, heads
 - :mod:`.pap`: PAP's definition (:func:`pap_loop`, the plain loop), its options, mu and tau,
   and the entry points :func:`pap_attention` and :func:`pap_decompose`.
 - :mod:`.pap_fused`: the fused fast path beside it, with its derivation and hand-written backward.
+- :mod:`.pap_cache`: cached decoding for causal PAP (:func:`pap_prefill`, :class:`PAPCache`).
 """
 
 from .attention import as_bool_mask, attention, scaled_attention_alpha, scaled_attention_s, symmetric_attention
@@ -24,10 +25,13 @@ from .pap import (
     sparse_activity,
     sparse_term_activity,
 )
+from .pap_cache import PAPCache, pap_prefill
 
 __all__ = [
     "PAPState",
     "PAPProblem",
+    "PAPCache",
+    "pap_prefill",
     "THRESHOLDS",
     "MU_MODES",
     "as_bool_mask",
