@@ -164,3 +164,21 @@ def test_uncachable_options_are_refused():
     _, _, cache = RF.pap_prefill(k[:, :, :4], v[:, :, :4], n_iter=2)
     with pytest.raises(ValueError, match="cached and 1 new"):
         cache.step(k[:, :, 4:5], v[:, :, :4])
+
+
+def test_prefill_with_a_full_mask_equals_key_validity():
+    k, v = _kv(b=2, n=9)
+    valid = torch.ones(2, 9, dtype=torch.bool)
+    valid[0, :2] = False
+    full_mask = valid[:, None, None, :] & torch.ones(9, 9, dtype=torch.bool).tril()  # (B, 1, N, N)
+    opts = dict(n_iter=3, lambd=4.0)
+    a, _, ca = RF.pap_prefill(k[:, :, :6], v[:, :, :6], key_valid=valid[:, :6], **opts)
+    b, _, cb = RF.pap_prefill(k[:, :, :6], v[:, :, :6], attn_mask=full_mask[..., :6, :6], **opts)
+    rows = valid[:, None, :6, None].expand_as(a)
+    torch.testing.assert_close(a[rows], b[rows], rtol=0, atol=0)
+    assert torch.equal(ca.key_valid, cb.key_valid)
+    sa = ca.step(k[:, :, 6:7], v[:, :, :7])[0]
+    sb = cb.step(k[:, :, 6:7], v[:, :, :7])[0]
+    torch.testing.assert_close(sa, sb, rtol=0, atol=0)
+    with pytest.raises(ValueError, match="not both"):
+        RF.pap_prefill(k, v, key_valid=valid, attn_mask=full_mask)

@@ -89,14 +89,15 @@ class PAPCache:
         return mu, _threshold(self.threshold, self.lambd, mu, count, keys, None)
 
     def _key_mask(self, b: int, n: int, valid_new: Optional[Tensor], device) -> Optional[Tensor]:
-        """Append the new keys' validity; the (B, 1, 1, T) mask of every cached key, or None."""
+        """Append the new keys' validity; the (B, 1 or H, 1, T) mask of every cached key, or None."""
         if valid_new is None and self.key_valid is None:
             return None
         old = (self.key_valid if self.key_valid is not None
                else torch.ones(b, 1, 1, self.length, dtype=torch.bool, device=device))
-        new = (torch.ones(b, 1, 1, n, dtype=torch.bool, device=device) if valid_new is None
-               else valid_new.reshape(b, 1, 1, n).to(device))
-        self.key_valid = torch.cat([old.expand(b, 1, 1, -1), new], dim=-1)
+        hm = old.shape[1]
+        new = (torch.ones(b, hm, 1, n, dtype=torch.bool, device=device) if valid_new is None
+               else valid_new.reshape(b, 1, 1, n).to(device).expand(b, hm, 1, n))
+        self.key_valid = torch.cat([old.expand(b, hm, 1, -1), new], dim=-1)
         return self.key_valid
 
     def step(self, k: Tensor, v_all: Tensor, *, key_valid: Optional[Tensor] = None, dropout_p: float = 0.0,
@@ -142,7 +143,7 @@ class PAPCache:
 
 
 def pap_prefill(k: Tensor, v: Tensor, *, n_iter: int = 6, lambd: float = 4.0, key_valid: Optional[Tensor] = None,
-                scale: Optional[float] = None, model_dim: Optional[int] = None, threshold: str = "lambda_mu",
+                attn_mask: Optional[Tensor] = None, scale: Optional[float] = None, model_dim: Optional[int] = None, threshold: str = "lambda_mu",
                 mu_mode: Optional[str] = "causal", dropout_p: float = 0.0, fused: bool = True,
                 final_attention: bool = True) -> Tuple[Optional[Tensor], PAPState, PAPCache]:
     """Causal PAP over a prompt (the definition, :func:`~.pap.pap_loop`) and the cache to continue it.
@@ -152,6 +153,9 @@ def pap_prefill(k: Tensor, v: Tensor, *, n_iter: int = 6, lambd: float = 4.0, ke
         key_valid: optional bool ``(B, N)``: False for padding positions (e.g. left padding), which
             take no part in mu or in any attention (as a key-padding ``attn_mask`` in
             :func:`~.pap.pap_attention`).
+        attn_mask: instead of ``key_valid``, a bool mask broadcastable to ``(B, H, N, N)`` as
+            :func:`~.pap.pap_attention` takes it (the causal triangle is added); the cache keeps of
+            it the keys some query may see, and later positions see every such key before them.
         n_iter, lambd, scale, model_dim, threshold, mu_mode: as :func:`~.pap.pap_attention` with
             ``is_causal=True``; ``mu_mode`` must be causal.
         final_attention: False stops after the final K2 (:func:`~.pap.pap_decompose`).
@@ -163,7 +167,9 @@ def pap_prefill(k: Tensor, v: Tensor, *, n_iter: int = 6, lambd: float = 4.0, ke
     if mu_mode not in CAUSAL_MU_MODES:  # unreachable after the check above; kept for the reader
         raise ValueError(f"a PAP cache needs a causal mu_mode, got {mu_mode!r}")
     b, h, n, d = k.shape
-    mask = None if key_valid is None else key_valid.reshape(b, 1, 1, n).to(device=k.device, dtype=torch.bool)
+    if key_valid is not None and attn_mask is not None:
+        raise ValueError("give key_valid or attn_mask, not both")
+    mask = attn_mask if key_valid is None else key_valid.reshape(b, 1, 1, n).to(device=k.device, dtype=torch.bool)
     problem = prepare_pap(k, v, n_iter=n_iter, lambd=lambd, attn_mask=mask, is_causal=True, scale=scale,
                           model_dim=model_dim, threshold=threshold, mu_mode=mu_mode)
     keys2: List[Tensor] = []
@@ -171,14 +177,15 @@ def pap_prefill(k: Tensor, v: Tensor, *, n_iter: int = 6, lambd: float = 4.0, ke
                           final_attention=final_attention, record_keys=keys2)
     if not final_attention:
         keys2 = keys2[:-1]
+    valid = None if problem.mask is None else problem.mask.any(dim=-2, keepdim=True)  # (B?, H?, 1, N)
     abs_rows = problem.keys.abs().sum(dim=-1, keepdim=True)
     counts = torch.ones_like(abs_rows)
-    if mask is not None:
-        validf = mask.reshape(b, 1, n, 1).to(abs_rows.dtype)
-        abs_rows, counts = abs_rows * validf, counts * validf
+    if valid is not None:
+        validf = valid.transpose(-1, -2).to(abs_rows.dtype)
+        abs_rows, counts = abs_rows * validf, (counts * validf).expand_as(abs_rows)
     width = d if mu_mode == "causal_head_dim" else (h * d if model_dim is None else model_dim)
     cache = PAPCache(n_iter=n_iter, lambd=float(lambd), threshold=threshold, width=width,
                      scale=resolve_scale(scale, d), keys2=keys2,
                      abs_sum=abs_rows.cumsum(dim=-2)[..., -1:, :], count=counts.sum(dim=-2, keepdim=True),
-                     length=n, key_valid=mask)
+                     length=n, key_valid=None if valid is None else valid.expand(b, valid.shape[1], 1, n))
     return out, state, cache
