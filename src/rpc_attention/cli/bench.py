@@ -21,7 +21,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--out", default="benchmarks/results", help="directory for bench-<config>-<device>.json/.md")
     parser.add_argument("--threads", type=int, default=None, help="torch intra-op threads (default: torch's)")
     parser.add_argument("--repeats", type=int, default=None, help="interleaved rounds (default: per configuration; 0: memory only)")
-    parser.add_argument("--only", choices=("ops", "models"), default=None, help="run one half of the suite")
+    parser.add_argument("--only", choices=("ops", "models", "decode"), default=None,
+                        help="run one half of the suite, or the cached-decoding benchmark (docs/performance.md)")
     parser.add_argument("--no-compile", action="store_true", help="skip the torch.compile case (full suite)")
     parser.add_argument("--no-memory", action="store_true", help="skip the memory measurements")
 
@@ -44,6 +45,11 @@ def run(args: argparse.Namespace, heap: Optional["HeapControl"] = None) -> int:
 
     if device.startswith("cuda") and not torch.cuda.is_available():
         raise UserError("--device cuda: torch sees no CUDA device here")
+    if args.only == "decode":
+        from ..bench_decode import main_decode
+
+        main_decode("smoke" if args.smoke else "quick" if args.quick else "full", device, args.out)
+        return 0
     cfg = bench.config("smoke" if args.smoke else "quick" if args.quick else "full")
     if args.repeats is not None:
         cfg.repeats = args.repeats
