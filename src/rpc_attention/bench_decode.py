@@ -88,14 +88,17 @@ def _tensor_bytes(obj) -> int:
     return total
 
 
-def _measure(prefill: Callable[[], object], step: Callable[[object], None], tokens: int, device) -> dict:
-    """Prefill once (timed), then ``tokens`` timed steps; returns times and the cache's bytes."""
+def _measure(prefill: Callable[[], object], step: Callable[[object], None], tokens: int, device,
+             extra_bytes: Callable[[object], int] = lambda cache: 0) -> dict:
+    """Prefill once (timed), then ``tokens`` timed steps; returns the times and the bytes of the
+    cache after the prefill (``extra_bytes``: state kept beside the cache object)."""
     state: Dict[str, object] = {}
     prefill_s = _timed(lambda: state.setdefault("cache", prefill()), device)
     cache = state["cache"]
+    cache_bytes = _tensor_bytes(cache) + extra_bytes(cache)  # at the prefill's length t
     steps = [_timed(lambda: step(cache), device) for _ in range(tokens)]
     return {"prefill_s": prefill_s, "step_s": statistics.median(steps), "steps_s": steps,
-            "cache_bytes": _tensor_bytes(cache)}
+            "cache_bytes": cache_bytes}
 
 
 def _symlm_models(cfg: DecodeConfig, device: torch.device) -> Dict[str, torch.nn.Module]:
@@ -147,6 +150,8 @@ def _hf_models(cfg: DecodeConfig, device: torch.device) -> Dict[str, torch.nn.Mo
 
 
 def bench_hf(cfg: DecodeConfig, device: torch.device, progress: Callable[[str], None]) -> List[dict]:
+    from .integrations import transformers as rpc_hf
+
     rows = []
     models = _hf_models(cfg, device)
     for t in cfg.contexts:
@@ -163,7 +168,7 @@ def bench_hf(cfg: DecodeConfig, device: torch.device, progress: Callable[[str], 
 
             with torch.no_grad(), warnings.catch_warnings():
                 warnings.simplefilter("ignore", FutureWarning)  # past_key_values: renamed in newer releases
-                row = _measure(prefill, step, cfg.tokens, device)
+                row = _measure(prefill, step, cfg.tokens, device, rpc_hf.decoding_cache_bytes)
             rows.append({"family": "hf", "model": name, "context": t, **row})
     return rows
 
