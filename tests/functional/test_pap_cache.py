@@ -182,3 +182,26 @@ def test_prefill_with_a_full_mask_equals_key_validity():
     torch.testing.assert_close(sa, sb, rtol=0, atol=0)
     with pytest.raises(ValueError, match="not both"):
         RF.pap_prefill(k, v, key_valid=valid, attn_mask=full_mask)
+
+
+def test_append_rows_grows_in_place_without_autograd():
+    buf = torch.arange(6.0).reshape(1, 1, 3, 2)
+    with torch.no_grad():
+        grown = RF.append_rows(buf, 3, torch.full((1, 1, 1, 2), 9.0))
+        assert grown.shape[-2] >= 64 and torch.equal(grown[..., :4, :].flatten(), torch.tensor([0, 1, 2, 3, 4, 5, 9, 9.0]))
+        again = RF.append_rows(grown, 4, torch.full((1, 1, 2, 2), 7.0))
+        assert again is grown  # room left: written in place
+        assert torch.equal(again[..., 4:6, :].flatten(), torch.full((4,), 7.0))
+    leaf = torch.zeros(1, 1, 2, 2, requires_grad=True)
+    out = RF.append_rows(buf, 3, leaf)  # under autograd: a plain concatenation
+    assert out.shape[-2] == 5 and out.requires_grad
+
+
+def test_no_padding_keeps_no_mask():
+    k, v = _kv()
+    _, _, cache = RF.pap_prefill(k[:, :, :5], v[:, :, :5], key_valid=torch.ones(2, 5, dtype=torch.bool))
+    assert cache.key_valid is None
+    cache.step(k[:, :, 5:6], v[:, :, :6], key_valid=torch.ones(2, 1, dtype=torch.bool))
+    assert cache.key_valid is None
+    cache.step(k[:, :, 6:7], v[:, :, :7], key_valid=torch.tensor([[True], [False]]))
+    assert cache.key_valid.shape == (2, 1, 1, 7) and not cache.key_valid[1, 0, 0, 6]

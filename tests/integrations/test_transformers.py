@@ -481,12 +481,14 @@ def test_pap_state_decoding_equals_the_full_forward_in_float64(opts):
     model = llama(initializer_range=0.3).double()
     ids, mask = padded_batch("left")
     full = model(ids, attention_mask=mask).logits
-    got, cache = _stepwise_logits(model, ids, mask, prompt=5)
+    got, _ = _stepwise_logits(model, ids, mask, prompt=5)
     rows = mask.bool()
     torch.testing.assert_close(got[rows], full[rows], rtol=0, atol=1e-10)
     n_layers = 2 if opts["rpc_layers"] == "all" else 1
-    b, t, h, d = ids.shape[0], ids.shape[1], 4, 8
-    # per RPC layer: n_iter - 1 cleaned-key tensors, the output keys, two running sums, the key mask
+    b, t, h, d = ids.shape[0], 5, 4, 8
+    # after the prefill, per RPC layer: n_iter - 1 cleaned-key tensors, the output keys, two running
+    # sums and the key mask (the prompt is padded)
+    cache = model(ids[:, :t], attention_mask=mask[:, :t], use_cache=True).cache
     expected = n_layers * (opts["n_iter"] * b * h * t * d * 8 + 2 * b * h * 8 + b * t)
     assert rpc_hf.decoding_cache_bytes(cache) == expected
 

@@ -25,13 +25,14 @@ from .pap import (
     sparse_activity,
     sparse_term_activity,
 )
-from .pap_cache import PAPCache, pap_prefill
+from .pap_cache import PAPCache, append_rows, pap_prefill
 
 __all__ = [
     "PAPState",
     "PAPProblem",
     "PAPCache",
     "pap_prefill",
+    "append_rows",
     "THRESHOLDS",
     "MU_MODES",
     "as_bool_mask",

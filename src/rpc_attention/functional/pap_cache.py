@@ -17,6 +17,9 @@ per token and head instead of re-running PAP over the prefix (O(n_iter t^2 d)).
 Memory per PAP layer: ``n_iter`` tensors K2_t of shape (B, H, T, d) in the values' dtype (the
 caller keeps the value cache, as for plain attention), two (B, H, 1, 1) running sums in the
 compute dtype and, with padding, a (B, 1, 1, T) bool key mask. The raw keys need not be kept.
+Without autograd the K2 tensors grow in place inside buffers with room for about half as many
+positions again (:func:`append_rows`), so a step does not copy the whole cache; ``nbytes`` counts
+the allocated buffers.
 
 What cannot be cached exactly is refused: a global mu (a new token changes mu, hence every past
 row) and ``tol`` (a sequence-wide stopping rule). ``threshold="target_fraction"`` is refused for
@@ -34,7 +37,28 @@ from torch import Tensor
 from .attention import attend, check_kv, resolve_scale
 from .pap import CAUSAL_MU_MODES, PAPState, _threshold, check_pap_options, mu_from_sums, pap_loop, pass_dual, pass_keys, prepare_pap
 
-__all__ = ["PAPCache", "pap_prefill"]
+__all__ = ["PAPCache", "pap_prefill", "append_rows"]
+
+_GROWTH, _CHUNK = 1.5, 64
+
+
+def append_rows(buffer: Tensor, length: int, new: Tensor) -> Tensor:
+    """``buffer[..., :length, :]`` followed by ``new`` along the position dimension (-2).
+
+    Returns a tensor whose first ``length + n`` rows are the result (slice it to that length). Under
+    autograd this is ``torch.cat``; otherwise the rows are written in place into ``buffer`` when it
+    has room, else into a new buffer with room for ``_GROWTH`` times as many positions (rounded up
+    to ``_CHUNK``), so that appending one row costs O(row) amortised instead of O(cache)."""
+    n = new.shape[-2]
+    if torch.is_grad_enabled() and (new.requires_grad or buffer.requires_grad):
+        return torch.cat([buffer[..., :length, :], new], dim=-2)
+    if buffer.shape[-2] < length + n or buffer.shape[:-2] != new.shape[:-2] or buffer.dtype != new.dtype:
+        cap = -(-int(_GROWTH * (length + n)) // _CHUNK) * _CHUNK
+        grown = new.new_empty(*new.shape[:-2], cap, new.shape[-1])
+        grown[..., :length, :] = buffer[..., :length, :]
+        buffer = grown
+    buffer[..., length:length + n, :] = new
+    return buffer
 
 
 @dataclass
@@ -42,7 +66,8 @@ class PAPCache:
     """The state one causal PAP layer keeps between decoding steps (see the module docstring).
 
     Made by :func:`pap_prefill`; :meth:`step` appends new positions and returns their output.
-    ``keys2[t]`` is K2 of pass t+1 for every cached position, ``abs_sum`` / ``count`` the running
+    ``keys2[t][..., :length, :]`` is K2 of pass t+1 for every cached position (the buffer may
+    have room for more, see :func:`append_rows`), ``abs_sum`` / ``count`` the running
     sum of valid ``|k|`` rows and their number per (batch, head), ``key_valid`` the (B, 1, 1, T)
     mask of keys that take part (None: all of them).
     """
@@ -70,7 +95,7 @@ class PAPCache:
         def pick(t: Tensor) -> Tensor:
             return t.index_select(0, index.to(t.device))
 
-        self.keys2 = [pick(t) for t in self.keys2]
+        self.keys2 = [pick(t[..., :self.length, :]) for t in self.keys2]
         self.abs_sum, self.count = pick(self.abs_sum), pick(self.count)
         if self.key_valid is not None:
             self.key_valid = pick(self.key_valid)
@@ -90,8 +115,8 @@ class PAPCache:
 
     def _key_mask(self, b: int, n: int, valid_new: Optional[Tensor], device) -> Optional[Tensor]:
         """Append the new keys' validity; the (B, 1 or H, 1, T) mask of every cached key, or None."""
-        if valid_new is None and self.key_valid is None:
-            return None
+        if self.key_valid is None and (valid_new is None or bool(valid_new.all())):
+            return None  # every key takes part: no mask (the fast unmasked attention)
         old = (self.key_valid if self.key_valid is not None
                else torch.ones(b, 1, 1, self.length, dtype=torch.bool, device=device))
         hm = old.shape[1]
@@ -123,7 +148,7 @@ class PAPCache:
         valid = None if key_valid is None else key_valid.reshape(b, 1, n, 1).to(k.device)
         mu, tau = self._new_rows_mu(keys, valid)
         mask = self._key_mask(b, n, key_valid, k.device)
-        self.length += n
+        old, self.length = self.length, self.length + n
         lowrank, dual = torch.zeros_like(keys), torch.zeros_like(keys)
         out = None
         n_attend = self.n_iter if final_attention else self.n_iter - 1
@@ -132,10 +157,11 @@ class PAPCache:
             k2 = k2.to(v_all.dtype)
             if t == n_attend:
                 break
-            self.keys2[t] = torch.cat([self.keys2[t], k2], dim=-2)
+            self.keys2[t] = append_rows(self.keys2[t], old, k2)
             last = t == self.n_iter - 1
             # n = 1 sees every cached key: no causal mask needed; n > 1 needs the end-aligned triangle
-            out = attend(k2, self.keys2[t], v_all, mask, n > 1, dropout_p if last else 0.0, self.scale, fused)
+            out = attend(k2, self.keys2[t][..., :self.length, :], v_all, mask, n > 1, dropout_p if last else 0.0,
+                         self.scale, fused)
             if not last:
                 lowrank = out.to(keys.dtype)
                 dual = pass_dual(keys, lowrank, sparse, dual, mu)
@@ -187,5 +213,5 @@ def pap_prefill(k: Tensor, v: Tensor, *, n_iter: int = 6, lambd: float = 4.0, ke
     cache = PAPCache(n_iter=n_iter, lambd=float(lambd), threshold=threshold, width=width,
                      scale=resolve_scale(scale, d), keys2=keys2,
                      abs_sum=abs_rows.cumsum(dim=-2)[..., -1:, :], count=counts.sum(dim=-2, keepdim=True),
-                     length=n, key_valid=None if valid is None else valid.expand(b, valid.shape[1], 1, n))
+                     length=n, key_valid=None if valid is None or bool(valid.all()) else valid.expand(b, valid.shape[1], 1, n))
     return out, state, cache

@@ -234,8 +234,8 @@ class AsymmetricRPCCache:
 
     def reorder(self, index: Tensor) -> None:
         """Select batch rows in place (beam search)."""
+        self.clean_keys = self.clean_keys[..., :self.length, :].index_select(0, index.to(self.clean_keys.device))
         self.pap.reorder(index)
-        self.clean_keys = self.clean_keys.index_select(0, index.to(self.clean_keys.device))
 
 
 def _query_start(mask: Optional[Tensor], nq: int, nk: int) -> int:
@@ -277,7 +277,8 @@ def cached_asymmetric_rpc_attention(
         _, sparse, keys2 = cache.pap.step(k[:, :, p0:], v, key_valid=valid, fused=fused, final_attention=False)
         sparse = sparse.to(k.dtype)
         new_keys = _clean_keys(k[:, :, p0:], sparse, keys2, key_mode)
-        cache.clean_keys = torch.cat([cache.clean_keys, new_keys], dim=-2)
+        cache.clean_keys = RF.append_rows(cache.clean_keys, p0, new_keys)
     q_clean = q - sparse if clean_queries else q
-    out = RF.attention(q_clean, cache.clean_keys, v, attn_mask=mask, is_causal=True, scale=scale, fused=fused)
+    out = RF.attention(q_clean, cache.clean_keys[..., :end, :], v, attn_mask=mask, is_causal=True, scale=scale,
+                       fused=fused)
     return out, cache
