@@ -1,7 +1,7 @@
 """Decoding benchmark: the per-token cost of cached generation with RPC layers against plain ones.
 
 Two pairs, each measured at several context lengths t (a prefill of t tokens, then single-token
-steps over the cache; the median of ``tokens`` steps):
+steps over the cache, the two models' steps interleaved; the median of ``tokens`` steps):
 
 - Symlm: ``symlm-small``'s body (16 blocks x 128 wide, 8 heads, d_inner 2048) with symmetric
   attention, against RPC-Symlm (PAP with 4 iterations in blocks 0-3). The step is the transformer's
@@ -88,17 +88,31 @@ def _tensor_bytes(obj) -> int:
     return total
 
 
-def _measure(prefill: Callable[[], object], step: Callable[[object], None], tokens: int, device,
-             extra_bytes: Callable[[object], int] = lambda cache: 0) -> dict:
-    """Prefill once (timed), then ``tokens`` timed steps; returns the times and the bytes of the
-    cache after the prefill (``extra_bytes``: state kept beside the cache object)."""
-    state: Dict[str, object] = {}
-    prefill_s = _timed(lambda: state.setdefault("cache", prefill()), device)
-    cache = state["cache"]
-    cache_bytes = _tensor_bytes(cache) + extra_bytes(cache)  # at the prefill's length t
-    steps = [_timed(lambda: step(cache), device) for _ in range(tokens)]
-    return {"prefill_s": prefill_s, "step_s": statistics.median(steps), "steps_s": steps,
-            "cache_bytes": cache_bytes}
+def _measure_pair(cases: Dict[str, tuple], tokens: int, device) -> Dict[str, dict]:
+    """Prefill every case once (timed), then ``tokens`` rounds of one timed step per case, the cases
+    interleaved so that a change in the machine's load falls on all of them alike.
+
+    ``cases``: name -> ``(prefill, step, extra_bytes)``; ``prefill()`` returns the cache, ``step(cache)``
+    decodes one token, ``extra_bytes(cache)`` counts state kept beside the cache object. Returns per
+    case the prefill time, the median step time, every step time and the cache's bytes after the prefill.
+    """
+    caches, out = {}, {}
+    for name, (prefill, _, extra_bytes) in cases.items():
+        state: Dict[str, object] = {}
+        prefill_s = _timed(lambda: state.setdefault("cache", prefill()), device)
+        caches[name] = state["cache"]
+        out[name] = {"prefill_s": prefill_s, "steps_s": [],
+                     "cache_bytes": _tensor_bytes(caches[name]) + extra_bytes(caches[name])}
+    for _ in range(tokens):
+        for name, (_, step, _) in cases.items():
+            out[name]["steps_s"].append(_timed(lambda: step(caches[name]), device))
+    for row in out.values():
+        row["step_s"] = statistics.median(row["steps_s"])
+    return out
+
+
+def _no_bytes(cache) -> int:
+    return 0
 
 
 def _symlm_models(cfg: DecodeConfig, device: torch.device) -> Dict[str, torch.nn.Module]:
@@ -119,17 +133,18 @@ def bench_symlm(cfg: DecodeConfig, device: torch.device, progress: Callable[[str
     for t in cfg.contexts:
         prompt = torch.randint(0, cfg.vocab, (1, t), generator=torch.Generator().manual_seed(t)).to(device)
         nxt = prompt[:, -1:]
+        progress(f"[decode] symlm pair t={t}")
+        cases = {}
         for name, model in models.items():
-            progress(f"[decode] {name} t={t}")
-
             def prefill(model=model):
                 cache = model.new_cache()
                 model(prompt, cache=cache)
                 return cache
 
-            with torch.no_grad():
-                row = _measure(prefill, lambda cache, model=model: model(nxt, cache=cache), cfg.tokens, device)
-            rows.append({"family": "symlm", "model": name, "context": t, **row})
+            cases[name] = (prefill, lambda cache, model=model: model(nxt, cache=cache), _no_bytes)
+        with torch.no_grad():
+            measured = _measure_pair(cases, cfg.tokens, device)
+        rows += [{"family": "symlm", "model": name, "context": t, **row} for name, row in measured.items()]
     return rows
 
 
@@ -157,19 +172,20 @@ def bench_hf(cfg: DecodeConfig, device: torch.device, progress: Callable[[str], 
     for t in cfg.contexts:
         prompt = torch.randint(0, cfg.vocab, (1, t), generator=torch.Generator().manual_seed(t)).to(device)
         nxt = prompt[:, -1:]
+        progress(f"[decode] hf pair t={t}")
+        cases = {}
         for name, model in models.items():
-            progress(f"[decode] {name} t={t}")
-
             def prefill(model=model):
                 return model(prompt, use_cache=True).past_key_values
 
             def step(cache, model=model):
                 model(nxt, past_key_values=cache, use_cache=True)
 
-            with torch.no_grad(), warnings.catch_warnings():
-                warnings.simplefilter("ignore", FutureWarning)  # past_key_values: renamed in newer releases
-                row = _measure(prefill, step, cfg.tokens, device, rpc_hf.decoding_cache_bytes)
-            rows.append({"family": "hf", "model": name, "context": t, **row})
+            cases[name] = (prefill, step, rpc_hf.decoding_cache_bytes)
+        with torch.no_grad(), warnings.catch_warnings():
+            warnings.simplefilter("ignore", FutureWarning)  # past_key_values: renamed in newer releases
+            measured = _measure_pair(cases, cfg.tokens, device)
+        rows += [{"family": "hf", "model": name, "context": t, **row} for name, row in measured.items()]
     return rows
 
 
