@@ -1,6 +1,7 @@
 """The decoding benchmark's machinery on toy sizes (it measures; it asserts no timings)."""
 
 import json
+from pathlib import Path
 
 import pytest
 import torch
@@ -25,8 +26,8 @@ def test_smoke_run_has_every_pair_and_context(tmp_path):
     assert extra == 2 * ((smoke.n_iter - 1) * per_tensor + 2 * smoke.symlm["n_head"] * 4)
     assert by[("llama-rpc", 16)]["cache_bytes"] > by[("llama-sdpa", 16)]["cache_bytes"]
     paths = bd.write_decode_results(results, str(tmp_path), "smoke")
-    assert json.loads(open(paths["json"]).read())["config"]["contexts"] == [16, 32]
-    assert "rpc-symlm / symlm | 16" in open(paths["md"]).read()
+    assert json.loads(Path(paths["json"]).read_text())["config"]["contexts"] == [16, 32]
+    assert "rpc-symlm / symlm | 16" in Path(paths["md"]).read_text()
 
 
 def test_unknown_configuration_is_refused():

@@ -16,6 +16,7 @@ same cases on a GPU (float32, synchronised timing).
 
 from __future__ import annotations
 
+import functools
 import os
 import statistics
 import time
@@ -99,16 +100,20 @@ def _measure_pair(cases: Dict[str, tuple], tokens: int, device) -> Dict[str, dic
     caches, out = {}, {}
     for name, (prefill, _, extra_bytes) in cases.items():
         state: Dict[str, object] = {}
-        prefill_s = _timed(lambda: state.setdefault("cache", prefill()), device)
+        prefill_s = _timed(functools.partial(_keep, state, prefill), device)
         caches[name] = state["cache"]
         out[name] = {"prefill_s": prefill_s, "steps_s": [],
                      "cache_bytes": _tensor_bytes(caches[name]) + extra_bytes(caches[name])}
     for _ in range(tokens):
         for name, (_, step, _) in cases.items():
-            out[name]["steps_s"].append(_timed(lambda: step(caches[name]), device))
+            out[name]["steps_s"].append(_timed(functools.partial(step, caches[name]), device))
     for row in out.values():
         row["step_s"] = statistics.median(row["steps_s"])
     return out
+
+
+def _keep(state: dict, prefill: Callable[[], object]) -> None:
+    state["cache"] = prefill()
 
 
 def _no_bytes(cache) -> int:
@@ -136,12 +141,15 @@ def bench_symlm(cfg: DecodeConfig, device: torch.device, progress: Callable[[str
         progress(f"[decode] symlm pair t={t}")
         cases = {}
         for name, model in models.items():
-            def prefill(model=model):
+            def prefill(model=model, prompt=prompt):
                 cache = model.new_cache()
                 model(prompt, cache=cache)
                 return cache
 
-            cases[name] = (prefill, lambda cache, model=model: model(nxt, cache=cache), _no_bytes)
+            def step(cache, model=model, nxt=nxt):
+                model(nxt, cache=cache)
+
+            cases[name] = (prefill, step, _no_bytes)
         with torch.no_grad():
             measured = _measure_pair(cases, cfg.tokens, device)
         rows += [{"family": "symlm", "model": name, "context": t, **row} for name, row in measured.items()]
@@ -175,10 +183,10 @@ def bench_hf(cfg: DecodeConfig, device: torch.device, progress: Callable[[str], 
         progress(f"[decode] hf pair t={t}")
         cases = {}
         for name, model in models.items():
-            def prefill(model=model):
+            def prefill(model=model, prompt=prompt):
                 return model(prompt, use_cache=True).past_key_values
 
-            def step(cache, model=model):
+            def step(cache, model=model, nxt=nxt):
                 model(nxt, past_key_values=cache, use_cache=True)
 
             cases[name] = (prefill, step, rpc_hf.decoding_cache_bytes)
