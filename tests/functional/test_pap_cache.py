@@ -159,6 +159,8 @@ def test_uncachable_options_are_refused():
     k, v = _kv()
     with pytest.raises(ValueError, match="leaks future tokens"):
         RF.pap_prefill(k, v, mu_mode="global")
+    with pytest.raises(ValueError, match="tol=0.01 stops PAP"):
+        RF.pap_prefill(k, v, tol=0.01)
     with pytest.raises(ValueError, match="target_fraction"):
         RF.pap_prefill(k, v, threshold="target_fraction", lambd=0.1)
     _, _, cache = RF.pap_prefill(k[:, :, :4], v[:, :, :4], n_iter=2)

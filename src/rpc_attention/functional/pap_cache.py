@@ -171,7 +171,7 @@ class PAPCache:
 def pap_prefill(k: Tensor, v: Tensor, *, n_iter: int = 6, lambd: float = 4.0, key_valid: Optional[Tensor] = None,
                 attn_mask: Optional[Tensor] = None, scale: Optional[float] = None, model_dim: Optional[int] = None, threshold: str = "lambda_mu",
                 mu_mode: Optional[str] = "causal", dropout_p: float = 0.0, fused: bool = True,
-                final_attention: bool = True) -> Tuple[Optional[Tensor], PAPState, PAPCache]:
+                final_attention: bool = True, tol: Optional[float] = None) -> Tuple[Optional[Tensor], PAPState, PAPCache]:
     """Causal PAP over a prompt (the definition, :func:`~.pap.pap_loop`) and the cache to continue it.
 
     Args:
@@ -185,9 +185,14 @@ def pap_prefill(k: Tensor, v: Tensor, *, n_iter: int = 6, lambd: float = 4.0, ke
         n_iter, lambd, scale, model_dim, threshold, mu_mode: as :func:`~.pap.pap_attention` with
             ``is_causal=True``; ``mu_mode`` must be causal.
         final_attention: False stops after the final K2 (:func:`~.pap.pap_decompose`).
+        tol: accepted only as None: an early stop on a norm over the whole sequence cannot be
+            continued position by position (ValueError otherwise).
     Returns ``(out, state, cache)``: PAP's output (None without the final attention), its
     :class:`~.pap.PAPState` and a :class:`PAPCache` holding every pass's cleaned keys.
     """
+    if tol is not None:
+        raise ValueError(f"tol={tol!r} stops PAP on a norm over the whole sequence, which a decoding cache cannot "
+                         "continue position by position; use tol=None for cached decoding")
     mu_mode = check_pap_options(n_iter=n_iter, lambd=lambd, threshold=threshold, mu_mode=mu_mode,
                                 is_causal=True, model_dim=model_dim)
     if mu_mode not in CAUSAL_MU_MODES:  # unreachable after the check above; kept for the reader
