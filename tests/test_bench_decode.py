@@ -38,3 +38,15 @@ def test_unknown_configuration_is_refused():
 def test_tensor_bytes_follows_nested_caches():
     t = torch.zeros(2, 3)
     assert bd._tensor_bytes([{"a": t, "b": [t, torch.zeros(4, dtype=torch.float64)]}]) == 24 + 32
+
+
+def test_cli_runs_the_decoding_benchmark_and_refuses_options_it_ignores(tmp_path, capsys):
+    pytest.importorskip("transformers")
+    from rpc_attention.cli import main
+
+    assert main(["bench", "--only", "decode", "--smoke", "--repeats", "1", "--out", str(tmp_path)]) == 2
+    assert "--repeats do(es) nothing with --only decode" in capsys.readouterr().err
+    assert not list(tmp_path.iterdir())
+    assert main(["bench", "--only", "decode", "--smoke", "--out", str(tmp_path)]) == 0
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["bench-decode-smoke-cpu.json", "bench-decode-smoke-cpu.md"]
+    assert "| llama-rpc / llama-sdpa | 32 |" in capsys.readouterr().out

@@ -48,6 +48,12 @@ def run(args: argparse.Namespace, heap: Optional["HeapControl"] = None) -> int:
     if args.only == "decode":
         from ..bench_decode import main_decode
 
+        unused = [flag for flag, given in (("--repeats", args.repeats is not None), ("--no-compile", args.no_compile),
+                                           ("--no-memory", args.no_memory)) if given]
+        if unused:
+            raise UserError(f"{', '.join(unused)} do(es) nothing with --only decode (it times single tokens after a prefill "
+                            "and reports cache sizes); leave them out")
+
         main_decode("smoke" if args.smoke else "quick" if args.quick else "full", device, args.out)
         return 0
     cfg = bench.config("smoke" if args.smoke else "quick" if args.quick else "full")
