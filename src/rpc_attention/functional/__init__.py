@@ -7,6 +7,7 @@ no second copy of the PAP algorithm anywhere. Tensors are shaped ``(batch, heads
 - :mod:`.pap`: PAP's definition (:func:`pap_loop`, the plain loop), its options, mu and tau,
   and the entry points :func:`pap_attention` and :func:`pap_decompose`.
 - :mod:`.pap_fused`: the fused fast path beside it, with its derivation and hand-written backward.
+- :mod:`.pap_cache`: cached decoding for causal PAP (:func:`pap_prefill`, :class:`PAPCache`).
 """
 
 from .attention import as_bool_mask, attention, scaled_attention_alpha, scaled_attention_s, symmetric_attention
@@ -20,11 +21,15 @@ from .pap import (
     soft_shrink,
     sparse_activity,
 )
+from .pap_cache import PAPCache, append_rows, pap_prefill
 
 # The public kernels. The plumbing behind pap_attention (prepare_pap, PAPProblem, pap_loop,
 # sparse_term_activity) is imported from rpc_attention.functional.pap by the code that builds on it.
 __all__ = [
     "PAPState",
+    "PAPCache",
+    "pap_prefill",
+    "append_rows",
     "THRESHOLDS",
     "MU_MODES",
     "as_bool_mask",
