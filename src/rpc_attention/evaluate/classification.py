@@ -14,13 +14,22 @@ from typing import Any, Dict, List, Mapping, Optional
 import torch
 from torch import nn
 
-from .attacks import SPACES, InputSpace, make_attack
+from .attacks import SPACES, InputSpace, get_attack, make_attack
 from .inputs import data_name, eval_batches, eval_indices, norm_stats, num_classes_of
 from .per_example import PerExample
 from .predict import top1_hits, topk_correct
-from .suites import register_suite
+from .suites import Column, Cost, StudyUse, register_suite
 
 SWEEP = "1:6/255"
+
+# The summary metrics of these suites (percent); an eps sweep adds ``top1@<eps>`` per budget.
+TOP1, TOP5, ERROR = "top1", "top5", "error"
+CLEAN_TOP1, MEAN_TOP1 = "clean_top1", "mean_top1"
+
+
+def top1_at(eps_label: str) -> str:
+    """The metric of top-1 under attack at one budget, e.g. ``top1_at("1/255")`` = ``"top1@1/255"``."""
+    return f"{TOP1}@{eps_label}"
 
 
 def _data_record(cfg: Mapping[str, Any], n: int, split: str = "test") -> Dict[str, Any]:
@@ -45,9 +54,9 @@ def clean_suite(model: nn.Module, cfg: Mapping[str, Any], run_dir, opts: Dict[st
         hits[5] += topk_correct(logits, yb, (5,))[5]
     if n == 0:
         raise ValueError("the evaluation split is empty")
-    m = {"top1": 100.0 * hits[1] / n, "top5": 100.0 * hits[5] / n, "error": 100.0 - 100.0 * hits[1] / n}
-    record.metric("top1", ["clean"])
-    record.metric("error", ["clean"], error=True)
+    m = {TOP1: 100.0 * hits[1] / n, TOP5: 100.0 * hits[5] / n, ERROR: 100.0 - 100.0 * hits[1] / n}
+    record.metric(TOP1, ["clean"])
+    record.metric(ERROR, ["clean"], error=True)
     return {"metrics": m, "data": _data_record(cfg, n), "n_examples": n, "per_example": record.as_dict(),
             "protocol": "top-1/top-5 accuracy (%) on the un-attacked evaluation split"}
 
@@ -75,7 +84,7 @@ def _clean_pass(model: nn.Module, cfg: Mapping[str, Any], space_name: str, batch
         right = top1_hits(logits, yb)
         record.add("clean", right)
         right_total += int(right.sum())
-    record.metric("clean_top1", ["clean"])
+    record.metric(CLEAN_TOP1, ["clean"])
     return space, right_total, n_out
 
 
@@ -94,7 +103,7 @@ def _attack_suite(name: str, protocol: str, norm: str):
         scorer = space.space_model()
         n_classes = num_classes_of(model, cfg) or int(n_out)
         eps_list: List[Optional[float]] = list(opts["eps"]) if "eps" in opts else [None]
-        rows, metrics = [], {"clean_top1": 100.0 * clean_right / n}
+        rows, metrics = [], {CLEAN_TOP1: 100.0 * clean_right / n}
         for eps in eps_list:
             attack = make_attack(name, space, eps, opts, n_classes=n_classes)
             hit1 = hit5 = 0
@@ -125,21 +134,15 @@ def _attack_suite(name: str, protocol: str, norm: str):
             row.update({"top1": 100.0 * hit1 / n, "top5": 100.0 * hit5 / n,
                         "max_linf": max_linf, f"mean_{'l1' if norm == 'L1' else 'l2'}": float(nrm.mean())})
             rows.append(row)
-            key = "top1" if eps is None else f"top1@{label}"
+            key = TOP1 if eps is None else top1_at(label)
             metrics[key] = row["top1"]
             record.metric(key, [label if eps is not None else "attacked"])
             if out_of_range > 1e-6:  # cannot happen in pixel space; recorded if it ever does
                 metrics["pixel_range_violation"] = out_of_range
         if len(eps_list) > 1:
-            metrics["mean_top1"] = sum(r["top1"] for r in rows) / len(rows)
-            record.metric("mean_top1", [r["eps"] for r in rows])
-        proto = protocol
-        if name == "autoattack":
-            std = {"steps": 100, "targets": 9, "n_queries": 5000}
-            cut = {k: opts.get(k) for k in std if opts.get(k) != std[k]}
-            if cut:
-                proto = ("reduced-budget AutoAttack (APGD-CE, APGD-T, FAB-T, Square; "
-                         + ", ".join(f"{k}={v} instead of {std[k]}" for k, v in cut.items()) + ")")
+            metrics[MEAN_TOP1] = sum(r["top1"] for r in rows) / len(rows)
+            record.metric(MEAN_TOP1, [r["eps"] for r in rows])
+        proto = get_attack(name).protocol(opts) or protocol
         settings = {"norm": norm, "eps_units": "pixel [0,1]" if space.name == "pixel" else "normalised",
                     "clipping": "[0,1]" if space.name == "pixel" else "none"}
         return {"metrics": metrics, "rows": rows, "data": _data_record(cfg, n), "n_examples": n,
@@ -150,38 +153,59 @@ def _attack_suite(name: str, protocol: str, norm: str):
 
 
 _SPACE = {"space": "pixel", "official_margin": 1.0}
+_CLEAN_COLUMNS = tuple(
+    c for table in ("vision", "fan", "scaled") for c in (
+        Column(table, TOP1, "clean top-1 (%)", paper={"vision": "clean", "fan": "fan_clean"}.get(table)),
+        Column(table, TOP5, "clean top-5 (%)")))
+_STRONG = StudyUse(limit="strong_attack_limit")
+_SWEEP_METRICS = (CLEAN_TOP1, MEAN_TOP1)
 
-register_suite("clean", clean_suite, defaults={}, description="clean top-1/top-5 accuracy")
+register_suite("clean", clean_suite, defaults={}, description="clean top-1/top-5 accuracy",
+               metrics=(TOP1, TOP5, ERROR), cost=Cost(1, 0), columns=_CLEAN_COLUMNS)
 register_suite(
     "fgsm", _attack_suite("fgsm", "FGSM (torchattacks), untargeted, cross-entropy", "Linf"),
-    defaults={"eps": SWEEP, **_SPACE}, description="FGSM L-inf sweep")
+    defaults={"eps": SWEEP, **_SPACE}, description="FGSM L-inf sweep",
+    metrics=_SWEEP_METRICS, cost=Cost(7, 6, per_eps=1), curve=True,
+    columns=(Column("vision", MEAN_TOP1, "FGSM top-1, mean over eps (%)", paper="fgsm"),
+             Column("fan", MEAN_TOP1, "FGSM top-1, mean over eps (%)")),
+    study=StudyUse(limit="attack_limit", sweep=True))
 register_suite(
     "pgd", _attack_suite("pgd", "PGD L-inf (torchattacks), untargeted, cross-entropy, random start", "Linf"),
     defaults={"eps": SWEEP, "steps": 20, "step_ratio": 0.15, "random_start": True, "limit": 1000, **_SPACE},
-    description="PGD L-inf sweep, 20 steps of 0.15 eps, random start")
-register_suite(
-    "spsa", _attack_suite("spsa", "SPSA L-inf (torchattacks, gradient-free, margin loss, Adam)", "Linf"),
-    defaults={"eps": "1/255", "steps": 10, "n_samples": 128, "delta": 0.01, "lr": 0.01, "max_batch_size": 64,
-              "limit": 1000, **_SPACE},
-    description="SPSA gradient-free L-inf attack")
-register_suite(
-    "sld", _attack_suite("sld", "sparse L1 descent (ours, cleverhans algorithm), cross-entropy", "L1"),
-    defaults={"eps": "10", "steps": 20, "step_size": 1.0, "grad_sparsity": 99.0, "rand_init": False,
-              "clip_grad": False, "limit": 1000, **_SPACE},
-    description="sparse L1 descent (L1 ball)")
-register_suite(
-    "cw", _attack_suite("cw", "Carlini-Wagner L2 (torchattacks), unbounded, c fixed", "L2"),
-    defaults={"c": 1.0, "kappa": 0.0, "steps": 50, "lr": 0.01, "limit": 1000, **_SPACE},
-    description="Carlini-Wagner L2 (no budget: report accuracy and mean L2)")
-register_suite(
-    "noise", _attack_suite("noise", "uniform L-inf noise U(-eps, eps) (ours), seeded", "Linf"),
-    defaults={"eps": SWEEP, **_SPACE}, description="uniform noise sweep")
-register_suite(
-    "square", _attack_suite("square", "Square attack L-inf (torchattacks), margin loss", "Linf"),
-    defaults={"eps": "1/255", "n_queries": 5000, "p_init": 0.8, "limit": 1000, **_SPACE},
-    description="Square attack (score-based, L-inf)")
+    description="PGD L-inf sweep, 20 steps of 0.15 eps, random start",
+    metrics=_SWEEP_METRICS, cost=Cost(7, 6 * 20, per_eps=20), curve=True,
+    columns=(Column("vision", MEAN_TOP1, "PGD top-1, mean over eps (%)", paper="pgd"),
+             Column("fan", MEAN_TOP1, "PGD top-1, mean over eps (%)")),
+    study=StudyUse(limit="attack_limit", sweep=True, steps=True))
 register_suite(
     "autoattack",
     _attack_suite("autoattack", "AutoAttack standard: APGD-CE, APGD-T, FAB-T, Square (torchattacks components)", "Linf"),
     defaults={"eps": "1/255", "steps": 100, "targets": 9, "n_queries": 5000, "limit": 1000, **_SPACE},
-    description="AutoAttack (standard version), L-inf")
+    description="AutoAttack (standard version), L-inf", metrics=(CLEAN_TOP1, top1_at("1/255")), cost=Cost(1, 400),
+    columns=(Column("vision", top1_at("1/255"), "AutoAttack top-1 (%)", paper="autoattack"),), study=_STRONG)
+register_suite(
+    "square", _attack_suite("square", "Square attack L-inf (torchattacks), margin loss", "Linf"),
+    defaults={"eps": "1/255", "n_queries": 5000, "p_init": 0.8, "limit": 1000, **_SPACE},
+    description="Square attack (score-based, L-inf)", metrics=(CLEAN_TOP1, top1_at("1/255")), cost=Cost(1000, 0),
+    columns=(Column("vision", top1_at("1/255"), "Square top-1 (%)", paper="square"),), study=_STRONG)
+register_suite(
+    "noise", _attack_suite("noise", "uniform L-inf noise U(-eps, eps) (ours), seeded", "Linf"),
+    defaults={"eps": SWEEP, **_SPACE}, description="uniform noise sweep",
+    metrics=_SWEEP_METRICS, cost=Cost(7, 0, per_eps=0), curve=True,
+    columns=(Column("vision", MEAN_TOP1, "uniform noise top-1 (%)"),), study=_STRONG)
+register_suite(
+    "spsa", _attack_suite("spsa", "SPSA L-inf (torchattacks, gradient-free, margin loss, Adam)", "Linf"),
+    defaults={"eps": "1/255", "steps": 10, "n_samples": 128, "delta": 0.01, "lr": 0.01, "max_batch_size": 64,
+              "limit": 1000, **_SPACE},
+    description="SPSA gradient-free L-inf attack", metrics=(CLEAN_TOP1, top1_at("1/255")),
+    cost=Cost(1, 2 * 128 * 10 // 8), study=_STRONG)
+register_suite(
+    "sld", _attack_suite("sld", "sparse L1 descent (ours, cleverhans algorithm), cross-entropy", "L1"),
+    defaults={"eps": "10", "steps": 20, "step_size": 1.0, "grad_sparsity": 99.0, "rand_init": False,
+              "clip_grad": False, "limit": 1000, **_SPACE},
+    description="sparse L1 descent (L1 ball)", metrics=(CLEAN_TOP1, top1_at("10")), cost=Cost(2, 20), study=_STRONG)
+register_suite(
+    "cw", _attack_suite("cw", "Carlini-Wagner L2 (torchattacks), unbounded, c fixed", "L2"),
+    defaults={"c": 1.0, "kappa": 0.0, "steps": 50, "lr": 0.01, "limit": 1000, **_SPACE},
+    description="Carlini-Wagner L2 (no budget: report accuracy and mean L2)", metrics=(CLEAN_TOP1, TOP1),
+    cost=Cost(2, 50), study=_STRONG)

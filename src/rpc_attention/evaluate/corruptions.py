@@ -31,7 +31,11 @@ from ._imagecorruptions_compat import CORRUPTIONS, available as imagecorruptions
 from .inputs import Normalized, cfg_value, data_name, eval_indices, load_eval_data, norm_stats
 from .per_example import PerExample
 from .predict import chunks, progress, top1_hits
-from .suites import register_suite
+from .suites import Column, Cost, StudyUse, register_suite
+
+# The summary metrics (percent): mean error over corruptions x severities, its mCE (normalised by a
+# baseline run or AlexNet) and the clean error of the same examples.
+MEAN_CORRUPTION_ERROR, MCE, CLEAN_ERROR, RELATIVE_MCE = "mean_corruption_error", "mCE", "clean_error", "relative_mCE"
 
 __all__ = ["CORRUPTIONS", "ALEXNET_ERRORS", "corrupt_images", "mce", "MIN_SIZE"]
 
@@ -195,20 +199,20 @@ def _normalised(mean_err: Dict[str, float], clean_err: Optional[float], names: L
     rel: Dict[str, float] = {}
     norm_by = None
     if dname.lower().startswith("imagenet") and not opts.get("baseline"):
-        ce, metrics["mCE"] = mce(mean_err, ALEXNET_ERRORS)
+        ce, metrics[MCE] = mce(mean_err, ALEXNET_ERRORS)
         norm_by = "AlexNet (Hendrycks & Dietterich 2019)"
     elif opts.get("baseline"):
         base = _baseline(str(opts["baseline"]), names, n, opts.get("seed"))
         base_err = {c: float(np.mean(base["errors"][c])) for c in names}
-        ce, metrics["mCE"] = mce(mean_err, base_err)
+        ce, metrics[MCE] = mce(mean_err, base_err)
         norm_by = f"baseline run {opts['baseline']}"
-        base_clean = base.get("metrics", {}).get("clean_error")
+        base_clean = base.get("metrics", {}).get(CLEAN_ERROR)
         if clean_err is not None and base_clean is not None:
             bc = base_clean / 100.0
             for c in names:
                 denom = base_err[c] - bc
                 rel[c] = (mean_err[c] - clean_err) / denom if abs(denom) > 1e-12 else float("nan")
-            metrics["relative_mCE"] = 100.0 * float(np.nanmean(list(rel.values())))
+            metrics[RELATIVE_MCE] = 100.0 * float(np.nanmean(list(rel.values())))
     return ce, rel, norm_by
 
 
@@ -278,14 +282,14 @@ def corruptions_suite(model: nn.Module, cfg: Mapping[str, Any], run_dir, opts: D
     bar.close()
 
     mean_err = {c: float(np.mean(v)) for c, v in errors.items()}
-    metrics: Dict[str, float] = {"mean_corruption_error": 100.0 * float(np.mean(list(mean_err.values())))}
+    metrics: Dict[str, float] = {MEAN_CORRUPTION_ERROR: 100.0 * float(np.mean(list(mean_err.values())))}
     if clean_err is not None:
-        metrics["clean_error"] = 100.0 * clean_err
+        metrics[CLEAN_ERROR] = 100.0 * clean_err
     ce, rel, norm_by = _normalised(mean_err, clean_err, names, n, dname, opts, metrics)
     extra: Dict[str, Any] = {}
     if record is not None:
-        record.metric("clean_error", ["clean"], error=True)
-        record.metric("mean_corruption_error", [f"{c}@{s}" for c in names for s in SEVERITIES], error=True)
+        record.metric(CLEAN_ERROR, ["clean"], error=True)
+        record.metric(MEAN_CORRUPTION_ERROR, [f"{c}@{s}" for c in names for s in SEVERITIES], error=True)
         extra["per_example"] = record.as_dict()
     data = {"dataset": dname, "split": "test", "n_examples": n,
             "source": f"ImageNet-C tree {root}" if root else "imagecorruptions on the fly"}
@@ -302,4 +306,11 @@ def corruptions_suite(model: nn.Module, cfg: Mapping[str, Any], run_dir, opts: D
 register_suite(
     "corruptions", corruptions_suite,
     defaults={"names": list(CORRUPTIONS), "root": None, "baseline": None, "limit": 1000},
-    description="ImageNet-C style corruptions (15 x 5) and mCE", check=_check)
+    description="ImageNet-C style corruptions (15 x 5) and mCE", check=_check,
+    metrics=(MEAN_CORRUPTION_ERROR, MCE, CLEAN_ERROR, RELATIVE_MCE), cost=Cost(1, 0, corrupts=True),
+    columns=(Column("vision", MCE, "mCE, SymViT = 100 (lower better)", higher=False, paper="mce"),
+             Column("vision", MEAN_CORRUPTION_ERROR, "corruption error (%, lower better)", higher=False),
+             Column("fan", MCE, "mCE, SymFAN = 100 (lower better)", higher=False, paper="fan_mce"),
+             Column("fan", MEAN_CORRUPTION_ERROR, "corruption error (%, lower better)", higher=False)),
+    study=StudyUse(limit="corruption_limit", names="corruptions", all_names=len(CORRUPTIONS), copies=len(SEVERITIES),
+                   baseline=True))

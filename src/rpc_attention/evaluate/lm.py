@@ -23,7 +23,13 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 import numpy as np
 import torch
 
-from .suites import register_suite
+from .suites import Column, Cost, register_suite
+
+
+def ppl_metric(split: str, protocol: str, attacked: bool = False) -> str:
+    """The name of a perplexity metric, e.g. ``ppl_metric("test", "sliding")`` = ``"test_ppl_sliding"``."""
+    return f"{split}{'_attacked' if attacked else ''}_ppl_{protocol}"
+
 
 __all__ = ["sliding_windows", "score_stream", "perplexity", "corpus_for_run", "PROTOCOLS"]
 
@@ -161,7 +167,7 @@ def _ppl_rows(model, streams: Dict[str, np.ndarray], opts, label: str = "") -> T
             nll, n = score_stream(model, toks, proto, context=ctx, stride=stride,
                                   batch_size=int(opts["batch_size"]), device=opts.get("device"))
             ppl = math.exp(nll / n)
-            name = f"{split}{label}_ppl_{proto}"
+            name = ppl_metric(split, proto, attacked=bool(label))
             metrics[name] = ppl
             rows.append({"split": split, "text": label.strip("_") or "clean", "protocol": proto,
                          "context": ctx, "stride": stride if proto == "sliding" else ctx,
@@ -229,8 +235,20 @@ def wordswap_suite(model, cfg, run_dir, opts) -> Dict[str, Any]:
 
 _COMMON = {"splits": ["valid", "test"], "protocols": ["sliding", "plain"], "stride": 0, "context": 0}
 
+# The whole split is timed at once: seconds for the embedded corpus's test split (sliding window).
+_LM_COST = Cost(1, 0, full_split_s=9.5)
+_PPL_METRICS = tuple(ppl_metric(s, p) for s in _COMMON["splits"] for p in _COMMON["protocols"])
+
 register_suite("ppl", ppl_suite, tasks=("lm",), defaults=dict(_COMMON, batch_size=32),
-               description="Word-level perplexity, sliding-window and non-overlapping protocols", check=_check)
+               description="Word-level perplexity, sliding-window and non-overlapping protocols", check=_check,
+               metrics=_PPL_METRICS, cost=_LM_COST,
+               columns=(Column("lm", ppl_metric("valid", "sliding"), "valid PPL", higher=False),
+                        Column("lm", ppl_metric("test", "sliding"), "test PPL", higher=False, paper="lm_ppl")))
 register_suite("wordswap", wordswap_suite, tasks=("lm",),
                defaults=dict(_COMMON, batch_size=32, rate=0.015, token="AAA", min_one=False, clean=True),
-               description="Perplexity under the word-swap attack (1.5% of non-stopwords -> 'AAA')", check=_check)
+               description="Perplexity under the word-swap attack (1.5% of non-stopwords -> 'AAA')", check=_check,
+               metrics=tuple(ppl_metric(s, p, attacked=True) for s in _COMMON["splits"] for p in _COMMON["protocols"]),
+               cost=_LM_COST,
+               columns=(Column("lm", ppl_metric("valid", "sliding", True), "word-swap valid PPL", higher=False),
+                        Column("lm", ppl_metric("test", "sliding", True), "word-swap test PPL", higher=False,
+                               paper="lm_wordswap")))

@@ -29,7 +29,11 @@ from torch import Tensor, nn
 
 from .inputs import Normalized, cfg_value, data_name, load_eval_data, norm_stats
 from .predict import predict_logits, progress, topk_correct
-from .suites import register_suite
+from .suites import Column, Cost, StudyUse, register_suite
+
+# The OOD suite's summary metrics (percent); the masked ImageNet-A/R suites report top-1/top-5.
+AUPR, AUROC, FPR95 = "AUPR", "AUROC", "FPR95"
+TOP1, TOP5 = "top1", "top5"
 
 __all__ = ["auroc", "aupr", "fpr_at_recall", "ood_metrics", "msp_score", "read_class_list"]
 
@@ -72,8 +76,8 @@ def fpr_at_recall(scores_in: Sequence[float], scores_out: Sequence[float], recal
 
 def ood_metrics(scores_in: Sequence[float], scores_out: Sequence[float]) -> Dict[str, float]:
     """AUPR, AUROC and FPR@95 in percent (OOD positive)."""
-    return {"AUPR": 100.0 * aupr(scores_in, scores_out), "AUROC": 100.0 * auroc(scores_in, scores_out),
-            "FPR95": 100.0 * fpr_at_recall(scores_in, scores_out, 0.95)}
+    return {AUPR: 100.0 * aupr(scores_in, scores_out), AUROC: 100.0 * auroc(scores_in, scores_out),
+            FPR95: 100.0 * fpr_at_recall(scores_in, scores_out, 0.95)}
 
 
 def msp_score(logits: Tensor, classes: Optional[Sequence[int]] = None) -> Tensor:
@@ -256,7 +260,7 @@ def _masked_suite(set_name: str):
         masked = logits[:, classes]  # folder j (sorted wnids) <-> class classes[j] (sorted indices)
         hits = topk_correct(masked, y, (1, 5))
         n = len(y)
-        m = {"top1": 100.0 * hits[1] / n, "top5": 100.0 * hits[5] / n}
+        m = {TOP1: 100.0 * hits[1] / n, TOP5: 100.0 * hits[5] / n}
         return {"metrics": m, "data": {"dataset": set_name, "root": str(opts["root"]), "n_examples": n},
                 "n_examples": n, "protocol": f"top-1 on logits restricted to the {len(classes)} classes of {set_name}"}
 
@@ -265,8 +269,12 @@ def _masked_suite(set_name: str):
 
 register_suite("ood", ood_suite,
                defaults={"imagenet_o": None, "imagenet_val": None, "classes": None, "wnids": None},
-               description="OOD detection: AUPR / AUROC / FPR@95 with -max softmax", check=_ood_check)
+               description="OOD detection: AUPR / AUROC / FPR@95 with -max softmax", check=_ood_check,
+               metrics=(AUPR, AUROC, FPR95), cost=Cost(2, 0), columns=(Column("vision", AUPR, "OOD AUPR (%)", paper="ood_aupr"),),
+               study=StudyUse(limit="ood_limit", copies=2, extra_sets="ood_sets"))
 for _name in ("imagenet-a", "imagenet-r"):
     _fn, _chk = _masked_suite(_name)
     register_suite(_name, _fn, defaults={"root": None, "classes": None, "wnids": None, "imagenet_val": None},
-                   description=f"{_name} top-1 on 200-class-masked logits", check=_chk)
+                   description=f"{_name} top-1 on 200-class-masked logits", check=_chk, metrics=(TOP1, TOP5),
+                   columns=(Column("vision", TOP1, f"ImageNet-{_name[-1].upper()} top-1 (%)"),
+                            Column("fan", TOP1, f"ImageNet-{_name[-1].upper()} top-1 (%)", paper=f"fan_{_name.replace('-', '_')}")))

@@ -29,7 +29,11 @@ from torch import Tensor, nn
 
 from ..files import atomic_write
 from ._imagecorruptions_compat import CORRUPTIONS
-from .suites import register_suite
+from .suites import Column, Cost, register_suite
+
+# Summary metrics (percent); the corrupted suite reports them as corrupted_<name>, means over corruptions.
+PIXEL_ACC, MEAN_ACC, MIOU = "pixel_acc", "mean_acc", "miou"
+CORRUPTED_MIOU = "corrupted_miou"
 
 __all__ = [
     "IGNORE_INDEX", "confusion_matrix", "metrics_from_confusion", "window_of", "predict_logits", "SegEvaluator",
@@ -404,7 +408,7 @@ def seg_corruptions_suite(model: nn.Module, cfg: Mapping[str, Any], run_dir, opt
             all_pacc.append(res["pixel_acc"])
         metrics[f"miou/{name}"] = float(np.mean([r["miou"] for r in per]))
         metrics[f"mean_acc/{name}"] = float(np.mean([r["mean_acc"] for r in per]))
-    metrics["corrupted_miou"] = float(np.mean(all_miou))
+    metrics[CORRUPTED_MIOU] = float(np.mean(all_miou))
     metrics["corrupted_mean_acc"] = float(np.mean(all_macc))
     metrics["corrupted_pixel_acc"] = float(np.mean(all_pacc))
     return {
@@ -424,7 +428,11 @@ _CORR_DEFAULTS = {"split": "test", "limit": 100, "batch_size": 50, "corruptions"
 
 register_suite("seg", seg_suite, tasks=("segmentation",), defaults=_SEG_DEFAULTS,
                description="segmentation: pixel accuracy, mean accuracy, mIoU and per-class IoU (percent)",
-               check=_check_data)
+               check=_check_data, metrics=(PIXEL_ACC, MEAN_ACC, MIOU), cost=Cost(1, 0),
+               columns=(Column("seg", PIXEL_ACC, "pixel acc (%)"), Column("seg", MEAN_ACC, "mean acc (%)"),
+                        Column("seg", MIOU, "mIoU (%)", paper="seg_miou")))
 register_suite("seg-corruptions", seg_corruptions_suite, tasks=("segmentation",), defaults=_CORR_DEFAULTS,
                description="segmentation under the 15 ImageNet-C corruptions x 5 severities (labels unchanged)",
-               check=_check_corruptions)
+               check=_check_corruptions, cost=Cost(1, 0, corrupts=True),
+               metrics=(CORRUPTED_MIOU, "corrupted_mean_acc", "corrupted_pixel_acc"),
+               columns=(Column("seg", CORRUPTED_MIOU, "corrupted mIoU (%)", paper="seg_corrupt_miou"),))

@@ -30,7 +30,9 @@ from .. import nn as rnn
 from .inputs import Normalized, data_name, eval_indices, load_eval_data, norm_stats
 from .per_example import PerExample
 from .predict import top1_hits
-from .suites import register_suite
+from .suites import Column, Cost, StudyUse, register_suite
+
+MEAN_TOP1 = "mean_top1"  # mean top-1 (%) over the corrupted settings; each setting adds its own
 
 __all__ = ["salt_and_pepper", "occlude_patches", "KeyCorruption", "first_attention", "sparse_suite"]
 
@@ -191,7 +193,7 @@ def sparse_suite(model: nn.Module, cfg: Mapping[str, Any], run_dir, opts: Dict[s
         record.metric(name, [name])
         rows.append({"corruption": kind, "level": label, "top1": acc, "drop": clean - acc})
     if len(rows) > 1:
-        metrics["mean_top1"] = sum(r["top1"] for r in rows[1:]) / (len(rows) - 1)
+        metrics[MEAN_TOP1] = sum(r["top1"] for r in rows[1:]) / (len(rows) - 1)
         record.metric("mean_top1", [_metric_name(kind, level) for kind, _, level in settings])
     return {"metrics": metrics, "rows": rows, "n_examples": n, "per_example": record.as_dict(),
             "data": {"dataset": data_name(cfg), "split": "test", "n_examples": n},
@@ -219,4 +221,5 @@ register_suite(
     defaults={"salt_pepper": [0.02, 0.05, 0.10], "occlusion": [1.0, 2.0, 4.0], "occlusion_fill": 0.5,
               "key_fraction": 0.05, "key_magnitude": 5.0},
     description="sparse corruption: salt-and-pepper pixels, patch occlusion, sparse key corruption in block 1",
-    check=_check)
+    check=_check, metrics=(MEAN_TOP1,), cost=Cost(8, 0),
+    columns=(Column("vision", MEAN_TOP1, "sparse corruption top-1, mean (%)"),), study=StudyUse(limit="sparse_limit"))

@@ -40,6 +40,67 @@ __all__ = [
 COMMON_DEFAULTS: Dict[str, Any] = {"limit": None, "batch_size": 128, "seed": 0, "device": "cpu"}
 
 
+@dataclass(frozen=True)
+class Cost:
+    """What one example costs the suite, for time estimates (``reproduce --dry-run``).
+
+    ``forward`` / ``backward`` count forward and forward+backward passes per example at the suite's
+    defaults. A sweep suite (``per_eps`` set) runs one clean pass plus ``per_eps`` gradient steps per
+    budget, so a study that sets the number of budgets or steps gets ``n_eps + 1`` forward and
+    ``n_eps * steps`` backward passes. ``corrupts``: every copy of an example is corrupted first (that
+    time is added). ``full_split_s``: the suite is timed as a whole (seconds for a split of 10,000
+    examples or more) instead of per pass.
+    """
+
+    forward: int = 2
+    backward: int = 0
+    per_eps: Optional[int] = None
+    corrupts: bool = False
+    full_split_s: Optional[float] = None
+
+    def passes(self, n_eps: Optional[int] = None, steps: Optional[int] = None) -> Tuple[int, int]:
+        """``(forward, backward)`` passes per example for ``n_eps`` budgets of ``steps`` steps each."""
+        if self.per_eps is None or (n_eps is None and steps is None):
+            return self.forward, self.backward
+        n = 6 if n_eps is None else int(n_eps)
+        per = int(steps) if steps is not None else self.per_eps
+        return n + 1, per * n
+
+
+@dataclass(frozen=True)
+class Column:
+    """One column of a report table: ``table`` (vision, fan, scaled, lm, seg), the suite's ``metric``,
+    its ``header``, whether higher is better and the paper's row it is compared with (if any)."""
+
+    table: str
+    metric: str
+    header: str
+    higher: bool = True
+    paper: Optional[str] = None
+
+
+@dataclass(frozen=True)
+class StudyUse:
+    """How a reproduction study asks for the suite: which study settings feed it.
+
+    ``limit``: the study setting holding its number of examples (unset: the study's ``eval_limit``).
+    ``sweep``: it takes the study's ``eps`` sweep; ``steps``: ``<suite>.steps`` from the study setting
+    ``<suite>_steps`` when set. ``names``: a study setting listing what it runs (passed as
+    ``<suite>.names``); each name costs ``copies`` copies of an example (``all_names`` when the list is
+    empty). ``extra_sets``: a study setting of further ``--set`` items. ``baseline``: its errors are
+    normalised by the baseline model's run of the same seed.
+    """
+
+    limit: str = "eval_limit"
+    sweep: bool = False
+    steps: bool = False
+    names: Optional[str] = None
+    all_names: int = 0
+    copies: int = 1
+    extra_sets: Optional[str] = None
+    baseline: bool = False
+
+
 @dataclass
 class Suite:
     name: str
@@ -49,6 +110,11 @@ class Suite:
     description: str = ""
     check: Optional[Callable[[Mapping[str, Any], Dict[str, Any]], None]] = None  # early validation
     module: str = field(default="")
+    metrics: Tuple[str, ...] = ()          # the names of its summary metrics (constants of its module)
+    cost: Cost = Cost()
+    columns: Tuple[Column, ...] = ()       # its columns in the report's task tables
+    curve: bool = False                    # plotted in the report's accuracy-vs-budget figure
+    study: StudyUse = StudyUse()
 
 
 _SUITES: Dict[str, Suite] = {}
@@ -62,18 +128,26 @@ def register_suite(
     defaults: Optional[Mapping[str, Any]] = None,
     description: str = "",
     check: Optional[Callable[[Mapping[str, Any], Dict[str, Any]], None]] = None,
+    *,
+    metrics: Sequence[str] = (),
+    cost: Cost = Cost(),
+    columns: Sequence[Column] = (),
+    curve: bool = False,
+    study: StudyUse = StudyUse(),
 ) -> Suite:
     """Register suite ``name`` (re-registering the same name replaces it).
 
     ``defaults`` declares the suite's options and their types (list of floats for eps sweeps, int,
     float, bool, str, None for free-form); ``--set name.key=value`` then parses ``value`` like the
     default and unknown keys are rejected.  ``check(cfg, opts)`` runs before any suite starts and
-    raises ``ValueError``/``FileNotFoundError`` for bad input (missing data, ...).
+    raises ``ValueError``/``FileNotFoundError`` for bad input (missing data, ...). ``metrics``,
+    ``cost``, ``columns``, ``curve`` and ``study`` are what the estimates, the report and the studies
+    read about the suite (:class:`Cost`, :class:`Column`, :class:`StudyUse`).
     """
     if not name or any(c in name for c in " ,=/"):
         raise ValueError(f"invalid suite name {name!r}")
     suite = Suite(name, fn, tuple(tasks), dict(defaults) if defaults is not None else None, description,
-                  check, getattr(fn, "__module__", ""))
+                  check, getattr(fn, "__module__", ""), tuple(metrics), cost, tuple(columns), curve, study)
     _SUITES[name] = suite
     return suite
 
@@ -90,6 +164,12 @@ def _register_builtin_suites() -> None:
 def list_suites(task: Optional[str] = None) -> List[str]:
     _register_builtin_suites()
     return sorted(n for n, s in _SUITES.items() if task is None or task in s.tasks)
+
+
+def all_suites() -> List[Suite]:
+    """Every registered suite, in the order of registration (the report's column order)."""
+    _register_builtin_suites()
+    return list(_SUITES.values())
 
 
 def get_suite(name: str) -> Suite:

@@ -12,62 +12,33 @@ import os
 import platform
 import time
 from pathlib import Path
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Optional, Tuple
 
+from ..evaluate.suites import Column, all_suites
 from .intervals import paired_comparison
 from .lead import LEAD_RULE, lead_paragraph
 from .paper import PAPER_LABEL, PAPER_ROWS
 from .sparsity import collect_sparsity
-from .verdict import RULES_TEXT, interval_verdict, verdict
+from .verdict import NOT_MEASURED, RULES_TEXT, interval_verdict, verdict
 
 __all__ = ["collect_results", "setup_info", "metric_value", "TABLES", "LEAD_METRICS"]
 
-# Columns of the task tables, in the layout of the paper's tables: (suite, metric, header, higher, paper id)
+# The task tables, in the layout of the paper's tables; each suite contributes its own columns
+# (``Suite.columns``), in the order the suites are registered.
 TABLES: Dict[str, Dict[str, Any]] = {
-    "vision": {"title": "Image classification and robustness", "paper_scale": "ImageNet-scale", "columns": [
-        ("clean", "top1", "clean top-1 (%)", True, "clean"),
-        ("clean", "top5", "clean top-5 (%)", True, None),
-        ("fgsm", "mean_top1", "FGSM top-1, mean over eps (%)", True, "fgsm"),
-        ("pgd", "mean_top1", "PGD top-1, mean over eps (%)", True, "pgd"),
-        ("autoattack", "top1@1/255", "AutoAttack top-1 (%)", True, "autoattack"),
-        ("square", "top1@1/255", "Square top-1 (%)", True, "square"),
-        ("noise", "mean_top1", "uniform noise top-1 (%)", True, None),
-        ("corruptions", "mCE", "mCE, SymViT = 100 (lower better)", False, "mce"),
-        ("corruptions", "mean_corruption_error", "corruption error (%, lower better)", False, None),
-        ("ood", "AUPR", "OOD AUPR (%)", True, "ood_aupr"),
-        ("sparse", "mean_top1", "sparse corruption top-1, mean (%)", True, None),
-        ("imagenet-a", "top1", "ImageNet-A top-1 (%)", True, None),
-        ("imagenet-r", "top1", "ImageNet-R top-1 (%)", True, None),
-    ]},
+    "vision": {"title": "Image classification and robustness", "paper_scale": "ImageNet-scale"},
     "fan": {"title": "FAN: RPC-FAN (4iter/layer1) vs the symmetric FAN (asymmetric FAN for reference)",
-            "paper_scale": "ImageNet-scale", "columns": [
-        ("clean", "top1", "clean top-1 (%)", True, "fan_clean"),
-        ("clean", "top5", "clean top-5 (%)", True, None),
-        ("fgsm", "mean_top1", "FGSM top-1, mean over eps (%)", True, None),
-        ("pgd", "mean_top1", "PGD top-1, mean over eps (%)", True, None),
-        ("corruptions", "mCE", "mCE, SymFAN = 100 (lower better)", False, "fan_mce"),
-        ("corruptions", "mean_corruption_error", "corruption error (%, lower better)", False, None),
-        ("imagenet-a", "top1", "ImageNet-A top-1 (%)", True, "fan_imagenet_a"),
-        ("imagenet-r", "top1", "ImageNet-R top-1 (%)", True, "fan_imagenet_r"),
-    ]},
-    "scaled": {"title": "Scaled Attention vs the asymmetric softmax baseline", "columns": [
-        ("clean", "top1", "clean top-1 (%)", True, None),
-        ("clean", "top5", "clean top-5 (%)", True, None),
-    ]},
-    "lm": {"title": "Language modelling (word-level perplexity, lower is better)", "paper_scale": "WikiText-103",
-           "columns": [
-        ("ppl", "valid_ppl_sliding", "valid PPL", False, None),
-        ("ppl", "test_ppl_sliding", "test PPL", False, "lm_ppl"),
-        ("wordswap", "valid_attacked_ppl_sliding", "word-swap valid PPL", False, None),
-        ("wordswap", "test_attacked_ppl_sliding", "word-swap test PPL", False, "lm_wordswap"),
-    ]},
-    "seg": {"title": "Segmentation (composed Fashion-MNIST scenes)", "paper_scale": "ADE20K", "columns": [
-        ("seg", "pixel_acc", "pixel acc (%)", True, None),
-        ("seg", "mean_acc", "mean acc (%)", True, None),
-        ("seg", "miou", "mIoU (%)", True, "seg_miou"),
-        ("seg-corruptions", "corrupted_miou", "corrupted mIoU (%)", True, "seg_corrupt_miou"),
-    ]},
+            "paper_scale": "ImageNet-scale"},
+    "scaled": {"title": "Scaled Attention vs the asymmetric softmax baseline"},
+    "lm": {"title": "Language modelling (word-level perplexity, lower is better)", "paper_scale": "WikiText-103"},
+    "seg": {"title": "Segmentation (composed Fashion-MNIST scenes)", "paper_scale": "ADE20K"},
 }
+
+
+def table_columns(table: str) -> List[Tuple[str, Column]]:
+    """``(suite name, column)`` of every registered suite's columns in ``table``."""
+    return [(s.name, c) for s in all_suites() for c in s.columns if c.table == table]
+
 
 # What the lead paragraph compares for every RPC model against its family's baseline:
 # (family, suite, metric, what it is, higher is better)
@@ -80,16 +51,11 @@ LEAD_METRICS = [
     ("lm", "ppl", "test_ppl_sliding", "test perplexity", False),
 ]
 
-# metric aliases, so the report survives small renames in the suites' outputs
-ALIASES = {"mIoU": ["miou"], "miou": ["mIoU"], "aupr": ["AUPR"], "AUPR": ["aupr"],
-           "ppl": ["test_ppl_sliding", "test_ppl"], "corrupted_miou": ["corrupted_mIoU"]}
-
-
 def metric_value(metrics: Dict[str, Any], name: str) -> Optional[float]:
-    for k in [name] + ALIASES.get(name, []):
-        v = metrics.get(k)
-        if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(float(v)):
-            return float(v)
+    """The finite number a suite recorded as ``name``, or None."""
+    v = metrics.get(name)
+    if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(float(v)):
+        return float(v)
     return None
 
 
@@ -248,7 +214,7 @@ def _collect_tables(res: Dict[str, Any], study) -> None:
         keys = [m.key for m in study.models if m.family == tname]
         if not keys:
             continue
-        cols = [c for c in spec["columns"] if c[0] in res["evals"]]
+        cols = [(s, c.metric, c.header, c.higher, c.paper) for s, c in table_columns(tname) if s in res["evals"]]
         if not cols:
             continue
         rows = []
@@ -336,7 +302,7 @@ def _collect_claims(res: Dict[str, Any], study, per_example: Dict[str, Any]) -> 
         intervals = compare_models(res, per_example, c.suite, c.metric, c.baseline, c.rpc)
         pooled = (intervals.get("bootstrap") or {}).get("pooled")
         rule = "margin"
-        if v["verdict"] != "not measured" and pooled is not None:
+        if v["verdict"] != NOT_MEASURED and pooled is not None:
             v.update(interval_verdict(intervals["seed_ci"], pooled, c.higher, v["effect"]["margin"]))
             rule = "intervals"
         reason = v["reason"]

@@ -12,6 +12,7 @@ import re
 from pathlib import Path
 from typing import Any, Dict, List, Optional
 
+from ..evaluate.suites import all_suites
 from ..files import atomic_savefig
 
 __all__ = ["make_figures"]
@@ -62,7 +63,7 @@ def _mean_std(vals: List[float]):
 
 
 def attack_curves(res: Dict[str, Any], out_dir: Path) -> List[dict]:
-    suites = [s for s in ("fgsm", "pgd", "noise") if s in res["evals"]]
+    suites = [s.name for s in all_suites() if s.curve and s.name in res["evals"]]
     curves = {}
     for suite in suites:
         for key, per_seed in res["evals"][suite].items():

@@ -83,7 +83,7 @@ def _claims_clause(res: Dict[str, Any]) -> str:
     if not claims:
         return ""
     groups = [(REPRODUCED, "supported at this scale"), (NOT_REPRODUCED, "not reproduced"),
-              (INCONCLUSIVE, "inconclusive"), (NOT_MEASURED, "not measured")]
+              (INCONCLUSIVE, "inconclusive"), (NOT_MEASURED, NOT_MEASURED)]
     parts = []
     for v, words in groups:
         titles = [c["title"] for c in claims if c["verdict"] == v]

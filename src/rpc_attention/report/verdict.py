@@ -16,6 +16,7 @@ import math
 from dataclasses import dataclass
 from typing import Any, Dict, Optional, Sequence
 
+from ..markdown import NOT_MEASURED
 from .intervals import RESAMPLES
 
 __all__ = ["REPRODUCED", "NOT_REPRODUCED", "INCONCLUSIVE", "NOT_MEASURED", "Effect", "effect", "verdict",
@@ -24,7 +25,6 @@ __all__ = ["REPRODUCED", "NOT_REPRODUCED", "INCONCLUSIVE", "NOT_MEASURED", "Effe
 REPRODUCED = "reproduced"
 NOT_REPRODUCED = "not reproduced"
 INCONCLUSIVE = "inconclusive at this scale"
-NOT_MEASURED = "not measured"
 
 # With one seed there is no noise estimate: RPC counts as clearly worse only if it trails by more than
 # SINGLE_SEED_FACTOR x margin.

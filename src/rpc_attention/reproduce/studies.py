@@ -16,6 +16,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence
 
 from ..overrides import parse_assignments, parse_number, parse_value, unknown_key
 from . import estimates as E
+from ..evaluate.suites import get_suite
 from .pipeline import Stage
 
 __all__ = ["ModelSpec", "EvalSpec", "ClaimSpec", "Study", "STUDIES", "get_study", "build_stages",
@@ -158,7 +159,7 @@ VISION_CLAIMS = [
     ("fgsm", "RPC (6 iters, layer 1) is more accurate under FGSM (mean over eps)", "fgsm", "mean_top1", "rpc6", True, 1.0),
     ("pgd", "RPC (2 iters, all layers) is more accurate under PGD (mean over eps)", "pgd", "mean_top1", "rpc2all", True, 1.0),
     ("mce", "RPC (6 iters, layer 1) lowers the corruption error (mCE relative to SymViT)", "corruptions", "mCE", "rpc6", False, 1.0),
-    ("ood_aupr", "RPC (layer 1) detects out-of-distribution inputs better (AUPR)", "ood", "aupr", "rpc6", True, 1.0),
+    ("ood_aupr", "RPC (layer 1) detects out-of-distribution inputs better (AUPR)", "ood", "AUPR", "rpc6", True, 1.0),
 ]
 
 
@@ -276,33 +277,35 @@ def _lm_models(s: Dict[str, Any], seeds: List[int]) -> List[ModelSpec]:
 
 
 def _vision_evals(s: Dict[str, Any], keys: List[str], suites: Sequence[str]) -> List[EvalSpec]:
-    lim = s.get("eval_limit")
-    attack_lim = s.get("attack_limit") or lim
-    eps = s["eps"]
-    n_eps = len(str(eps).split(",")) if ":" not in str(eps) else 6
+    """The evaluations of ``suites`` on the models ``keys``, each asked for as the suite says
+    (:class:`~rpc_attention.evaluate.suites.StudyUse`): its example limit, sweep, names and copies."""
     out = []
-    for suite in suites:
-        if suite == "clean":
-            out.append(EvalSpec("clean", keys, [], lim))
-        elif suite in ("fgsm", "pgd"):
-            sets = [f"{suite}.eps={eps}"]
-            steps = int(s["pgd_steps"]) if suite == "pgd" and s.get("pgd_steps") else None
-            if steps:
-                sets.append(f"pgd.steps={steps}")
-            out.append(EvalSpec(suite, keys, sets, attack_lim, n_eps=n_eps, steps=steps))
-        elif suite == "corruptions":
-            names = s.get("corruptions") or []
-            sets = [f"corruptions.names={','.join(names)}"] if names else []
-            copies = 5 * (len(names) or 15)
-            out.append(EvalSpec("corruptions", keys, sets, s.get("corruption_limit") or lim, copies=copies,
-                                baseline_model="symvit"))
-        elif suite == "ood":
-            out.append(EvalSpec("ood", keys, list(s.get("ood_sets") or []), s.get("ood_limit") or lim, copies=2))
-        elif suite == "sparse":
-            out.append(EvalSpec("sparse", keys, [], s.get("sparse_limit") or lim))
-        else:
-            out.append(EvalSpec(suite, keys, [], s.get("strong_attack_limit") or lim))
+    for name in suites:
+        out.append(_study_eval(s, get_suite(name), keys))
     return out
+
+
+def _study_eval(s: Dict[str, Any], suite, keys: List[str]) -> EvalSpec:
+    use, name = suite.study, suite.name
+    lim = s.get(use.limit) or s.get("eval_limit")
+    sets: List[str] = []
+    n_eps = steps = None
+    if use.sweep:
+        eps = s["eps"]
+        sets.append(f"{name}.eps={eps}")
+        n_eps = len(str(eps).split(",")) if ":" not in str(eps) else 6
+    if use.steps and s.get(f"{name}_steps"):
+        steps = int(s[f"{name}_steps"])
+        sets.append(f"{name}.steps={steps}")
+    copies = use.copies
+    if use.names:
+        names = s.get(use.names) or []
+        sets += [f"{name}.names={','.join(names)}"] if names else []
+        copies = use.copies * (len(names) or use.all_names)
+    if use.extra_sets:
+        sets += list(s.get(use.extra_sets) or [])
+    return EvalSpec(name, keys, sets, lim, n_eps=n_eps, steps=steps, copies=copies,
+                    baseline_model="symvit" if use.baseline else None)
 
 
 QUICK_DEFAULTS: Dict[str, Any] = {
@@ -630,7 +633,7 @@ def build_stages(study: Study, device: Optional[str] = None) -> List[Stage]:
                 name = f"eval.{run}.{ev.suite}"
                 stages.append(Stage(name, "eval", S.eval_stage, deps=deps, params={
                     "run": run, "suite": ev.suite, "sets": sets, "limit": ev.limit, "model": key, "seed": seed},
-                    estimate_s=E.eval_estimate(ev.suite, ev.limit or 10000, m.cost, ev.copies, ev.n_eps, ev.steps),
+                    estimate_s=E.eval_estimate(get_suite(ev.suite).cost, ev.limit or 10000, m.cost, ev.copies, ev.n_eps, ev.steps),
                     description=f"{ev.suite} on {m.label} (seed {seed})"))
                 eval_names[(run, ev.suite)] = name
     for a in study.analyses:
