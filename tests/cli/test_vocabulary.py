@@ -70,7 +70,10 @@ def test_study_settings_take_yaml_values():
 
 
 def test_analysis_settings_and_eps_fractions():
-    from rpc_attention.kpca.options import AnalysisOptions, options_from_settings, parse_analysis_args
+    import argparse
+
+    from rpc_attention.kpca.options import (AnalysisOptions, add_analysis_arguments, options_from_namespace,
+                                            options_from_settings)
 
     o = options_from_settings(["limit=2", "protocol=exact", "fgsm_eps=2.5/255", "figures=false", "ema=true"])
     assert (o.limit, o.protocols, o.figures, o.ema) == (2, ("exact",), False, True)
@@ -80,7 +83,17 @@ def test_analysis_settings_and_eps_fractions():
     with pytest.raises(ValueError, match="did you mean limit"):
         options_from_settings(["limt=2"])
     with pytest.raises(ValueError, match="did you mean 2/255"):
-        parse_analysis_args(["--fgsm-eps", "2"])
+        options_from_settings(["fgsm_eps=2"])
+    with pytest.raises(ValueError, match="expected an integer"):
+        options_from_settings(["limit=two"])
+    with pytest.raises(ValueError, match="choose paper, exact or both"):
+        options_from_settings(["protocol=all"])
+    # the command line's defaults are the dataclass's
+    parser = argparse.ArgumentParser()
+    add_analysis_arguments(parser)
+    assert options_from_namespace(parser.parse_args([])) == AnalysisOptions()
+    with pytest.raises(ValueError, match="did you mean 2/255"):
+        options_from_namespace(parser.parse_args(["--fgsm-eps", "2"]))
 
 
 def test_analyze_model_kwargs_setting_needs_timm(tmp_path, capsys):
