@@ -57,16 +57,35 @@ def test_reproduce_study_and_deprecated_preset(capsys):
 
 
 def test_study_settings_take_yaml_values():
+    from dataclasses import dataclass
+    from typing import List, Optional
+
+    from rpc_attention.reproduce.specs import setting
     from rpc_attention.reproduce.studies import StudyError, parse_settings
 
-    defaults = {"seeds": [0], "eval_limit": 10, "eps": "1:6/255", "lm": True, "ratio": 0.5}
-    s = parse_settings(["seeds=[0, 1]", "eval_limit=3", "eps=0.01", "lm=false", "ratio=1/4"], defaults, "t")
-    assert s == {"seeds": [0, 1], "eval_limit": 3, "eps": "0.01", "lm": False, "ratio": 0.25}
+    @dataclass(frozen=True)
+    class Settings:
+        seeds: List[int] = setting([0])
+        eval_limit: int = 10
+        eps: str = "1:6/255"
+        lm: bool = True
+        ratio: float = 0.5
+        data_root: Optional[str] = setting(None, "data.root")
+
+    defaults = Settings()
+    s = parse_settings(["seeds=[0, 1]", "eval_limit=3", "eps=0.01", "lm=false", "ratio=1/4", "data.root=/x"],
+                       defaults, "t")
+    assert s == {"seeds": [0, 1], "eval_limit": 3, "eps": "0.01", "lm": False, "ratio": 0.25, "data.root": "/x"}
     assert parse_settings(["seeds=0,1,2"], defaults, "t")["seeds"] == [0, 1, 2]
+    assert parse_settings([], defaults, "t")["seeds"] == [0] and defaults.seeds == [0]
     with pytest.raises(StudyError, match="expected an integer"):
         parse_settings(["eval_limit=lots"], defaults, "t")
+    with pytest.raises(StudyError, match="expected an integer"):
+        parse_settings(["seeds=0,one"], defaults, "t")
     with pytest.raises(StudyError, match="expected true or false"):
         parse_settings(["lm=maybe"], defaults, "t")
+    with pytest.raises(StudyError, match="did you mean data.root"):
+        parse_settings(["data.rot=/x"], defaults, "t")
 
 
 def test_analysis_settings_and_eps_fractions():
