@@ -1,9 +1,10 @@
-"""A suite defined here (one class and one registration call) reaches every floor that asks suites:
+"""A suite defined here (one class: its options and its function; one registration call) reaches every floor that asks suites:
 `rpc-attention eval`, a study's evaluations and stages (with its cost estimate), and the report's table."""
 
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 
 import pytest
 import torch
@@ -11,13 +12,17 @@ import torch
 from rpc_attention.cli import main
 from rpc_attention.evaluate import suites as S
 from rpc_attention.evaluate.inputs import eval_batches, norm_stats
-from rpc_attention.evaluate.suites import Column, Cost, StudyUse, register_suite
+from rpc_attention.evaluate.suites import Column, CommonOptions, Cost, StudyUse, register_suite
 
 
-class WideMargin:
-    """Share (%) of the test images whose top logit beats the runner-up by more than ``gap``."""
+@dataclass(frozen=True)
+class WideMargin(CommonOptions):
+    """A toy suite: the share (%) of test images whose top logit beats the runner-up by more than ``gap``."""
 
-    def __call__(self, model, cfg, run_dir, opts):
+    gap: float = 1.0
+
+    @staticmethod
+    def run(model, cfg, run_dir, opts):
         n, batches = eval_batches(cfg, "test", opts.get("limit"), int(opts["batch_size"]), desc="wide-margin")
         wide = 0
         for xb, _ in batches():
@@ -33,7 +38,7 @@ class WideMargin:
 def toy_suite():
     saved = {s.name: s for s in S.all_suites()}
     yield register_suite(
-        "wide-margin", WideMargin(), defaults={"gap": 1.0}, description="toy suite", metrics=("wide_margin",),
+        "wide-margin", WideMargin.run, options=WideMargin, description="toy suite", metrics=("wide_margin",),
         cost=Cost(forward=3), columns=(Column("vision", "wide_margin", "wide-margin share (%)"),),
         study=StudyUse(limit="attack_limit"))
     S._SUITES.clear()

@@ -9,6 +9,7 @@ the clean accuracy of the same examples and the largest perturbation actually us
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any, Dict, List, Mapping, Optional
 
 import torch
@@ -18,7 +19,7 @@ from .attacks import SPACES, InputSpace, get_attack, make_attack
 from .inputs import data_name, eval_batches, eval_indices, norm_stats, num_classes_of
 from .per_example import PerExample
 from .predict import top1_hits, topk_correct
-from .suites import Column, Cost, StudyUse, register_suite
+from .suites import Column, CommonOptions, Cost, StudyUse, eps_option, register_suite
 
 SWEEP = "1:6/255"
 
@@ -152,7 +153,99 @@ def _attack_suite(name: str, protocol: str, norm: str):
     return fn
 
 
-_SPACE = {"space": "pixel", "official_margin": 1.0}
+@dataclass(frozen=True)
+class AttackOptions(CommonOptions):
+    """Base of the attack suites' options: each declares ``space`` (pixel or official) and ``eps``."""
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if getattr(self, "space", "pixel") not in SPACES:
+            raise ValueError(f"--set space={self.space}: choose pixel or official")
+
+
+@dataclass(frozen=True)
+class FgsmOptions(AttackOptions):
+    eps: List[float] = eps_option(SWEEP)
+    space: str = "pixel"
+    official_margin: float = 1.0
+
+
+@dataclass(frozen=True)
+class PgdOptions(AttackOptions):
+    eps: List[float] = eps_option(SWEEP)
+    steps: int = 20
+    step_ratio: float = 0.15
+    random_start: bool = True
+    limit: Optional[int] = 1000
+    space: str = "pixel"
+    official_margin: float = 1.0
+
+
+@dataclass(frozen=True)
+class SpsaOptions(AttackOptions):
+    eps: List[float] = eps_option("1/255")
+    steps: int = 10
+    n_samples: int = 128
+    delta: float = 0.01
+    lr: float = 0.01
+    max_batch_size: int = 64
+    limit: Optional[int] = 1000
+    space: str = "pixel"
+    official_margin: float = 1.0
+
+
+@dataclass(frozen=True)
+class SldOptions(AttackOptions):
+    eps: List[float] = eps_option("10")
+    steps: int = 20
+    step_size: float = 1.0
+    grad_sparsity: float = 99.0
+    rand_init: bool = False
+    clip_grad: bool = False
+    limit: Optional[int] = 1000
+    space: str = "pixel"
+    official_margin: float = 1.0
+
+
+@dataclass(frozen=True)
+class CwOptions(AttackOptions):
+    """Carlini-Wagner has no budget: no ``eps``."""
+
+    c: float = 1.0
+    kappa: float = 0.0
+    steps: int = 50
+    lr: float = 0.01
+    limit: Optional[int] = 1000
+    space: str = "pixel"
+    official_margin: float = 1.0
+
+
+@dataclass(frozen=True)
+class NoiseOptions(FgsmOptions):
+    pass
+
+
+@dataclass(frozen=True)
+class SquareOptions(AttackOptions):
+    eps: List[float] = eps_option("1/255")
+    n_queries: int = 5000
+    p_init: float = 0.8
+    limit: Optional[int] = 1000
+    space: str = "pixel"
+    official_margin: float = 1.0
+
+
+@dataclass(frozen=True)
+class AutoAttackOptions(AttackOptions):
+    eps: List[float] = eps_option("1/255")
+    steps: int = 100
+    targets: int = 9
+    n_queries: int = 5000
+    limit: Optional[int] = 1000
+    space: str = "pixel"
+    official_margin: float = 1.0
+
+
 _CLEAN_COLUMNS = tuple(
     c for table in ("vision", "fan", "scaled") for c in (
         Column(table, TOP1, "clean top-1 (%)", paper={"vision": "clean", "fan": "fan_clean"}.get(table)),
@@ -160,18 +253,18 @@ _CLEAN_COLUMNS = tuple(
 _STRONG = StudyUse(limit="strong_attack_limit")
 _SWEEP_METRICS = (CLEAN_TOP1, MEAN_TOP1)
 
-register_suite("clean", clean_suite, defaults={}, description="clean top-1/top-5 accuracy",
+register_suite("clean", clean_suite, description="clean top-1/top-5 accuracy",
                metrics=(TOP1, TOP5, ERROR), cost=Cost(1, 0), columns=_CLEAN_COLUMNS)
 register_suite(
     "fgsm", _attack_suite("fgsm", "FGSM (torchattacks), untargeted, cross-entropy", "Linf"),
-    defaults={"eps": SWEEP, **_SPACE}, description="FGSM L-inf sweep",
+    options=FgsmOptions, description="FGSM L-inf sweep",
     metrics=_SWEEP_METRICS, cost=Cost(7, 6, per_eps=1), curve=True,
     columns=(Column("vision", MEAN_TOP1, "FGSM top-1, mean over eps (%)", paper="fgsm"),
              Column("fan", MEAN_TOP1, "FGSM top-1, mean over eps (%)")),
     study=StudyUse(limit="attack_limit", sweep=True))
 register_suite(
     "pgd", _attack_suite("pgd", "PGD L-inf (torchattacks), untargeted, cross-entropy, random start", "Linf"),
-    defaults={"eps": SWEEP, "steps": 20, "step_ratio": 0.15, "random_start": True, "limit": 1000, **_SPACE},
+    options=PgdOptions,
     description="PGD L-inf sweep, 20 steps of 0.15 eps, random start",
     metrics=_SWEEP_METRICS, cost=Cost(7, 6 * 20, per_eps=20), curve=True,
     columns=(Column("vision", MEAN_TOP1, "PGD top-1, mean over eps (%)", paper="pgd"),
@@ -180,32 +273,30 @@ register_suite(
 register_suite(
     "autoattack",
     _attack_suite("autoattack", "AutoAttack standard: APGD-CE, APGD-T, FAB-T, Square (torchattacks components)", "Linf"),
-    defaults={"eps": "1/255", "steps": 100, "targets": 9, "n_queries": 5000, "limit": 1000, **_SPACE},
+    options=AutoAttackOptions,
     description="AutoAttack (standard version), L-inf", metrics=(CLEAN_TOP1, top1_at("1/255")), cost=Cost(1, 400),
     columns=(Column("vision", top1_at("1/255"), "AutoAttack top-1 (%)", paper="autoattack"),), study=_STRONG)
 register_suite(
     "square", _attack_suite("square", "Square attack L-inf (torchattacks), margin loss", "Linf"),
-    defaults={"eps": "1/255", "n_queries": 5000, "p_init": 0.8, "limit": 1000, **_SPACE},
+    options=SquareOptions,
     description="Square attack (score-based, L-inf)", metrics=(CLEAN_TOP1, top1_at("1/255")), cost=Cost(1000, 0),
     columns=(Column("vision", top1_at("1/255"), "Square top-1 (%)", paper="square"),), study=_STRONG)
 register_suite(
     "noise", _attack_suite("noise", "uniform L-inf noise U(-eps, eps) (ours), seeded", "Linf"),
-    defaults={"eps": SWEEP, **_SPACE}, description="uniform noise sweep",
+    options=NoiseOptions, description="uniform noise sweep",
     metrics=_SWEEP_METRICS, cost=Cost(7, 0, per_eps=0), curve=True,
     columns=(Column("vision", MEAN_TOP1, "uniform noise top-1 (%)"),), study=_STRONG)
 register_suite(
     "spsa", _attack_suite("spsa", "SPSA L-inf (torchattacks, gradient-free, margin loss, Adam)", "Linf"),
-    defaults={"eps": "1/255", "steps": 10, "n_samples": 128, "delta": 0.01, "lr": 0.01, "max_batch_size": 64,
-              "limit": 1000, **_SPACE},
+    options=SpsaOptions,
     description="SPSA gradient-free L-inf attack", metrics=(CLEAN_TOP1, top1_at("1/255")),
     cost=Cost(1, 2 * 128 * 10 // 8), study=_STRONG)
 register_suite(
     "sld", _attack_suite("sld", "sparse L1 descent (ours, cleverhans algorithm), cross-entropy", "L1"),
-    defaults={"eps": "10", "steps": 20, "step_size": 1.0, "grad_sparsity": 99.0, "rand_init": False,
-              "clip_grad": False, "limit": 1000, **_SPACE},
+    options=SldOptions,
     description="sparse L1 descent (L1 ball)", metrics=(CLEAN_TOP1, top1_at("10")), cost=Cost(2, 20), study=_STRONG)
 register_suite(
     "cw", _attack_suite("cw", "Carlini-Wagner L2 (torchattacks), unbounded, c fixed", "L2"),
-    defaults={"c": 1.0, "kappa": 0.0, "steps": 50, "lr": 0.01, "limit": 1000, **_SPACE},
+    options=CwOptions,
     description="Carlini-Wagner L2 (no budget: report accuracy and mean L2)", metrics=(CLEAN_TOP1, TOP1),
     cost=Cost(2, 50), study=_STRONG)

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import json
 import os
+from dataclasses import dataclass
 from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
 import numpy as np
@@ -31,7 +32,7 @@ from ._imagecorruptions_compat import CORRUPTIONS, available as imagecorruptions
 from .inputs import Normalized, cfg_value, data_name, eval_indices, load_eval_data, norm_stats
 from .per_example import PerExample
 from .predict import chunks, progress, top1_hits
-from .suites import Column, Cost, StudyUse, register_suite
+from .suites import Column, CommonOptions, Cost, StudyUse, list_option, register_suite
 
 # The summary metrics (percent): mean error over corruptions x severities, its mCE (normalised by a
 # baseline run or AlexNet) and the clean error of the same examples.
@@ -303,9 +304,19 @@ def corruptions_suite(model: nn.Module, cfg: Mapping[str, Any], run_dir, opts: D
             "errors": errors, **extra}
 
 
+@dataclass(frozen=True)
+class CorruptionOptions(CommonOptions):
+    """``names``: the corruptions; ``root``: an ImageNet-C tree instead of corrupting on the fly;
+    ``baseline``: a run whose errors normalise the mCE."""
+
+    names: List[str] = list_option(CORRUPTIONS)
+    root: Optional[str] = None
+    baseline: Optional[str] = None
+    limit: Optional[int] = 1000
+
+
 register_suite(
-    "corruptions", corruptions_suite,
-    defaults={"names": list(CORRUPTIONS), "root": None, "baseline": None, "limit": 1000},
+    "corruptions", corruptions_suite, options=CorruptionOptions,
     description="ImageNet-C style corruptions (15 x 5) and mCE", check=_check,
     metrics=(MEAN_CORRUPTION_ERROR, MCE, CLEAN_ERROR, RELATIVE_MCE), cost=Cost(1, 0, corrupts=True),
     columns=(Column("vision", MCE, "mCE, SymViT = 100 (lower better)", higher=False, paper="mce"),

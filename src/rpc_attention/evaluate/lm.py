@@ -18,12 +18,13 @@ An out-of-vocabulary ``AAA`` is encoded as ``<unk>``.
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 import numpy as np
 import torch
 
-from .suites import Column, Cost, register_suite
+from .suites import Column, CommonOptions, Cost, list_option, register_suite
 
 
 def ppl_metric(split: str, protocol: str, attacked: bool = False) -> str:
@@ -233,21 +234,40 @@ def wordswap_suite(model, cfg, run_dir, opts) -> Dict[str, Any]:
     }
 
 
-_COMMON = {"splits": ["valid", "test"], "protocols": ["sliding", "plain"], "stride": 0, "context": 0}
+@dataclass(frozen=True)
+class PplOptions(CommonOptions):
+    """``stride`` / ``context`` 0: the model's context and a quarter of it."""
+
+    splits: List[str] = list_option(["valid", "test"])
+    protocols: List[str] = list_option(["sliding", "plain"])
+    stride: int = 0
+    context: int = 0
+    batch_size: int = 32
+
+
+@dataclass(frozen=True)
+class WordSwapOptions(PplOptions):
+    rate: float = 0.015
+    token: str = "AAA"
+    min_one: bool = False
+    clean: bool = True
+
+
+_PPL = PplOptions()
 
 # The whole split is timed at once: seconds for the embedded corpus's test split (sliding window).
 _LM_COST = Cost(1, 0, full_split_s=9.5)
-_PPL_METRICS = tuple(ppl_metric(s, p) for s in _COMMON["splits"] for p in _COMMON["protocols"])
+_PPL_METRICS = tuple(ppl_metric(s, p) for s in _PPL.splits for p in _PPL.protocols)
 
-register_suite("ppl", ppl_suite, tasks=("lm",), defaults=dict(_COMMON, batch_size=32),
+register_suite("ppl", ppl_suite, tasks=("lm",), options=PplOptions,
                description="Word-level perplexity, sliding-window and non-overlapping protocols", check=_check,
                metrics=_PPL_METRICS, cost=_LM_COST,
                columns=(Column("lm", ppl_metric("valid", "sliding"), "valid PPL", higher=False),
                         Column("lm", ppl_metric("test", "sliding"), "test PPL", higher=False, paper="lm_ppl")))
 register_suite("wordswap", wordswap_suite, tasks=("lm",),
-               defaults=dict(_COMMON, batch_size=32, rate=0.015, token="AAA", min_one=False, clean=True),
+               options=WordSwapOptions,
                description="Perplexity under the word-swap attack (1.5% of non-stopwords -> 'AAA')", check=_check,
-               metrics=tuple(ppl_metric(s, p, attacked=True) for s in _COMMON["splits"] for p in _COMMON["protocols"]),
+               metrics=tuple(ppl_metric(s, p, attacked=True) for s in _PPL.splits for p in _PPL.protocols),
                cost=_LM_COST,
                columns=(Column("lm", ppl_metric("valid", "sliding", True), "word-swap valid PPL", higher=False),
                         Column("lm", ppl_metric("test", "sliding", True), "word-swap test PPL", higher=False,

@@ -19,6 +19,7 @@ ImageNet wnids in class-index order).
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 import numpy as np
@@ -29,7 +30,7 @@ from torch import Tensor, nn
 
 from .inputs import Normalized, cfg_value, data_name, load_eval_data, norm_stats
 from .predict import predict_logits, progress, topk_correct
-from .suites import Column, Cost, StudyUse, register_suite
+from .suites import Column, CommonOptions, Cost, StudyUse, register_suite
 
 # The OOD suite's summary metrics (percent); the masked ImageNet-A/R suites report top-1/top-5.
 AUPR, AUROC, FPR95 = "AUPR", "AUROC", "FPR95"
@@ -267,14 +268,34 @@ def _masked_suite(set_name: str):
     return fn, check
 
 
+@dataclass(frozen=True)
+class OodOptions(CommonOptions):
+    """Paths of ImageNet-O, the ImageNet validation folder, and the class list (or wnids) of ImageNet-O."""
+
+    imagenet_o: Optional[str] = None
+    imagenet_val: Optional[str] = None
+    classes: Optional[str] = None
+    wnids: Optional[str] = None
+
+
+@dataclass(frozen=True)
+class MaskedOptions(CommonOptions):
+    """Paths of ImageNet-A/R, its class list (or wnids), and the ImageNet validation folder."""
+
+    root: Optional[str] = None
+    classes: Optional[str] = None
+    wnids: Optional[str] = None
+    imagenet_val: Optional[str] = None
+
+
 register_suite("ood", ood_suite,
-               defaults={"imagenet_o": None, "imagenet_val": None, "classes": None, "wnids": None},
+               options=OodOptions,
                description="OOD detection: AUPR / AUROC / FPR@95 with -max softmax", check=_ood_check,
                metrics=(AUPR, AUROC, FPR95), cost=Cost(2, 0), columns=(Column("vision", AUPR, "OOD AUPR (%)", paper="ood_aupr"),),
                study=StudyUse(limit="ood_limit", copies=2, extra_sets="ood_sets"))
 for _name in ("imagenet-a", "imagenet-r"):
     _fn, _chk = _masked_suite(_name)
-    register_suite(_name, _fn, defaults={"root": None, "classes": None, "wnids": None, "imagenet_val": None},
+    register_suite(_name, _fn, options=MaskedOptions,
                    description=f"{_name} top-1 on 200-class-masked logits", check=_chk, metrics=(TOP1, TOP5),
                    columns=(Column("vision", TOP1, f"ImageNet-{_name[-1].upper()} top-1 (%)"),
                             Column("fan", TOP1, f"ImageNet-{_name[-1].upper()} top-1 (%)", paper=f"fan_{_name.replace('-', '_')}")))
