@@ -89,6 +89,31 @@ def _clean_pass(model: nn.Module, cfg: Mapping[str, Any], space_name: str, batch
     return space, right_total, n_out
 
 
+def _attacked_pass(attack, space: InputSpace, scorer: nn.Module, batches, device: str, norm: str,
+                   record: PerExample, setting: str):
+    """Attack every batch once: ``(top-1 hits, top-5 hits, largest L-inf change, per-example L1/L2
+    norms, largest excursion outside [0, 1])``; each example's correctness goes into ``record``."""
+    hit1 = hit5 = 0
+    max_linf = out_of_range = 0.0
+    norms: List[torch.Tensor] = []
+    for xb, yb in batches():
+        xb, yb = xb.to(device), yb.to(device)
+        ref = space.to_space(xb)
+        adv = attack(xb, yb)
+        with torch.no_grad():
+            logits = scorer(adv).float()
+        right = top1_hits(logits.cpu(), yb.cpu())
+        record.add(setting, right)
+        hit1 += int(right.sum())
+        hit5 += topk_correct(logits.cpu(), yb.cpu(), (5,))[5]
+        d = (adv - ref).flatten(1).float()
+        max_linf = max(max_linf, float(d.abs().max()) if d.numel() else 0.0)
+        norms.append(d.norm(p=1 if norm == "L1" else 2, dim=1).cpu())
+        if space.name == "pixel":
+            out_of_range = max(out_of_range, float((adv.min().clamp(max=0).neg())), float((adv.max() - 1).clamp(min=0)))
+    return hit1, hit5, max_linf, norms, out_of_range
+
+
 def _attack_suite(name: str, protocol: str, norm: str):
     def fn(model: nn.Module, cfg: Mapping[str, Any], run_dir, opts: Dict[str, Any]) -> Dict[str, Any]:
         device = opts["device"]
@@ -107,27 +132,10 @@ def _attack_suite(name: str, protocol: str, norm: str):
         rows, metrics = [], {CLEAN_TOP1: 100.0 * clean_right / n}
         for eps in eps_list:
             attack = make_attack(name, space, eps, opts, n_classes=n_classes)
-            hit1 = hit5 = 0
-            max_linf = 0.0
-            norms: List[torch.Tensor] = []
-            out_of_range = 0.0
             label = _eps_label(eps, norm) if space.name == "pixel" else f"{eps:g}"
             _, batches = eval_batches(cfg, "test", opts.get("limit"), bs, desc=f"{name} eps={label}")
-            for xb, yb in batches():
-                xb, yb = xb.to(device), yb.to(device)
-                ref = space.to_space(xb)
-                adv = attack(xb, yb)
-                with torch.no_grad():
-                    logits = scorer(adv).float()
-                right = top1_hits(logits.cpu(), yb.cpu())
-                record.add(label if eps is not None else "attacked", right)
-                hit1 += int(right.sum())
-                hit5 += topk_correct(logits.cpu(), yb.cpu(), (5,))[5]
-                d = (adv - ref).flatten(1).float()
-                max_linf = max(max_linf, float(d.abs().max()) if d.numel() else 0.0)
-                norms.append(d.norm(p=1 if norm == "L1" else 2, dim=1).cpu())
-                if space.name == "pixel":
-                    out_of_range = max(out_of_range, float((adv.min().clamp(max=0).neg())), float((adv.max() - 1).clamp(min=0)))
+            hit1, hit5, max_linf, norms, out_of_range = _attacked_pass(
+                attack, space, scorer, batches, device, norm, record, label if eps is not None else "attacked")
             nrm = torch.cat(norms)
             row: Dict[str, Any] = {}
             if eps is not None:
