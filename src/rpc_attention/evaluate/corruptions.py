@@ -324,4 +324,4 @@ register_suite(
              Column("fan", MCE, "mCE, SymFAN = 100 (lower better)", higher=False, paper="fan_mce"),
              Column("fan", MEAN_CORRUPTION_ERROR, "corruption error (%, lower better)", higher=False)),
     study=StudyUse(limit="corruption_limit", names="corruptions", all_names=len(CORRUPTIONS), copies=len(SEVERITIES),
-                   baseline=True))
+                   baseline=MCE))

@@ -115,8 +115,9 @@ class StudyUse:
     ``sweep``: it takes the study's ``eps`` sweep; ``steps``: ``<suite>.steps`` from the study setting
     ``<suite>_steps`` when set. ``names``: a study setting listing what it runs (passed as
     ``<suite>.names``); each name costs ``copies`` copies of an example (``all_names`` when the list is
-    empty). ``extra_sets``: a study setting of further ``--set`` items. ``baseline``: its errors are
-    normalised by the baseline model's run of the same seed.
+    empty). ``extra_sets``: a study setting of further ``--set`` items. ``baseline``: the metric it
+    normalises by the baseline model's run of the same seed (that model scores 100 on it by
+    definition), or None.
     """
 
     limit: str = "eval_limit"
@@ -126,7 +127,7 @@ class StudyUse:
     all_names: int = 0
     copies: int = 1
     extra_sets: Optional[str] = None
-    baseline: bool = False
+    baseline: Optional[str] = None
 
 
 @dataclass

@@ -14,7 +14,10 @@ import time
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Tuple
 
-from ..evaluate.suites import Column, all_suites
+from ..evaluate.classification import MEAN_TOP1, TOP1
+from ..evaluate.corruptions import MEAN_CORRUPTION_ERROR
+from ..evaluate.lm import ppl_metric
+from ..evaluate.suites import Column, all_suites, get_suite
 from .intervals import paired_comparison
 from .lead import LEAD_RULE, lead_paragraph
 from .paper import PAPER_LABEL, PAPER_ROWS
@@ -43,12 +46,12 @@ def table_columns(table: str) -> List[Tuple[str, Column]]:
 # What the lead paragraph compares for every RPC model against its family's baseline:
 # (family, suite, metric, what it is, higher is better)
 LEAD_METRICS = [
-    ("vision", "clean", "top1", "clean accuracy", True),
-    ("vision", "fgsm", "mean_top1", "FGSM accuracy", True),
-    ("vision", "pgd", "mean_top1", "PGD accuracy", True),
-    ("vision", "corruptions", "mean_corruption_error", "corruption error", False),
-    ("vision", "sparse", "mean_top1", "sparse-corruption accuracy", True),
-    ("lm", "ppl", "test_ppl_sliding", "test perplexity", False),
+    ("vision", "clean", TOP1, "clean accuracy", True),
+    ("vision", "fgsm", MEAN_TOP1, "FGSM accuracy", True),
+    ("vision", "pgd", MEAN_TOP1, "PGD accuracy", True),
+    ("vision", "corruptions", MEAN_CORRUPTION_ERROR, "corruption error", False),
+    ("vision", "sparse", MEAN_TOP1, "sparse-corruption accuracy", True),
+    ("lm", "ppl", ppl_metric("test", "sliding"), "test perplexity", False),
 ]
 
 def metric_value(metrics: Dict[str, Any], name: str) -> Optional[float]:
@@ -201,9 +204,11 @@ def _collect_evals(res: Dict[str, Any], study, status: Dict[str, Any], out_dir: 
                                   "n_examples": rec.get("n_examples"), "data": rec.get("data", {})})
                     if isinstance(rec.get("per_example"), dict):
                         per_example.setdefault(ev.suite, {}).setdefault(key, {})[str(seed)] = rec["per_example"]
-                    if ev.suite == "corruptions" and ev.baseline_model == key and "mCE" not in entry["metrics"]:
-                        entry["metrics"] = dict(entry["metrics"], mCE=100.0)  # the normalising model, by definition
-                        entry["note"] = "mCE = 100 by definition (the errors are normalised by this model's)"
+                    normalised = get_suite(ev.suite).study.baseline
+                    if ev.baseline_model == key and normalised and normalised not in entry["metrics"]:
+                        # the normalising model, by definition
+                        entry["metrics"] = dict(entry["metrics"], **{normalised: 100.0})
+                        entry["note"] = f"{normalised} = 100 by definition (the errors are normalised by this model's)"
                 res["evals"].setdefault(ev.suite, {}).setdefault(key, {})[str(seed)] = entry
     return per_example
 
