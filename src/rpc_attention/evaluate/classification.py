@@ -256,8 +256,8 @@ class AutoAttackOptions(AttackOptions):
 
 _CLEAN_COLUMNS = tuple(
     c for table in ("vision", "fan", "scaled") for c in (
-        Column(table, TOP1, "clean top-1 (%)", paper={"vision": "clean", "fan": "fan_clean"}.get(table)),
-        Column(table, TOP5, "clean top-5 (%)")))
+        Column(table, TOP1, "clean top-1 (%)", paper={"vision": "clean", "fan": "fan_clean"}.get(table), position=10),
+        Column(table, TOP5, "clean top-5 (%)", position=11)))
 _STRONG = StudyUse(limit="strong_attack_limit")
 _SWEEP_METRICS = (CLEAN_TOP1, MEAN_TOP1)
 
@@ -267,33 +267,33 @@ register_suite(
     "fgsm", _attack_suite("fgsm", "FGSM (torchattacks), untargeted, cross-entropy", "Linf"),
     options=FgsmOptions, description="FGSM L-inf sweep",
     metrics=_SWEEP_METRICS, cost=Cost(7, 6, per_eps=1), curve=True,
-    columns=(Column("vision", MEAN_TOP1, "FGSM top-1, mean over eps (%)", paper="fgsm"),
-             Column("fan", MEAN_TOP1, "FGSM top-1, mean over eps (%)")),
+    columns=(Column("vision", MEAN_TOP1, "FGSM top-1, mean over eps (%)", paper="fgsm", position=20),
+             Column("fan", MEAN_TOP1, "FGSM top-1, mean over eps (%)", position=20)),
     study=StudyUse(limit="attack_limit", sweep=True))
 register_suite(
     "pgd", _attack_suite("pgd", "PGD L-inf (torchattacks), untargeted, cross-entropy, random start", "Linf"),
     options=PgdOptions,
     description="PGD L-inf sweep, 20 steps of 0.15 eps, random start",
     metrics=_SWEEP_METRICS, cost=Cost(7, 6 * 20, per_eps=20), curve=True,
-    columns=(Column("vision", MEAN_TOP1, "PGD top-1, mean over eps (%)", paper="pgd"),
-             Column("fan", MEAN_TOP1, "PGD top-1, mean over eps (%)")),
+    columns=(Column("vision", MEAN_TOP1, "PGD top-1, mean over eps (%)", paper="pgd", position=30),
+             Column("fan", MEAN_TOP1, "PGD top-1, mean over eps (%)", position=30)),
     study=StudyUse(limit="attack_limit", sweep=True, steps=True))
 register_suite(
     "autoattack",
     _attack_suite("autoattack", "AutoAttack standard: APGD-CE, APGD-T, FAB-T, Square (torchattacks components)", "Linf"),
     options=AutoAttackOptions,
     description="AutoAttack (standard version), L-inf", metrics=(CLEAN_TOP1, top1_at("1/255")), cost=Cost(1, 400),
-    columns=(Column("vision", top1_at("1/255"), "AutoAttack top-1 (%)", paper="autoattack"),), study=_STRONG)
+    columns=(Column("vision", top1_at("1/255"), "AutoAttack top-1 (%)", paper="autoattack", position=40),), study=_STRONG)
 register_suite(
     "square", _attack_suite("square", "Square attack L-inf (torchattacks), margin loss", "Linf"),
     options=SquareOptions,
     description="Square attack (score-based, L-inf)", metrics=(CLEAN_TOP1, top1_at("1/255")), cost=Cost(1000, 0),
-    columns=(Column("vision", top1_at("1/255"), "Square top-1 (%)", paper="square"),), study=_STRONG)
+    columns=(Column("vision", top1_at("1/255"), "Square top-1 (%)", paper="square", position=50),), study=_STRONG)
 register_suite(
     "noise", _attack_suite("noise", "uniform L-inf noise U(-eps, eps) (ours), seeded", "Linf"),
     options=NoiseOptions, description="uniform noise sweep",
     metrics=_SWEEP_METRICS, cost=Cost(7, 0, per_eps=0), curve=True,
-    columns=(Column("vision", MEAN_TOP1, "uniform noise top-1 (%)"),), study=_STRONG)
+    columns=(Column("vision", MEAN_TOP1, "uniform noise top-1 (%)", position=60),), study=_STRONG)
 register_suite(
     "spsa", _attack_suite("spsa", "SPSA L-inf (torchattacks, gradient-free, margin loss, Adam)", "Linf"),
     options=SpsaOptions,

@@ -319,9 +319,9 @@ register_suite(
     "corruptions", corruptions_suite, options=CorruptionOptions,
     description="ImageNet-C style corruptions (15 x 5) and mCE", check=_check,
     metrics=(MEAN_CORRUPTION_ERROR, MCE, CLEAN_ERROR, RELATIVE_MCE), cost=Cost(1, 0, corrupts=True),
-    columns=(Column("vision", MCE, "mCE, SymViT = 100 (lower better)", higher=False, paper="mce"),
-             Column("vision", MEAN_CORRUPTION_ERROR, "corruption error (%, lower better)", higher=False),
-             Column("fan", MCE, "mCE, SymFAN = 100 (lower better)", higher=False, paper="fan_mce"),
-             Column("fan", MEAN_CORRUPTION_ERROR, "corruption error (%, lower better)", higher=False)),
+    columns=(Column("vision", MCE, "mCE, SymViT = 100 (lower better)", higher=False, paper="mce", position=70),
+             Column("vision", MEAN_CORRUPTION_ERROR, "corruption error (%, lower better)", higher=False, position=71),
+             Column("fan", MCE, "mCE, SymFAN = 100 (lower better)", higher=False, paper="fan_mce", position=70),
+             Column("fan", MEAN_CORRUPTION_ERROR, "corruption error (%, lower better)", higher=False, position=71)),
     study=StudyUse(limit="corruption_limit", names="corruptions", all_names=len(CORRUPTIONS), copies=len(SEVERITIES),
                    baseline=MCE))

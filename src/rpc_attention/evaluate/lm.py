@@ -262,13 +262,15 @@ _PPL_METRICS = tuple(ppl_metric(s, p) for s in _PPL.splits for p in _PPL.protoco
 register_suite("ppl", ppl_suite, tasks=("lm",), options=PplOptions,
                description="Word-level perplexity, sliding-window and non-overlapping protocols", check=_check,
                metrics=_PPL_METRICS, cost=_LM_COST,
-               columns=(Column("lm", ppl_metric("valid", "sliding"), "valid PPL", higher=False),
-                        Column("lm", ppl_metric("test", "sliding"), "test PPL", higher=False, paper="lm_ppl")))
+               columns=(Column("lm", ppl_metric("valid", "sliding"), "valid PPL", higher=False, position=10),
+                        Column("lm", ppl_metric("test", "sliding"), "test PPL", higher=False, paper="lm_ppl",
+                               position=11)))
 register_suite("wordswap", wordswap_suite, tasks=("lm",),
                options=WordSwapOptions,
                description="Perplexity under the word-swap attack (1.5% of non-stopwords -> 'AAA')", check=_check,
                metrics=tuple(ppl_metric(s, p, attacked=True) for s in _PPL.splits for p in _PPL.protocols),
                cost=_LM_COST,
-               columns=(Column("lm", ppl_metric("valid", "sliding", True), "word-swap valid PPL", higher=False),
+               columns=(Column("lm", ppl_metric("valid", "sliding", True), "word-swap valid PPL", higher=False,
+                               position=20),
                         Column("lm", ppl_metric("test", "sliding", True), "word-swap test PPL", higher=False,
-                               paper="lm_wordswap")))
+                               paper="lm_wordswap", position=21)))

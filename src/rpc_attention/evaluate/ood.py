@@ -291,11 +291,12 @@ class MaskedOptions(CommonOptions):
 register_suite("ood", ood_suite,
                options=OodOptions,
                description="OOD detection: AUPR / AUROC / FPR@95 with -max softmax", check=_ood_check,
-               metrics=(AUPR, AUROC, FPR95), cost=Cost(2, 0), columns=(Column("vision", AUPR, "OOD AUPR (%)", paper="ood_aupr"),),
+               metrics=(AUPR, AUROC, FPR95), cost=Cost(2, 0), columns=(Column("vision", AUPR, "OOD AUPR (%)", paper="ood_aupr", position=80),),
                study=StudyUse(limit="ood_limit", copies=2, extra_sets="ood_sets"))
-for _name in ("imagenet-a", "imagenet-r"):
+for _name, _position in (("imagenet-a", 100), ("imagenet-r", 101)):
     _fn, _chk = _masked_suite(_name)
     register_suite(_name, _fn, options=MaskedOptions,
                    description=f"{_name} top-1 on 200-class-masked logits", check=_chk, metrics=(TOP1, TOP5),
-                   columns=(Column("vision", TOP1, f"ImageNet-{_name[-1].upper()} top-1 (%)"),
-                            Column("fan", TOP1, f"ImageNet-{_name[-1].upper()} top-1 (%)", paper=f"fan_{_name.replace('-', '_')}")))
+                   columns=(Column("vision", TOP1, f"ImageNet-{_name[-1].upper()} top-1 (%)", position=_position),
+                            Column("fan", TOP1, f"ImageNet-{_name[-1].upper()} top-1 (%)",
+                                   paper=f"fan_{_name.replace('-', '_')}", position=_position)))

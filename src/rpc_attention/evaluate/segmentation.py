@@ -440,10 +440,11 @@ class SegCorruptionOptions(CommonOptions):
 register_suite("seg", seg_suite, tasks=("segmentation",), options=SegOptions,
                description="segmentation: pixel accuracy, mean accuracy, mIoU and per-class IoU (percent)",
                check=_check_data, metrics=(PIXEL_ACC, MEAN_ACC, MIOU), cost=Cost(1, 0),
-               columns=(Column("seg", PIXEL_ACC, "pixel acc (%)"), Column("seg", MEAN_ACC, "mean acc (%)"),
-                        Column("seg", MIOU, "mIoU (%)", paper="seg_miou")))
+               columns=(Column("seg", PIXEL_ACC, "pixel acc (%)", position=10),
+                        Column("seg", MEAN_ACC, "mean acc (%)", position=11),
+                        Column("seg", MIOU, "mIoU (%)", paper="seg_miou", position=12)))
 register_suite("seg-corruptions", seg_corruptions_suite, tasks=("segmentation",), options=SegCorruptionOptions,
                description="segmentation under the 15 ImageNet-C corruptions x 5 severities (labels unchanged)",
                check=_check_corruptions, cost=Cost(1, 0, corrupts=True),
                metrics=(CORRUPTED_MIOU, "corrupted_mean_acc", "corrupted_pixel_acc"),
-               columns=(Column("seg", CORRUPTED_MIOU, "corrupted mIoU (%)", paper="seg_corrupt_miou"),))
+               columns=(Column("seg", CORRUPTED_MIOU, "corrupted mIoU (%)", paper="seg_corrupt_miou", position=20),))

@@ -234,4 +234,4 @@ register_suite(
     options=SparseOptions,
     description="sparse corruption: salt-and-pepper pixels, patch occlusion, sparse key corruption in block 1",
     check=_check, metrics=(MEAN_TOP1,), cost=Cost(8, 0),
-    columns=(Column("vision", MEAN_TOP1, "sparse corruption top-1, mean (%)"),), study=StudyUse(limit="sparse_limit"))
+    columns=(Column("vision", MEAN_TOP1, "sparse corruption top-1, mean (%)", position=90),), study=StudyUse(limit="sparse_limit"))

@@ -98,13 +98,15 @@ class Cost:
 @dataclass(frozen=True)
 class Column:
     """One column of a report table: ``table`` (vision, fan, scaled, lm, seg), the suite's ``metric``,
-    its ``header``, whether higher is better and the paper's row it is compared with (if any)."""
+    its ``header``, whether higher is better, the paper's row it is compared with (if any) and its
+    ``position`` in the table (columns are sorted by it; a new suite's come last by default)."""
 
     table: str
     metric: str
     header: str
     higher: bool = True
     paper: Optional[str] = None
+    position: int = 1000
 
 
 @dataclass(frozen=True)

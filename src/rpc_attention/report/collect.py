@@ -27,7 +27,7 @@ from .verdict import NOT_MEASURED, RULES_TEXT, interval_verdict, verdict
 __all__ = ["collect_results", "setup_info", "metric_value", "TABLES", "LEAD_METRICS"]
 
 # The task tables, in the layout of the paper's tables; each suite contributes its own columns
-# (``Suite.columns``), in the order the suites are registered.
+# (``Suite.columns``), placed by their ``position``.
 TABLES: Dict[str, Dict[str, Any]] = {
     "vision": {"title": "Image classification and robustness", "paper_scale": "ImageNet-scale"},
     "fan": {"title": "FAN: RPC-FAN (4iter/layer1) vs the symmetric FAN (asymmetric FAN for reference)",
@@ -39,8 +39,9 @@ TABLES: Dict[str, Dict[str, Any]] = {
 
 
 def table_columns(table: str) -> List[Tuple[str, Column]]:
-    """``(suite name, column)`` of every registered suite's columns in ``table``."""
-    return [(s.name, c) for s in all_suites() for c in s.columns if c.table == table]
+    """``(suite name, column)`` of every registered suite's columns in ``table``, by position."""
+    return sorted([(s.name, c) for s in all_suites() for c in s.columns if c.table == table],
+                  key=lambda sc: sc[1].position)
 
 
 # What the lead paragraph compares for every RPC model against its family's baseline:
