@@ -102,3 +102,13 @@ def test_toy_suite_in_a_study_and_its_report(toy_suite, tmp_path):
     assert "wide-margin share (%)" in (tmp_path / "report.md").read_text()
     with pytest.raises(ValueError, match="unknown suite 'wide-margn'"):
         get_study("smoke", ["suites=[clean,wide-margn]"])
+
+
+def test_table_columns_are_placed_by_position_not_import_order():
+    from rpc_attention.report.collect import table_columns
+
+    assert [f"{s}:{c.metric}" for s, c in table_columns("vision")] == [
+        "clean:top1", "clean:top5", "fgsm:mean_top1", "pgd:mean_top1", "autoattack:top1@1/255",
+        "square:top1@1/255", "noise:mean_top1", "corruptions:mCE", "corruptions:mean_corruption_error", "ood:AUPR",
+        "sparse:mean_top1", "imagenet-a:top1", "imagenet-r:top1"]
+    assert [c.paper for _, c in table_columns("lm") if c.paper] == ["lm_ppl", "lm_wordswap"]
