@@ -11,6 +11,9 @@ from typing import Any, Iterable, List, Optional, Sequence
 
 __all__ = ["markdown_cell", "markdown_table", "format_seconds"]
 
+# The one spelling of a verdict or cell with no number behind it (a stage skipped or failed).
+NOT_MEASURED = "not measured"
+
 _ALIGN_RULES = {"l": "---", "r": "---:", "c": ":---:"}
 
 

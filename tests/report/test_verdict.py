@@ -114,12 +114,11 @@ def test_every_claim_of_every_study_gets_the_interval_rule(tmp_path):
     # the seed interval and the paired t test apply to any metric with >= 2 seeds; the example interval
     # needs the suite to record the claim's metric per example: a claim on a metric without one fails here
     from rpc_attention.evaluate.per_example import has_example_record
-    from rpc_attention.report.collect import ALIASES
 
     studies = _every_study(tmp_path)
     assert {s.name for s in studies} >= {"smoke", "quick", "fmnist-full", "imagenet", "wikitext103"}
     missing = [(s.name, c.id, c.suite, c.metric) for s in studies for c in s.claims
-               if not any(has_example_record(c.suite, m) for m in [c.metric] + ALIASES.get(c.metric, []))]
+               if not has_example_record(c.suite, c.metric)]
     assert not missing, f"claims without a per-example record (no example interval): {missing}"
     for s in studies:  # and the rule decides each of them from a three-seed comparison
         for c in s.claims:

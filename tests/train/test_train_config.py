@@ -217,7 +217,9 @@ def test_a_setting_without_effect_is_an_error(tmp_path, preset, override, needle
 
 
 def test_a_callback_setting_counts_only_where_the_callback_runs():
-    import rpc_attention.kpca  # noqa: F401  (registers the jproj and sparsity callbacks)
+    import rpc_attention.kpca
+
+    rpc_attention.kpca.register_callbacks()  # the jproj callback and the key it reads
 
     cfg = resolve_config("fmnist-symvit", ["train.callbacks=[jproj]", "train.jproj_examples=4"])
     assert cfg["train"]["jproj_examples"] == 4

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import json
 import os
+from dataclasses import dataclass
 from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
 import numpy as np
@@ -32,7 +33,11 @@ from ._imagecorruptions_compat import available as imagecorruptions_available
 from .inputs import Normalized, cfg_value, data_name, eval_indices, load_eval_data, norm_stats
 from .per_example import PerExample
 from .predict import chunks, progress, top1_hits
-from .suites import register_suite
+from .suites import Column, CommonOptions, Cost, StudyUse, list_option, register_suite
+
+# The summary metrics (percent): mean error over corruptions x severities, its mCE (normalised by a
+# baseline run or AlexNet) and the clean error of the same examples.
+MEAN_CORRUPTION_ERROR, MCE, CLEAN_ERROR, RELATIVE_MCE = "mean_corruption_error", "mCE", "clean_error", "relative_mCE"
 
 __all__ = ["CORRUPTIONS", "ALEXNET_ERRORS", "corrupt_images", "mce", "declare_mce", "MIN_SIZE"]
 
@@ -201,20 +206,20 @@ def _normalised(mean_err: Dict[str, float], clean_err: Optional[float], names: L
     rel: Dict[str, float] = {}
     norm_by, ref = None, None
     if dname.lower().startswith("imagenet") and not opts.get("baseline"):
-        ce, metrics["mCE"] = mce(mean_err, ALEXNET_ERRORS)
+        ce, metrics[MCE] = mce(mean_err, ALEXNET_ERRORS)
         norm_by, ref = "AlexNet (Hendrycks & Dietterich 2019)", ALEXNET_ERRORS
     elif opts.get("baseline"):
         base = _baseline(str(opts["baseline"]), names, n, opts.get("seed"))
         base_err = {c: float(np.mean(base["errors"][c])) for c in names}
-        ce, metrics["mCE"] = mce(mean_err, base_err)
+        ce, metrics[MCE] = mce(mean_err, base_err)
         norm_by, ref = f"baseline run {opts['baseline']}", base_err
-        base_clean = base.get("metrics", {}).get("clean_error")
+        base_clean = base.get("metrics", {}).get(CLEAN_ERROR)
         if clean_err is not None and base_clean is not None:
             bc = base_clean / 100.0
             for c in names:
                 denom = base_err[c] - bc
                 rel[c] = (mean_err[c] - clean_err) / denom if abs(denom) > 1e-12 else float("nan")
-            metrics["relative_mCE"] = 100.0 * float(np.nanmean(list(rel.values())))
+            metrics[RELATIVE_MCE] = 100.0 * float(np.nanmean(list(rel.values())))
     return ce, rel, norm_by, ref
 
 
@@ -223,7 +228,7 @@ def declare_mce(record: PerExample, names: Sequence[str], reference: Mapping[str
     (C S reference_c)``, whose mean over examples is ``100 x mean_c (mean_s E_{c,s}) / reference_c``."""
     settings = [f"{c}@{s}" for c in names for s in SEVERITIES]
     weights = [1.0 / (len(names) * len(SEVERITIES) * float(reference[c])) for c in names for _ in SEVERITIES]
-    record.metric("mCE", settings, error=True, weights=weights)
+    record.metric(MCE, settings, error=True, weights=weights)
 
 
 def _corruption_rows(names: List[str], errors: Dict[str, List[float]], mean_err: Dict[str, float],
@@ -291,13 +296,13 @@ def corruptions_suite(model: nn.Module, cfg: Mapping[str, Any], run_dir, opts: D
     bar.close()
 
     mean_err = {c: float(np.mean(v)) for c, v in errors.items()}
-    metrics: Dict[str, float] = {"mean_corruption_error": 100.0 * float(np.mean(list(mean_err.values())))}
+    metrics: Dict[str, float] = {MEAN_CORRUPTION_ERROR: 100.0 * float(np.mean(list(mean_err.values())))}
     if clean_err is not None:
-        metrics["clean_error"] = 100.0 * clean_err
+        metrics[CLEAN_ERROR] = 100.0 * clean_err
     ce, rel, norm_by, ref = _normalised(mean_err, clean_err, names, n, dname, opts, metrics)
     if not root:
-        record.metric("clean_error", ["clean"], error=True)
-    record.metric("mean_corruption_error", [f"{c}@{s}" for c in names for s in SEVERITIES], error=True)
+        record.metric(CLEAN_ERROR, ["clean"], error=True)
+    record.metric(MEAN_CORRUPTION_ERROR, [f"{c}@{s}" for c in names for s in SEVERITIES], error=True)
     if ref is not None:
         declare_mce(record, names, ref)
     data = {"dataset": dname, "split": "test", "n_examples": n,
@@ -312,7 +317,24 @@ def corruptions_suite(model: nn.Module, cfg: Mapping[str, Any], run_dir, opts: D
             "errors": errors, "per_example": record.as_dict()}
 
 
+@dataclass(frozen=True)
+class CorruptionOptions(CommonOptions):
+    """``names``: the corruptions; ``root``: an ImageNet-C tree instead of corrupting on the fly;
+    ``baseline``: a run whose errors normalise the mCE."""
+
+    names: List[str] = list_option(CORRUPTIONS)
+    root: Optional[str] = None
+    baseline: Optional[str] = None
+    limit: Optional[int] = 1000
+
+
 register_suite(
-    "corruptions", corruptions_suite,
-    defaults={"names": list(CORRUPTIONS), "root": None, "baseline": None, "limit": 1000},
-    description="ImageNet-C style corruptions (15 x 5) and mCE", check=_check)
+    "corruptions", corruptions_suite, options=CorruptionOptions,
+    description="ImageNet-C style corruptions (15 x 5) and mCE", check=_check,
+    metrics=(MEAN_CORRUPTION_ERROR, MCE, CLEAN_ERROR, RELATIVE_MCE), cost=Cost(1, 0, corrupts=True),
+    columns=(Column("vision", MCE, "mCE, SymViT = 100 (lower better)", higher=False, paper="mce", position=70),
+             Column("vision", MEAN_CORRUPTION_ERROR, "corruption error (%, lower better)", higher=False, position=71),
+             Column("fan", MCE, "mCE, SymFAN = 100 (lower better)", higher=False, paper="fan_mce", position=70),
+             Column("fan", MEAN_CORRUPTION_ERROR, "corruption error (%, lower better)", higher=False, position=71)),
+    study=StudyUse(limit="corruption_limit", names="corruptions", all_names=len(CORRUPTIONS), copies=len(SEVERITIES),
+                   baseline=MCE))

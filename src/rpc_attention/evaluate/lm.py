@@ -18,13 +18,20 @@ An out-of-vocabulary ``AAA`` is encoded as ``<unk>``.
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 import numpy as np
 import torch
 
 from .per_example import score_record
-from .suites import register_suite
+from .suites import Column, CommonOptions, Cost, list_option, register_suite
+
+
+def ppl_metric(split: str, protocol: str, attacked: bool = False) -> str:
+    """The name of a perplexity metric, e.g. ``ppl_metric("test", "sliding")`` = ``"test_ppl_sliding"``."""
+    return f"{split}{'_attacked' if attacked else ''}_ppl_{protocol}"
+
 
 __all__ = ["sliding_windows", "target_nll", "score_stream", "nll_blocks", "perplexity", "corpus_for_run", "PROTOCOLS"]
 
@@ -176,7 +183,7 @@ def _ppl_rows(model, streams: Dict[str, np.ndarray], opts, label: str = "",
                                 batch_size=int(opts["batch_size"]), device=opts.get("device"))
             nll, n = float(losses.sum()), len(losses)
             ppl = math.exp(nll / n)
-            name = f"{split}{label}_ppl_{proto}"
+            name = ppl_metric(split, proto, attacked=bool(label))
             metrics[name] = ppl
             if blocks is not None:
                 blocks[name] = nll_blocks(losses, ctx)
@@ -254,10 +261,43 @@ def _block_record(blocks: Dict[str, Any]) -> Dict[str, Any]:
     return {"kind": "ppl", "by_metric": {name: score_record("ppl", {name: b}) for name, b in blocks.items()}}
 
 
-_COMMON = {"splits": ["valid", "test"], "protocols": ["sliding", "plain"], "stride": 0, "context": 0}
+@dataclass(frozen=True)
+class PplOptions(CommonOptions):
+    """``stride`` / ``context`` 0: the model's context and a quarter of it."""
 
-register_suite("ppl", ppl_suite, tasks=("lm",), defaults=dict(_COMMON, batch_size=32),
-               description="Word-level perplexity, sliding-window and non-overlapping protocols", check=_check)
+    splits: List[str] = list_option(["valid", "test"])
+    protocols: List[str] = list_option(["sliding", "plain"])
+    stride: int = 0
+    context: int = 0
+    batch_size: int = 32
+
+
+@dataclass(frozen=True)
+class WordSwapOptions(PplOptions):
+    rate: float = 0.015
+    token: str = "AAA"
+    min_one: bool = False
+    clean: bool = True
+
+
+_PPL = PplOptions()
+
+# The whole split is timed at once: seconds for the embedded corpus's test split (sliding window).
+_LM_COST = Cost(1, 0, full_split_s=9.5)
+_PPL_METRICS = tuple(ppl_metric(s, p) for s in _PPL.splits for p in _PPL.protocols)
+
+register_suite("ppl", ppl_suite, tasks=("lm",), options=PplOptions,
+               description="Word-level perplexity, sliding-window and non-overlapping protocols", check=_check,
+               metrics=_PPL_METRICS, cost=_LM_COST,
+               columns=(Column("lm", ppl_metric("valid", "sliding"), "valid PPL", higher=False, position=10),
+                        Column("lm", ppl_metric("test", "sliding"), "test PPL", higher=False, paper="lm_ppl",
+                               position=11)))
 register_suite("wordswap", wordswap_suite, tasks=("lm",),
-               defaults=dict(_COMMON, batch_size=32, rate=0.015, token="AAA", min_one=False, clean=True),
-               description="Perplexity under the word-swap attack (1.5% of non-stopwords -> 'AAA')", check=_check)
+               options=WordSwapOptions,
+               description="Perplexity under the word-swap attack (1.5% of non-stopwords -> 'AAA')", check=_check,
+               metrics=tuple(ppl_metric(s, p, attacked=True) for s in _PPL.splits for p in _PPL.protocols),
+               cost=_LM_COST,
+               columns=(Column("lm", ppl_metric("valid", "sliding", True), "word-swap valid PPL", higher=False,
+                               position=20),
+                        Column("lm", ppl_metric("test", "sliding", True), "word-swap test PPL", higher=False,
+                               paper="lm_wordswap", position=21)))

@@ -19,6 +19,7 @@ ImageNet wnids in class-index order).
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 import numpy as np
@@ -30,7 +31,11 @@ from torch import Tensor, nn
 from .inputs import Normalized, cfg_value, data_name, load_eval_data, norm_stats
 from .per_example import PerExample, score_record
 from .predict import predict_logits, progress, top1_hits, topk_correct
-from .suites import register_suite
+from .suites import Column, CommonOptions, Cost, StudyUse, register_suite
+
+# The OOD suite's summary metrics (percent); the masked ImageNet-A/R suites report top-1/top-5.
+AUPR, AUROC, FPR95 = "AUPR", "AUROC", "FPR95"
+TOP1, TOP5 = "top1", "top5"
 
 __all__ = ["auroc", "aupr", "fpr_at_recall", "ood_metrics", "msp_score", "read_class_list"]
 
@@ -73,8 +78,8 @@ def fpr_at_recall(scores_in: Sequence[float], scores_out: Sequence[float], recal
 
 def ood_metrics(scores_in: Sequence[float], scores_out: Sequence[float]) -> Dict[str, float]:
     """AUPR, AUROC and FPR@95 in percent (OOD positive)."""
-    return {"AUPR": 100.0 * aupr(scores_in, scores_out), "AUROC": 100.0 * auroc(scores_in, scores_out),
-            "FPR95": 100.0 * fpr_at_recall(scores_in, scores_out, 0.95)}
+    return {AUPR: 100.0 * aupr(scores_in, scores_out), AUROC: 100.0 * auroc(scores_in, scores_out),
+            FPR95: 100.0 * fpr_at_recall(scores_in, scores_out, 0.95)}
 
 
 def msp_score(logits: Tensor, classes: Optional[Sequence[int]] = None) -> Tensor:
@@ -261,10 +266,10 @@ def _masked_suite(set_name: str):
         masked = logits[:, classes]  # folder j (sorted wnids) <-> class classes[j] (sorted indices)
         hits = topk_correct(masked, y, (1, 5))
         n = len(y)
-        m = {"top1": 100.0 * hits[1] / n, "top5": 100.0 * hits[5] / n}
+        m = {TOP1: 100.0 * hits[1] / n, TOP5: 100.0 * hits[5] / n}
         record = PerExample(idx)  # the folder's image positions (the same for every model with this limit)
         record.add("clean", top1_hits(masked, y))
-        record.metric("top1", ["clean"])
+        record.metric(TOP1, ["clean"])
         return {"per_example": record.as_dict(),
                 "metrics": m, "data": {"dataset": set_name, "root": str(opts["root"]), "n_examples": n},
                 "n_examples": n, "protocol": f"top-1 on logits restricted to the {len(classes)} classes of {set_name}"}
@@ -272,10 +277,35 @@ def _masked_suite(set_name: str):
     return fn, check
 
 
+@dataclass(frozen=True)
+class OodOptions(CommonOptions):
+    """Paths of ImageNet-O, the ImageNet validation folder, and the class list (or wnids) of ImageNet-O."""
+
+    imagenet_o: Optional[str] = None
+    imagenet_val: Optional[str] = None
+    classes: Optional[str] = None
+    wnids: Optional[str] = None
+
+
+@dataclass(frozen=True)
+class MaskedOptions(CommonOptions):
+    """Paths of ImageNet-A/R, its class list (or wnids), and the ImageNet validation folder."""
+
+    root: Optional[str] = None
+    classes: Optional[str] = None
+    wnids: Optional[str] = None
+    imagenet_val: Optional[str] = None
+
+
 register_suite("ood", ood_suite,
-               defaults={"imagenet_o": None, "imagenet_val": None, "classes": None, "wnids": None},
-               description="OOD detection: AUPR / AUROC / FPR@95 with -max softmax", check=_ood_check)
-for _name in ("imagenet-a", "imagenet-r"):
+               options=OodOptions,
+               description="OOD detection: AUPR / AUROC / FPR@95 with -max softmax", check=_ood_check,
+               metrics=(AUPR, AUROC, FPR95), cost=Cost(2, 0), columns=(Column("vision", AUPR, "OOD AUPR (%)", paper="ood_aupr", position=80),),
+               study=StudyUse(limit="ood_limit", copies=2, extra_sets="ood_sets"))
+for _name, _position in (("imagenet-a", 100), ("imagenet-r", 101)):
     _fn, _chk = _masked_suite(_name)
-    register_suite(_name, _fn, defaults={"root": None, "classes": None, "wnids": None, "imagenet_val": None},
-                   description=f"{_name} top-1 on 200-class-masked logits", check=_chk)
+    register_suite(_name, _fn, options=MaskedOptions,
+                   description=f"{_name} top-1 on 200-class-masked logits", check=_chk, metrics=(TOP1, TOP5),
+                   columns=(Column("vision", TOP1, f"ImageNet-{_name[-1].upper()} top-1 (%)", position=_position),
+                            Column("fan", TOP1, f"ImageNet-{_name[-1].upper()} top-1 (%)",
+                                   paper=f"fan_{_name.replace('-', '_')}", position=_position)))

@@ -20,6 +20,7 @@ training crop size.
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass
 from typing import Any, Dict, Iterable, List, Mapping, Optional, Tuple
 
 import numpy as np
@@ -30,7 +31,11 @@ from torch import Tensor, nn
 from ..files import atomic_write
 from ._imagecorruptions_compat import CORRUPTIONS
 from .per_example import score_record
-from .suites import register_suite
+from .suites import Column, CommonOptions, Cost, list_option, register_suite
+
+# Summary metrics (percent); the corrupted suite reports them as corrupted_<name>, means over corruptions.
+PIXEL_ACC, MEAN_ACC, MIOU = "pixel_acc", "mean_acc", "miou"
+CORRUPTED_MIOU = "corrupted_miou"
 
 __all__ = [
     "IGNORE_INDEX", "confusion_matrix", "metrics_from_confusion", "miou_of_stats", "window_of", "predict_logits", "SegEvaluator",
@@ -444,13 +449,28 @@ def seg_corruptions_suite(model: nn.Module, cfg: Mapping[str, Any], run_dir, opt
     }
 
 
-_SEG_DEFAULTS = {"split": "test", "save_examples": 0}
-_CORR_DEFAULTS = {"split": "test", "limit": 100, "batch_size": 50, "corruptions": list(CORRUPTIONS),
-                  "severities": "1,2,3,4,5"}
+@dataclass(frozen=True)
+class SegOptions(CommonOptions):
+    split: str = "test"
+    save_examples: int = 0
 
-register_suite("seg", seg_suite, tasks=("segmentation",), defaults=_SEG_DEFAULTS,
+
+@dataclass(frozen=True)
+class SegCorruptionOptions(CommonOptions):
+    split: str = "test"
+    limit: Optional[int] = 100
+    batch_size: int = 50
+    corruptions: List[str] = list_option(CORRUPTIONS)
+    severities: str = "1,2,3,4,5"
+
+register_suite("seg", seg_suite, tasks=("segmentation",), options=SegOptions,
                description="segmentation: pixel accuracy, mean accuracy, mIoU and per-class IoU (percent)",
-               check=_check_data)
-register_suite("seg-corruptions", seg_corruptions_suite, tasks=("segmentation",), defaults=_CORR_DEFAULTS,
+               check=_check_data, metrics=(PIXEL_ACC, MEAN_ACC, MIOU), cost=Cost(1, 0),
+               columns=(Column("seg", PIXEL_ACC, "pixel acc (%)", position=10),
+                        Column("seg", MEAN_ACC, "mean acc (%)", position=11),
+                        Column("seg", MIOU, "mIoU (%)", paper="seg_miou", position=12)))
+register_suite("seg-corruptions", seg_corruptions_suite, tasks=("segmentation",), options=SegCorruptionOptions,
                description="segmentation under the 15 ImageNet-C corruptions x 5 severities (labels unchanged)",
-               check=_check_corruptions)
+               check=_check_corruptions, cost=Cost(1, 0, corrupts=True),
+               metrics=(CORRUPTED_MIOU, "corrupted_mean_acc", "corrupted_pixel_acc"),
+               columns=(Column("seg", CORRUPTED_MIOU, "corrupted mIoU (%)", paper="seg_corrupt_miou", position=20),))

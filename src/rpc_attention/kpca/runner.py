@@ -12,7 +12,7 @@ from typing import Any, Dict, List, Optional, Sequence
 import torch
 
 from ..files import atomic_write_json, atomic_write_text
-from ..markdown import markdown_table
+from ..markdown import NOT_MEASURED, markdown_table
 from ..train.sparsity import FIRED_RULE, measure_sparsity, probe_sparsity, sparsity_summary, sparsity_verdict
 from .analysis import ALIGN_METRICS, analyze_captures, chance_baselines, pap_stats
 from .hooks import AttentionCapture
@@ -194,7 +194,7 @@ def _pooled_chance(result: dict, metric: str):
 
 def alignment_verdict(value: Optional[float], chance_mean: Optional[float], chance_std: Optional[float]) -> str:
     if value is None:
-        return "not measured"
+        return NOT_MEASURED
     if value >= 0.8:
         return "supports"
     if chance_mean is not None and value > chance_mean + 3 * (chance_std or 0.0):
@@ -207,7 +207,7 @@ def alignment_verdict(value: Optional[float], chance_mean: Optional[float], chan
 def gamma_verdict(gm: dict) -> str:
     learned, pert, rnd = (_m(gm.get(k)) for k in ("learned", "perturbed", "random"))
     if learned is None or pert is None or rnd is None:
-        return "not measured"
+        return NOT_MEASURED
     if learned <= pert:
         return "consistent with eigenvectors"
     if learned >= 0.5 * rnd:
@@ -240,8 +240,8 @@ def _alignment_section(result: dict, chance: Dict[str, tuple]) -> List[str]:
         verdicts = {k: alignment_verdict(_m(mo.get(k)), *chance[k]) for k in ("optimal_cosine", "linear_cka", "rbf_cka")}
         desc = ", ".join(f"{k.replace('_', ' ')} {_fmt(_m(mo.get(k)))} ({v}; chance {_fmt(chance[k][0])})"
                          for k, v in verdicts.items())
-        if all(v == "not measured" for v in verdicts.values()):
-            concl = "not measured (see Failures), so nothing is concluded"
+        if all(v == NOT_MEASURED for v in verdicts.values()):
+            concl = f"{NOT_MEASURED} (see Failures), so nothing is concluded"
         elif any(v == "supports" for v in verdicts.values()):
             concl = "at least one metric reaches the 0.8 support level, so the numbers support the claim for this metric"
         elif any(v == "above chance" for v in verdicts.values()):

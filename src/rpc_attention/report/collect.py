@@ -12,73 +12,43 @@ import os
 import platform
 import time
 from pathlib import Path
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Optional, Tuple
 
+from ..evaluate.classification import MEAN_TOP1, TOP1
+from ..evaluate.corruptions import MEAN_CORRUPTION_ERROR
+from ..evaluate.lm import ppl_metric
+from ..evaluate.suites import Column, all_suites, get_suite
 from .intervals import holm, min_detectable, paired_comparison
 from .lead import LEAD_RULE, lead_paragraph
 from .paper import PAPER_LABEL, PAPER_ROWS
 from .sparsity import collect_sparsity
-from .verdict import RULES_TEXT, claim_verdict, effect
+from .verdict import NOT_MEASURED, RULES_TEXT, claim_verdict, effect
 
 __all__ = ["collect_results", "setup_info", "metric_value", "TABLES"]
 
-# Columns of the task tables, in the layout of the paper's tables: (suite, metric, header, higher, paper id)
+# The task tables, in the layout of the paper's tables; each suite contributes its own columns
+# (``Suite.columns``), placed by their ``position``.
 TABLES: Dict[str, Dict[str, Any]] = {
-    "vision": {"title": "Image classification and robustness", "paper_scale": "ImageNet-scale", "columns": [
-        ("clean", "top1", "clean top-1 (%)", True, "clean"),
-        ("clean", "top5", "clean top-5 (%)", True, None),
-        ("fgsm", "mean_top1", "FGSM top-1, mean over eps (%)", True, "fgsm"),
-        ("pgd", "mean_top1", "PGD top-1, mean over eps (%)", True, "pgd"),
-        ("autoattack", "top1@1/255", "AutoAttack top-1 (%)", True, "autoattack"),
-        ("square", "top1@1/255", "Square top-1 (%)", True, "square"),
-        ("noise", "mean_top1", "uniform noise top-1 (%)", True, None),
-        ("corruptions", "mCE", "mCE, SymViT = 100 (lower better)", False, "mce"),
-        ("corruptions", "mean_corruption_error", "corruption error (%, lower better)", False, None),
-        ("ood", "AUPR", "OOD AUPR (%)", True, "ood_aupr"),
-        ("sparse", "mean_top1", "sparse corruption top-1, mean (%)", True, None),
-        ("imagenet-a", "top1", "ImageNet-A top-1 (%)", True, None),
-        ("imagenet-r", "top1", "ImageNet-R top-1 (%)", True, None),
-    ]},
+    "vision": {"title": "Image classification and robustness", "paper_scale": "ImageNet-scale"},
     "fan": {"title": "FAN: RPC-FAN (4iter/layer1) vs the symmetric FAN (asymmetric FAN for reference)",
-            "paper_scale": "ImageNet-scale", "columns": [
-        ("clean", "top1", "clean top-1 (%)", True, "fan_clean"),
-        ("clean", "top5", "clean top-5 (%)", True, None),
-        ("fgsm", "mean_top1", "FGSM top-1, mean over eps (%)", True, None),
-        ("pgd", "mean_top1", "PGD top-1, mean over eps (%)", True, None),
-        ("corruptions", "mCE", "mCE, SymFAN = 100 (lower better)", False, "fan_mce"),
-        ("corruptions", "mean_corruption_error", "corruption error (%, lower better)", False, None),
-        ("imagenet-a", "top1", "ImageNet-A top-1 (%)", True, "fan_imagenet_a"),
-        ("imagenet-r", "top1", "ImageNet-R top-1 (%)", True, "fan_imagenet_r"),
-    ]},
-    "scaled": {"title": "Scaled Attention vs the asymmetric softmax baseline", "columns": [
-        ("clean", "top1", "clean top-1 (%)", True, None),
-        ("clean", "top5", "clean top-5 (%)", True, None),
-    ]},
-    "lm": {"title": "Language modelling (word-level perplexity, lower is better)", "paper_scale": "WikiText-103",
-           "columns": [
-        ("ppl", "valid_ppl_sliding", "valid PPL", False, None),
-        ("ppl", "test_ppl_sliding", "test PPL", False, "lm_ppl"),
-        ("wordswap", "valid_attacked_ppl_sliding", "word-swap valid PPL", False, None),
-        ("wordswap", "test_attacked_ppl_sliding", "word-swap test PPL", False, "lm_wordswap"),
-    ]},
-    "seg": {"title": "Segmentation (composed Fashion-MNIST scenes)", "paper_scale": "ADE20K", "columns": [
-        ("seg", "pixel_acc", "pixel acc (%)", True, None),
-        ("seg", "mean_acc", "mean acc (%)", True, None),
-        ("seg", "miou", "mIoU (%)", True, "seg_miou"),
-        ("seg-corruptions", "corrupted_miou", "corrupted mIoU (%)", True, "seg_corrupt_miou"),
-    ]},
+            "paper_scale": "ImageNet-scale"},
+    "scaled": {"title": "Scaled Attention vs the asymmetric softmax baseline"},
+    "lm": {"title": "Language modelling (word-level perplexity, lower is better)", "paper_scale": "WikiText-103"},
+    "seg": {"title": "Segmentation (composed Fashion-MNIST scenes)", "paper_scale": "ADE20K"},
 }
 
-# metric aliases, so the report survives small renames in the suites' outputs
-ALIASES = {"mIoU": ["miou"], "miou": ["mIoU"], "aupr": ["AUPR"], "AUPR": ["aupr"],
-           "ppl": ["test_ppl_sliding", "test_ppl"], "corrupted_miou": ["corrupted_mIoU"]}
+
+def table_columns(table: str) -> List[Tuple[str, Column]]:
+    """``(suite name, column)`` of every registered suite's columns in ``table``, by position."""
+    return sorted([(s.name, c) for s in all_suites() for c in s.columns if c.table == table],
+                  key=lambda sc: sc[1].position)
 
 
 def metric_value(metrics: Dict[str, Any], name: str) -> Optional[float]:
-    for k in [name] + ALIASES.get(name, []):
-        v = metrics.get(k)
-        if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(float(v)):
-            return float(v)
+    """The finite number a suite recorded as ``name``, or None."""
+    v = metrics.get(name)
+    if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(float(v)):
+        return float(v)
     return None
 
 
@@ -221,9 +191,11 @@ def _collect_evals(res: Dict[str, Any], study, status: Dict[str, Any], out_dir: 
                     entry.update({"metrics": rec.get("metrics", {}), "rows": rec.get("rows", []),
                                   "protocol": rec.get("protocol"), "settings": rec.get("settings", {}),
                                   "n_examples": rec.get("n_examples"), "data": rec.get("data", {})})
-                    if ev.suite == "corruptions" and ev.baseline_model == key and "mCE" not in entry["metrics"]:
-                        entry["metrics"] = dict(entry["metrics"], mCE=100.0)  # the normalising model, by definition
-                        entry["note"] = "mCE = 100 by definition (the errors are normalised by this model's)"
+                    normalised = get_suite(ev.suite).study.baseline
+                    if ev.baseline_model == key and normalised and normalised not in entry["metrics"]:
+                        # the normalising model, by definition
+                        entry["metrics"] = dict(entry["metrics"], **{normalised: 100.0})
+                        entry["note"] = f"{normalised} = 100 by definition (the errors are normalised by this model's)"
                         _self_normalised_mce(rec)
                     if isinstance(rec.get("per_example"), dict):
                         per_example.setdefault(ev.suite, {}).setdefault(key, {})[str(seed)] = rec["per_example"]
@@ -253,7 +225,7 @@ def _collect_tables(res: Dict[str, Any], study) -> None:
         keys = [m.key for m in study.models if m.family == tname]
         if not keys:
             continue
-        cols = [c for c in spec["columns"] if c[0] in res["evals"]]
+        cols = [(s, c.metric, c.header, c.higher, c.paper) for s, c in table_columns(tname) if s in res["evals"]]
         if not cols:
             continue
         rows = []
@@ -300,7 +272,7 @@ def _seed_scores(per_example: Dict[str, Any], suite: str, key: str, metric: str)
 
     out = {}
     for seed, rec in per_example.get(suite, {}).get(key, {}).items():
-        data = next((d for d in (example_data(rec, m) for m in [metric] + ALIASES.get(metric, [])) if d), None)
+        data = example_data(rec, metric)
         if data is not None:
             out[seed] = data
     return out

@@ -11,6 +11,7 @@ import re
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Tuple
 
+from ..evaluate.suites import all_suites
 from ..files import atomic_savefig, pyplot
 from .verdict import mean_std
 
@@ -53,7 +54,7 @@ def _mean_and_bar(vals: List[float]) -> Tuple[float, float]:
 
 
 def attack_curves(res: Dict[str, Any], out_dir: Path) -> List[dict]:
-    suites = [s for s in ("fgsm", "pgd", "noise") if s in res["evals"]]
+    suites = [s.name for s in all_suites() if s.curve and s.name in res["evals"]]
     curves = {}
     for suite in suites:
         for key, per_seed in res["evals"][suite].items():

@@ -13,7 +13,7 @@ import math
 from pathlib import Path
 from typing import Any, Dict, List
 
-from ..markdown import markdown_table
+from ..markdown import NOT_MEASURED, markdown_table
 from .rows import gather_rows
 
 __all__ = ["FIRED_RULE", "collect_sparsity", "model_sparsity_verdict", "render_sparsity",
@@ -41,7 +41,7 @@ def model_sparsity_verdict(runs: Dict[str, Dict[str, Any]]) -> str:
     """The model's verdict from its runs' records (:data:`FIRED_RULE`); "not measured" without any."""
     blocks = [b for r in runs.values() for b in (r.get("blocks") or [])]
     if not blocks:
-        return "not measured"
+        return NOT_MEASURED
     return FIRED if any(float(b.get("frac_nonzero") or 0.0) > 0 for b in blocks) else ITERATED
 
 
@@ -90,7 +90,7 @@ def render_sparsity(res: Dict[str, Any]) -> List[str]:
             probe = rec.get("probe") or {}
             where = f"{probe.get('examples')} {probe.get('split')}" if probe else "—"
             if not rec.get("blocks"):
-                rows.append([m["label"], run, "—", "—", where] + ["—"] * 6 + [rec.get("note", "not measured")])
+                rows.append([m["label"], run, "—", "—", where] + ["—"] * 6 + [rec.get("note", NOT_MEASURED)])
             for b in rec.get("blocks") or []:
                 rule = f"{b.get('threshold')} λ={_num(b.get('lambd'))}" + (", causal" if b.get("causal") else "")
                 rows.append([m["label"], run, str(b.get("block")), rule, where, _pct(b.get("frac_nonzero")),

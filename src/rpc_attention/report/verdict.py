@@ -17,6 +17,7 @@ import math
 from dataclasses import dataclass
 from typing import Any, Dict, Optional, Sequence, Tuple
 
+from ..markdown import NOT_MEASURED
 from .intervals import ALPHA, RESAMPLES
 
 __all__ = ["REPRODUCED", "CONTRADICTED", "INCONCLUSIVE", "UNRESOLVED", "NOT_MEASURED", "VERDICTS", "Effect",
@@ -26,7 +27,6 @@ REPRODUCED = "reproduced"
 CONTRADICTED = "contradicted"
 INCONCLUSIVE = "inconclusive"
 UNRESOLVED = "unresolved (one seed)"
-NOT_MEASURED = "not measured"
 VERDICTS = (REPRODUCED, CONTRADICTED, INCONCLUSIVE, UNRESOLVED, NOT_MEASURED)
 
 RULES_TEXT = f"""\

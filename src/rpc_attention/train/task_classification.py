@@ -8,10 +8,34 @@ CutMix / label smoothing). Metrics: ``loss``, ``acc1``, ``acc5`` (percent).
 
 from __future__ import annotations
 
-from typing import Any, Dict
+from dataclasses import asdict, dataclass, fields
+from typing import Any, Dict, Mapping, Optional
 
 import torch
 import torch.nn.functional as F
+
+from ..overrides import unknown_key
+
+
+@dataclass(frozen=True)
+class MixupConfig:
+    """``train.mixup``: timm Mixup / CutMix alphas (both 0: off), the probability of mixing a batch and
+    of CutMix over Mixup, and label smoothing (applied with or without mixing)."""
+
+    mixup: float = 0.0
+    cutmix: float = 0.0
+    prob: float = 1.0
+    switch_prob: float = 0.5
+    label_smoothing: float = 0.0
+
+    @classmethod
+    def from_config(cls, section: Optional[Mapping[str, Any]]) -> "MixupConfig":
+        section = dict(section or {})
+        unknown = sorted(set(section) - {f.name for f in fields(cls)})
+        if unknown:
+            raise unknown_key(f"train.mixup.{unknown[0]}", [f"train.mixup.{f.name}" for f in fields(cls)],
+                              "mixup setting")
+        return cls(**{k: float(v) for k, v in section.items() if v is not None})
 
 
 class ClassificationTask:
@@ -28,11 +52,13 @@ class ClassificationTask:
 
     # ------------------------------------------------------------------ config
     def default_config(self) -> Dict[str, Any]:
+        from ..data.images import ImageData
+
+        data = ImageData()
         return {
-            "data": {"name": "fashion_mnist", "val_size": 0, "train_subset": None, "test_subset": None,
-                     "subset_seed": 0, "crop_pct": 0.875},
-            "train": {"mixup": {"mixup": 0.0, "cutmix": 0.0, "prob": 1.0, "switch_prob": 0.5,
-                                "label_smoothing": 0.0}},
+            "data": {k: getattr(data, k) for k in ("name", "val_size", "train_subset", "test_subset", "subset_seed",
+                                                   "crop_pct")},
+            "train": {"mixup": asdict(MixupConfig())},
         }
 
     def finalize_config(self, cfg: Dict[str, Any]) -> Dict[str, Any]:
@@ -74,16 +100,14 @@ class ClassificationTask:
         return None
 
     def setup(self, cfg: Dict[str, Any], device) -> None:
-        m = cfg["train"].get("mixup") or {}
+        m = MixupConfig.from_config(cfg["train"].get("mixup"))
         self._mixup = None
-        if float(m.get("mixup", 0)) > 0 or float(m.get("cutmix", 0)) > 0:
+        if m.mixup > 0 or m.cutmix > 0:
             from timm.data import Mixup
 
             self._mixup = Mixup(
-                mixup_alpha=float(m.get("mixup", 0)), cutmix_alpha=float(m.get("cutmix", 0)),
-                prob=float(m.get("prob", 1.0)), switch_prob=float(m.get("switch_prob", 0.5)),
-                label_smoothing=float(m.get("label_smoothing", 0.0)),
-                num_classes=int(cfg["model"]["kwargs"]["num_classes"]))
+                mixup_alpha=m.mixup, cutmix_alpha=m.cutmix, prob=m.prob, switch_prob=m.switch_prob,
+                label_smoothing=m.label_smoothing, num_classes=int(cfg["model"]["kwargs"]["num_classes"]))
 
     def count(self, batch) -> int:
         return int(batch[0].shape[0])
@@ -91,7 +115,7 @@ class ClassificationTask:
     # ------------------------------------------------------------------ train / eval
     def loss(self, model, batch, cfg: Dict[str, Any]):
         x, y = batch
-        smoothing = float((cfg["train"].get("mixup") or {}).get("label_smoothing", 0.0))
+        smoothing = MixupConfig.from_config(cfg["train"].get("mixup")).label_smoothing
         if self._mixup is not None and model.training:
             x, soft = self._mixup(x, y)
             logits = model(x)
