@@ -193,3 +193,25 @@ def test_resume_with_longer_schedule(tmp_path, tiny_cfg):
     assert yaml.safe_load((run / "config.yaml").read_text())["train"]["epochs"] == 2
     lrs = [r["lr"] for r in _records(run)]
     assert lrs[8] > lrs[15]  # the cosine was rebuilt for 2 epochs (not stuck at the 1-epoch minimum)
+
+
+def test_run_training_builds_the_typed_config_once(tmp_path, tiny_cfg, monkeypatch):
+    """The typed view is built once from the resolved dict and handed down: besides the type check of the
+    user's values before the task fills in its derived keys, run_training parses the config once."""
+    from rpc_attention.train import config as config_mod
+
+    original = config_mod.TrainConfig.from_dict.__func__
+    calls = []
+
+    def counting(cls, cfg):
+        calls.append(cfg)
+        return original(cls, cfg)
+
+    monkeypatch.setattr(config_mod.TrainConfig, "from_dict", classmethod(counting))
+    run = run_training(tiny_cfg(epochs=1, max_steps=2, save_every=100), tmp_path / "run")
+    assert len(calls) == 2  # the check before the task's finalize_config, the typed view after it
+    assert calls[-1]["data"]["mean"] == [0.286]  # the typed view is of the final (finalized) dict
+    calls.clear()
+    cfg, typed = config_mod.resolve_typed_config(base=tiny_cfg())
+    assert len(calls) == 2 and typed == original(config_mod.TrainConfig, cfg)
+    assert (run / "model.safetensors").is_file()

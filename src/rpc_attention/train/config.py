@@ -35,7 +35,7 @@ from ..overrides import apply_assignments, flatten_keys, parse_assignments, pars
 __all__ = [
     "TrainConfig", "ModelConfig", "DataConfig", "OptimConfig", "ScheduleConfig", "LoopConfig", "EMAConfig",
     "EvalConfig", "DEFAULTS", "OPEN_SECTIONS", "PRESET_DIR", "list_presets", "load_preset", "parse_overrides",
-    "apply_overrides", "resolve_config", "deep_merge", "dump_config", "load_config_file", "check_known_keys",
+    "apply_overrides", "resolve_config", "resolve_typed_config", "deep_merge", "dump_config", "load_config_file", "check_known_keys",
 ]
 
 PRESET_DIR = Path(__file__).resolve().parent.parent / "presets"
@@ -390,6 +390,16 @@ def _with_optional_keys(cfg: Dict[str, Any], keys: Iterable[str], task: Any) -> 
 def resolve_config(preset: Optional[str] = None, overrides: Iterable[str] = (),
                    base: Optional[Dict[str, Any]] = None) -> Dict[str, Any]:
     """Defaults + task defaults + preset (or ``base``) + ``--set`` overrides -> a full config dict."""
+    return resolve_typed_config(preset, overrides, base)[0]
+
+
+def resolve_typed_config(preset: Optional[str] = None, overrides: Iterable[str] = (),
+                         base: Optional[Dict[str, Any]] = None) -> Tuple[Dict[str, Any], TrainConfig]:
+    """:func:`resolve_config`'s dict and its typed view, built once from the final dict.
+
+    The user's values are type-checked before the task fills in its derived keys (so a bad value is
+    named before task code reads it); the typed view is built from the final dict, after that.
+    """
     from .tasks import get_task
 
     raw = load_preset(preset) if preset else _migrate_run_config(copy.deepcopy(base or {}))
@@ -417,8 +427,7 @@ def resolve_config(preset: Optional[str] = None, overrides: Iterable[str] = (),
     check_known_keys(cfg, task, "config:")
     _check_callback_keys(cfg)
     check_effective(cfg, task, task_name)
-    TrainConfig.from_dict(cfg)
-    return cfg
+    return cfg, TrainConfig.from_dict(cfg)
 
 
 def dump_config(cfg: Dict[str, Any]) -> str:

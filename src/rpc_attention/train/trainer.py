@@ -49,7 +49,7 @@ from .checkpoint import (
     save_safetensors_atomic,
     set_rng_state,
 )
-from .config import OptimConfig, ScheduleConfig, TrainConfig, dump_config, resolve_config
+from .config import OptimConfig, ScheduleConfig, TrainConfig, dump_config, resolve_typed_config
 from .rundir import MetricsLogger, RunDir
 from .tasks import primary_metric
 
@@ -209,10 +209,10 @@ def run_training(cfg: Optional[Dict[str, Any]], out_dir: os.PathLike, resume: bo
     world, rank = env["world"], env["rank"]
     if resume:
         run.require_run("resume")
-        cfg = resolve_config(base=run.read_config(), overrides=overrides or ())
+        cfg, config = resolve_typed_config(base=run.read_config(), overrides=overrides or ())
     else:
-        cfg = resolve_config(base=cfg or {}, overrides=overrides or ())
-    device = _resolve_device(TrainConfig.from_dict(cfg).train.device, env["local_rank"])
+        cfg, config = resolve_typed_config(base=cfg or {}, overrides=overrides or ())
+    device = _resolve_device(config.train.device, env["local_rank"])
     started_pg = False
     if world > 1 and not dist.is_initialized():
         if device.type == "cuda":
@@ -222,7 +222,7 @@ def run_training(cfg: Optional[Dict[str, Any]], out_dir: os.PathLike, resume: bo
     try:
         if not resume:
             _prepare_on_rank0(run, force, rank, world)
-        trainer = Trainer(cfg, run, get_task(cfg["task"]), device, rank, world, callbacks=callbacks)
+        trainer = Trainer(cfg, run, get_task(cfg["task"]), device, rank, world, callbacks=callbacks, config=config)
         if resume:
             trainer.restore()
         else:
@@ -286,10 +286,12 @@ class Trainer:
     """
 
     def __init__(self, cfg: Dict[str, Any], run: RunDir, task: Any, device: torch.device, rank: int = 0,
-                 world: int = 1, callbacks: Optional[Sequence[Tuple[str, Callback]]] = None) -> None:
+                 world: int = 1, callbacks: Optional[Sequence[Tuple[str, Callback]]] = None,
+                 config: Optional[TrainConfig] = None) -> None:
         self.cfg, self.run, self.task = cfg, run, task
         self._given_callbacks = None if callbacks is None else list(callbacks)
-        self.config = TrainConfig.from_dict(cfg)  # the typed view; tasks and callbacks get the dict
+        # the typed view of ``cfg`` (parsed here when not given); tasks and callbacks get the dict
+        self.config = TrainConfig.from_dict(cfg) if config is None else config
         self.loop = loop = self.config.train
         self.device, self.rank, self.world, self.is_main = device, rank, world, rank == 0
         self._configure_process()
