@@ -199,3 +199,26 @@ def test_lm_windows():
         ds[4]
     with pytest.raises(ValueError):
         T.LMWindows(toks[:3], 5)
+
+
+def test_text_settings_read_from_a_shared_data_section():
+    """A data section's text settings: TextDataConfig's defaults for keys it lacks, other keys not read."""
+    base = T.data_settings({"mean": [0.5], "num_workers": 2})
+    assert base == {"source": "embedded", "seed": 0, "min_freq": 3, "tokenizer": T.TOKENIZER_VERSION}
+    assert T.data_settings({"split_seed": 2, "min_freq": 5})["seed"] == 2
+    assert T.data_settings({"split_seed": 2, "min_freq": 5})["min_freq"] == 5
+    assert T.TextDataConfig.from_mapping({"cache_dir": "/c", "img_size": 3}) == T.TextDataConfig(cache_dir="/c")
+    with pytest.raises(ValueError, match="min_freq must be >= 1"):
+        T.data_settings({"min_freq": 0})
+
+
+def test_lm_task_data_defaults_are_the_text_settings_defaults():
+    """The lm task's data defaults are TextDataConfig's (written once): a resolved config without data keys
+    holds them, and they select the corpus data_settings reads."""
+    import dataclasses
+
+    from rpc_attention.train.tasks import get_task
+
+    data = get_task("lm").default_config()["data"]
+    assert data == dataclasses.asdict(T.TextDataConfig())
+    assert T.data_settings(data) == T.data_settings({})

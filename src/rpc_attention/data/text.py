@@ -32,7 +32,7 @@ import re
 import shutil
 import tempfile
 from collections import Counter
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from importlib import resources
 from pathlib import Path
 from typing import Dict, FrozenSet, Iterable, Iterator, List, Mapping, Optional, Sequence, Tuple
@@ -248,9 +248,24 @@ def read_wikitext_lines(root: os.PathLike, split: str) -> Iterator[List[str]]:
             yield line.split()
 
 
-def _min_freq(data_cfg: Mapping, default: int) -> int:
-    mf = data_cfg.get("min_freq")
-    mf = default if mf is None else int(mf)
+@dataclass(frozen=True)
+class TextDataConfig:
+    """The text corpus settings of a ``data`` section, with their defaults (the ``lm`` task's defaults)."""
+
+    source: str = "embedded"  # embedded (Wikipedia lead paragraphs) or wikitext
+    root: Optional[str] = None  # the WikiText directory
+    min_freq: Optional[int] = None  # None: embedded 3, WikiText 1
+    split_seed: int = 0  # the embedded corpus' article split
+    cache_dir: Optional[str] = None  # the encoded corpus cache (see text_cache_dir)
+
+    @classmethod
+    def from_mapping(cls, data_cfg: Mapping) -> TextDataConfig:
+        """The text settings of ``data_cfg`` (other keys of a shared ``data`` section are not read here)."""
+        return cls(**{f.name: data_cfg[f.name] for f in fields(cls) if f.name in data_cfg})
+
+
+def _min_freq(text: TextDataConfig, default: int) -> int:
+    mf = default if text.min_freq is None else int(text.min_freq)
     if mf < 1:
         raise ValueError(f"data.min_freq must be >= 1, got {mf}")
     return mf
@@ -259,17 +274,17 @@ def _min_freq(data_cfg: Mapping, default: int) -> int:
 def data_settings(data_cfg: Mapping) -> Dict:
     """What identifies a text corpus (source, split seed, minimum word count, tokenizer or root); raises
     FileNotFoundError / ValueError for a config that names no usable corpus."""
-    source = data_cfg.get("source", "embedded")
-    if source == "embedded":
-        return {"source": "embedded", "seed": int(data_cfg.get("split_seed", 0)),
-                "min_freq": _min_freq(data_cfg, 3), "tokenizer": TOKENIZER_VERSION}
-    if source == "wikitext":
-        if not data_cfg.get("root"):
+    text = TextDataConfig.from_mapping(data_cfg)
+    if text.source == "embedded":
+        return {"source": "embedded", "seed": int(text.split_seed),
+                "min_freq": _min_freq(text, 3), "tokenizer": TOKENIZER_VERSION}
+    if text.source == "wikitext":
+        if not text.root:
             raise FileNotFoundError("data.source=wikitext needs data.root: a directory with "
                                     f"{', '.join(WIKITEXT_FILES.values())} (--set data.root=PATH)")
-        return {"source": "wikitext", "root": str(Path(data_cfg["root"]).expanduser().resolve()),
-                "min_freq": _min_freq(data_cfg, 1)}
-    raise ValueError(f"unknown text data source {source!r}; use 'embedded' or 'wikitext'")
+        return {"source": "wikitext", "root": str(Path(text.root).expanduser().resolve()),
+                "min_freq": _min_freq(text, 1)}
+    raise ValueError(f"unknown text data source {text.source!r}; use 'embedded' or 'wikitext'")
 
 
 def read_lines(data_cfg: Mapping, split: str) -> Iterator[List[str]]:
@@ -394,8 +409,9 @@ def text_cache_dir(cfg: Mapping, run_dir: Optional[os.PathLike] = None) -> Path:
     fingerprint covers the source files and settings, so runs on the same corpus share one cache.
     """
     data = cfg["data"]
-    if data.get("cache_dir"):
-        return Path(data["cache_dir"]).expanduser()
+    cache_dir = TextDataConfig.from_mapping(data).cache_dir
+    if cache_dir:
+        return Path(cache_dir).expanduser()
     fp, _ = corpus_fingerprint(data)
     if run_dir is not None:
         base = Path(run_dir).expanduser().resolve().parent

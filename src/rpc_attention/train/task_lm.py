@@ -23,13 +23,14 @@ per token) and ``ppl``.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import os
 from typing import Any, Dict, Optional
 
 import torch
 
-from ..data.text import text_cache_dir
+from ..data.text import TextDataConfig, text_cache_dir
 from .config import DEFAULTS
 
 
@@ -69,7 +70,7 @@ class LMTask:
     def default_config(self) -> Dict[str, Any]:
         return {
             "model": {"name": "symlm-small", "kwargs": {}},
-            "data": {"source": "embedded", "root": None, "min_freq": None, "split_seed": 0, "cache_dir": None},
+            "data": dataclasses.asdict(TextDataConfig()),
             "optim": {"name": "adam", "lr": 2.5e-4, "weight_decay": 0.0, "clip_grad": 0.25},
             "schedule": {"warmup_steps": None},
         }
@@ -87,9 +88,8 @@ class LMTask:
     def finalize_config(self, cfg: Dict[str, Any]) -> Dict[str, Any]:
         from ..models.lm import lm_config
 
-        data = cfg["data"]
-        if not data.get("cache_dir"):
-            data["cache_dir"] = str(text_cache_dir(cfg, _run_dir_of(cfg)).resolve())
+        if not TextDataConfig.from_mapping(cfg["data"]).cache_dir:
+            cfg["data"]["cache_dir"] = str(text_cache_dir(cfg, _run_dir_of(cfg)).resolve())
         corpus = self.corpus(cfg)
         kw = cfg["model"].setdefault("kwargs", {}) or {}
         cfg["model"]["kwargs"] = kw
