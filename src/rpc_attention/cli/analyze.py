@@ -52,6 +52,7 @@ def timm_kwargs(args: argparse.Namespace) -> dict:
 
 def run(args: argparse.Namespace) -> int:
     import json
+    import time
 
     import torch
 
@@ -65,6 +66,7 @@ def run(args: argparse.Namespace) -> int:
     except ValueError as exc:
         raise UserError(str(exc)) from None
     kw = timm_kwargs(args)
+    t0 = time.perf_counter()  # the whole command after parsing: model and data loading included
     if opts.threads:
         torch.set_num_threads(opts.threads)
     try:
@@ -97,5 +99,5 @@ def run(args: argparse.Namespace) -> int:
     if result["failures"]:
         print(f"{len(result['failures'])} failure(s) recorded in kpca.json")
     print(f"wrote {args.out}/kpca.json, summary.md and {len(result.get('figures', []))} figure(s) "
-          f"in {result['meta']['seconds']} s")
+          f"in {time.perf_counter() - t0:.1f} s (after start-up)")
     return 0
