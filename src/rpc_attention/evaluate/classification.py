@@ -156,8 +156,10 @@ register_suite(
     "fgsm", _attack_suite("fgsm", "FGSM (torchattacks), untargeted, cross-entropy", "Linf"),
     defaults={"eps": SWEEP, **_SPACE}, description="FGSM L-inf sweep")
 register_suite(
-    "pgd", _attack_suite("pgd", "PGD L-inf (torchattacks), untargeted, cross-entropy, random start", "Linf"),
-    defaults={"eps": SWEEP, "steps": 20, "step_ratio": 0.15, "random_start": True, "limit": 1000, **_SPACE},
+    "pgd", _attack_suite("pgd", "PGD L-inf (ours), untargeted, cross-entropy, random start, an example broken at "
+                                "its first misclassified iterate (keep_best)", "Linf"),
+    defaults={"eps": SWEEP, "steps": 20, "step_ratio": 0.15, "random_start": True, "keep_best": True, "limit": 1000,
+              **_SPACE},
     description="PGD L-inf sweep, 20 steps of 0.15 eps, random start")
 register_suite(
     "spsa", _attack_suite("spsa", "SPSA L-inf (torchattacks, gradient-free, margin loss, Adam)", "Linf"),
