@@ -15,7 +15,7 @@ SRC = ROOT / "src" / "rpc_attention"
 
 # The one deliberate exception: a compatibility shim that lets the third-party imagecorruptions 1.1.2
 # run on NumPy 2 / scikit-image >= 0.25 / setuptools without pkg_resources. It imports that library by
-# name, puts a stand-in pkg_resources in sys.modules while the import runs, and swaps two names inside
+# name, puts a stand-in pkg_resources in sys.modules while the import runs, and swaps three names inside
 # imagecorruptions' own namespace while a corruption runs, restoring them afterwards.
 # The second: transformers offers no hook at model creation for a custom attention backend, and issue
 # 14 asks for bad rpc_* settings to fail when a model is created, not at its first forward. The

@@ -126,10 +126,7 @@ def run_analysis(
         res = analyze_captures(cap.captures, proto, perturb=perturb, seed=seed, alignment=alignment)
         result["failures"].extend({**f, "protocol": proto} for f in res.pop("failures"))
         result["protocols"][proto] = res
-    shapes = {(c.tokens if c.key_valid(0) is None else int(c.key_valid(0).sum()), int(c.values().shape[-1]))
-              for c in cap.captures}
-    shapes = {(n, dv) for n, dv in shapes if dv <= n}
-    result["chance"] = chance_baselines(shapes, seed=seed)
+    result["chance"] = _chance(cap.captures, seed)
     try:
         pap = _perturbation_study(probe, cap.captures, fgsm_eps, noise_sigma, seed)
     except Exception as exc:
@@ -157,6 +154,13 @@ def run_analysis(
     atomic_write_json(out_dir / "kpca.json", result, sort_keys=False, default=str)
     atomic_write_text(out_dir / "summary.md", summary_markdown(result))
     return result
+
+
+def _chance(captures, seed: int) -> Dict[str, Any]:
+    """Random-matrix baselines for every (tokens, value dim) shape the Gram analysis ran on."""
+    shapes = {(c.tokens if c.key_valid(0) is None else int(c.key_valid(0).sum()), int(c.values().shape[-1]))
+              for c in captures}
+    return chance_baselines({(n, dv) for n, dv in shapes if dv <= n}, seed=seed)
 
 
 def _not_applicable_note(captures) -> str:
