@@ -214,10 +214,11 @@ def test_pgd_matches_a_float64_reference_with_first_misclassified_iterate_kept(t
 
 def test_pgd_is_never_weaker_than_fgsm_on_a_trained_model(tiny_model):
     """At every eps of the default sweep, PGD-20 (random start) leaves at most as many examples correct
-    as FGSM on the same images: it can reach FGSM's corner, and an example it breaks stays broken."""
+    as FGSM on the same images: it can reach FGSM's corner, and an example it breaks stays broken.
+    (With the last iterate instead, PGD scored 27.0 % against FGSM's 26.5 % at 2/255 on these 200.)"""
     model, cfg = tiny_model
-    fgsm = _run_suite("fgsm", model, cfg, 128)
-    pgd = _run_suite("pgd", model, cfg, 128)
+    fgsm = _run_suite("fgsm", model, cfg, 200)
+    pgd = _run_suite("pgd", model, cfg, 200)
     for key in fgsm["metrics"]:
         if key.startswith("top1@"):
             assert pgd["metrics"][key] <= fgsm["metrics"][key], (key, pgd["metrics"][key], fgsm["metrics"][key])
