@@ -67,6 +67,7 @@ test-threads: install
 
 bench: install
 	$(PY) benchmarks/run.py --quick
+	$(PY) benchmarks/run.py --quick --only decode --threads 1
 
 clean:
 	rm -rf $(VENV) build dist src/*.egg-info .pytest_cache

@@ -1,7 +1,7 @@
 #!/usr/bin/env python
 """Run the rpc-attention benchmark suite and keep the results here (benchmarks/results/).
 
-The suite itself lives in the package (``rpc_attention/bench.py``, the ``rpc-attention bench``
+The suite itself lives in the package (``rpc_attention/bench/``, the ``rpc-attention bench``
 command); this runner takes the same options, fixes the output directory and adds what only a
 benchmark process should do: glibc heap control (``glibc_heap.py``), so CPU rows get peak memory.
 

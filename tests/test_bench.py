@@ -176,7 +176,7 @@ def test_cuda_fused_pap_bf16_autocast_matches_float32():  # pragma: no cover - n
     k = torch.randn(2, 3, 64, 32, device="cuda", requires_grad=True)
     v = torch.randn(2, 3, 64, 32, device="cuda", requires_grad=True)
     ref = RF.pap_attention(k, v, n_iter=4)
-    with torch.autocast("cuda", dtype=torch.bfloat16), bench._sdpa_backend(torch.device("cuda")):
+    with torch.autocast("cuda", dtype=torch.bfloat16), bench.measure.sdpa_backend(torch.device("cuda")):
         out = RF.pap_attention(k.bfloat16(), v.bfloat16(), n_iter=4)
     out.float().sum().backward()
     torch.testing.assert_close(out.float(), ref, rtol=5e-2, atol=5e-2)
@@ -233,12 +233,12 @@ def test_cpu_peak_needs_the_runners_heap_control():
 def test_suite_reports_cpu_peak_only_with_heap_control():
     cfg = _tiny_config()
     cfg.shapes = [s for s in cfg.shapes if not s.timed]  # the memory-only shape: no timing
-    without = bench.run_suite(cfg, device="cpu", progress=False, models=False)
+    without = bench.run_suite(cfg, device="cpu", progress=False, only=["ops"])
     assert "not measured" in without["memory_method"] and "benchmarks/run.py" in without["memory_method"]
     rows = [r for g in without["ops"] if g["mode"] == "fwd+bwd" for r in g["rows"]]
     assert rows and all(r["peak_bytes"] is None and r["saved_bytes"] > 0 for r in rows)
     heap = _glibc_heap()
-    with_heap = bench.run_suite(cfg, device="cpu", progress=False, models=False, heap=heap)
+    with_heap = bench.run_suite(cfg, device="cpu", progress=False, only=["ops"], heap=heap)
     assert heap.pinned is False  # unpinned after the memory measurements
     assert "mmap threshold pinned" in with_heap["memory_method"]
     rows = [r for g in with_heap["ops"] if g["mode"] == "fwd+bwd" for r in g["rows"]]
@@ -251,3 +251,52 @@ def test_benchmark_runner_takes_the_command_options(capsys):
     runner = runpy.run_path(str(__import__("pathlib").Path(__file__).parent.parent / "benchmarks" / "run.py"))
     assert runner["main"](["--smoke", "--threads", "0"]) == 2
     assert "--threads" in capsys.readouterr().err
+
+
+def test_op_cases_are_typed_and_labelled():
+    shape = bench.OpShape("s", 1, 1, 4, 2, pap_iters=(1, 3), official_iters=(2,), options=("ckpt", "compile", "tol"))
+    cases = bench.ops.op_cases(shape, compile_ok=False)
+    assert [c.label for c in cases] == ["sdpa", "pap 1", "pap 3", "official 2", "pap 3 ckpt", "pap 3 tol"]
+    assert cases[-1] == bench.OpCase("pap", 3, "tol") and not cases[-1].runs_in("fwd+bwd")
+    k, v = rand(1, 1, 6, 2, seed=5), rand(1, 1, 6, 2, seed=6)
+    torch.testing.assert_close(cases[3].function({})(k, v), bench.official_pap(k, v, n_iter=2), rtol=0, atol=0)
+    torch.testing.assert_close(cases[2].function({})(k, v), RF.pap_attention(k, v, n_iter=3), rtol=0, atol=0)
+
+
+def test_targets_read_rows_by_case_not_by_label():
+    """A row found by (shape, mode, kind, n, option); relabelling a row does not change what a target reads."""
+    row = {"case": "renamed", "kind": "official", "n": 2, "ratios": {"official_over_pap": {"median": 2.5}}}
+    results = {"ops": [{"shape": "deit-b8", "mode": "fwd+bwd", "rows": [row]}], "models": []}
+    got = {t["target"]: t for t in bench.targets.targets(results)}
+    speed = got["speed-up over official, fwd+bwd, deit-b8 (renamed)"]
+    assert speed["measured"] == 2.5 and speed["met"] is True
+    missing = got["speed-up over official, fwd+bwd, long-1024 (-)"]
+    assert missing["measured"] is None and missing["met"] is None
+    assert not any("train step" in name for name in got)  # no vision family run: no model target
+
+
+def test_a_case_group_plugs_in_with_one_entry(monkeypatch):
+    def measure(cfg, device, progress):
+        return [{"value": 1.0}]
+
+    def finish(rows):
+        rows[0]["finished"] = True
+
+    toy = bench.CaseGroup("toy", measure, lambda rows, device, progress, heap: None, finish,
+                          lambda rows: ["## Toy", "", f"{len(rows)} row(s)", ""])
+    monkeypatch.setattr(bench.suite, "CASE_GROUPS", bench.suite.CASE_GROUPS + [toy])
+    cfg = bench.config("smoke")
+    cfg.memory = False
+    results = bench.run_suite(cfg, progress=False, only=["toy"])
+    assert results["toy"] == [{"value": 1.0, "finished": True}] and results["ops"] == [] and results["models"] == []
+    assert "## Toy\n\n1 row(s)" in bench.to_markdown(results)
+    with pytest.raises(ValueError, match="unknown benchmark group.*choose from ops, models, toy"):
+        bench.run_suite(cfg, progress=False, only=["nope"])
+
+
+@pytest.mark.xdist_group("bench")
+def test_cli_bench_rejects_an_unknown_group(capsys, tmp_path):
+    from rpc_attention.cli import main
+
+    assert main(["bench", "--smoke", "--only", "nope", "--out", str(tmp_path)]) == 2
+    assert "unknown benchmark group" in capsys.readouterr().err and not list(tmp_path.iterdir())

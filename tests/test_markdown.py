@@ -2,7 +2,7 @@
 
 import pytest
 
-from rpc_attention.markdown import markdown_cell, markdown_table
+from rpc_attention.markdown import format_seconds, markdown_cell, markdown_table
 
 
 def test_table_lines_escape_and_alignment():
@@ -26,3 +26,8 @@ def test_bad_shapes_name_the_fix():
         markdown_table(["a", "b"], [], align="l")
     with pytest.raises(ValueError, match="at least one column"):
         markdown_table([], [])
+
+
+def test_format_seconds_is_the_one_duration_format():
+    assert [format_seconds(s) for s in (None, 0, 42.4, 59.7, 185, 3599.6, 7620)] == [
+        "-", "0s", "42s", "1m00s", "3m05s", "1h00m", "2h07m"]

@@ -45,3 +45,22 @@ def test_numbers_take_fractions(text, value):
 def test_bad_numbers_say_how_to_write_one(text):
     with pytest.raises(ValueError, match="eps"):
         parse_number(text, "eps")
+
+
+def test_typed_value_checks_against_the_annotation():
+    from typing import List, Optional, Tuple
+
+    from rpc_attention.overrides import parse_assignments, typed_value
+
+    pairs = dict(parse_assignments(["seeds=0,1,2", "eps=2/255", "limit=null", "names=[a, b]", "n=3", "on=true"]))
+    assert typed_value("seeds", pairs["seeds"], List[int]) == [0, 1, 2]
+    assert typed_value("eps", pairs["eps"], float) == 2 / 255
+    assert typed_value("limit", pairs["limit"], Optional[int]) is None
+    assert typed_value("names", pairs["names"], Tuple[str, ...]) == ("a", "b")
+    assert typed_value("n", pairs["n"], int) == 3 and typed_value("on", pairs["on"], bool) is True
+    for key, kind, msg in (("n", bool, "true or false"), ("on", int, "an integer"), ("names", int, "an integer"),
+                           ("limit", str, "expected a value")):
+        with pytest.raises(ValueError, match=msg):
+            typed_value(key, pairs[key], kind)
+    with pytest.raises(ValueError, match="seeds"):
+        typed_value("seeds", "0,x", List[int])

@@ -12,7 +12,7 @@ The floors of the package and what each owns are described in ``docs/architectur
 """
 
 from . import functional, nn
-from .functional import pap_attention, symmetric_attention, scaled_attention_alpha, scaled_attention_s
+from .functional import pap_attention, scaled_attention_alpha, scaled_attention_s, symmetric_attention
 from .nn import Attention, RPCAttention, ScaledAttention, SymmetricAttention
 
 __version__ = "0.1.0"

@@ -16,9 +16,6 @@ import tempfile
 from pathlib import Path
 from typing import Any, Callable, Mapping, Optional, Union
 
-__all__ = ["atomic_write", "atomic_write_bytes", "atomic_write_text", "atomic_write_json", "atomic_savefig",
-           "to_json", "json_default", "read_yaml_mapping"]
-
 PathLike = Union[str, os.PathLike]
 
 
@@ -105,6 +102,16 @@ def atomic_savefig(fig, path: PathLike, **kwargs: Any) -> Path:
     """``fig.savefig(path, **kwargs)`` atomically; the format comes from ``path``'s suffix."""
     kwargs.setdefault("format", Path(path).suffix.lstrip(".") or "png")  # tmp's own suffix is ".tmp.png"
     return atomic_write(path, lambda tmp: fig.savefig(tmp, **kwargs))
+
+
+def pyplot():
+    """``matplotlib.pyplot`` on the headless Agg backend (figures are only ever written to files)."""
+    import matplotlib
+
+    matplotlib.use("Agg", force=True)
+    import matplotlib.pyplot as plt
+
+    return plt
 
 
 def read_yaml_mapping(path: PathLike) -> dict:

@@ -1,4 +1,5 @@
-"""Markdown tables: the one helper behind every table the package writes (reports, benchmarks, CLI).
+"""Markdown tables: the one helper behind every table the package writes (reports, benchmarks, CLI),
+and :func:`format_seconds`, the one way the package writes a duration.
 
 A dozen lines cover what the tables need (escaped cells, optional column alignment), so this is ours
 rather than a ``tabulate`` dependency.
@@ -8,7 +9,10 @@ from __future__ import annotations
 
 from typing import Any, Iterable, List, Optional, Sequence
 
-__all__ = ["markdown_cell", "markdown_table"]
+__all__ = ["markdown_cell", "markdown_table", "format_seconds"]
+
+# The one spelling of a verdict or cell with no number behind it (a stage skipped or failed).
+NOT_MEASURED = "not measured"
 
 _ALIGN_RULES = {"l": "---", "r": "---:", "c": ":---:"}
 
@@ -39,3 +43,17 @@ def markdown_table(header: Sequence[Any], rows: Iterable[Sequence[Any]], align: 
             raise ValueError(f"table row {i} has {len(row)} cells, the header {width}: {list(row)!r}")
         lines.append("| " + " | ".join(markdown_cell(c) for c in row) + " |")
     return lines
+
+
+def format_seconds(s: Optional[float]) -> str:
+    """``42s``, ``3m05s``, ``2h07m``; ``-`` for None (stage timings, estimates, training progress)."""
+    if s is None:
+        return "-"
+    s = float(s)
+    if s < 59.5:
+        return f"{s:.0f}s"
+    whole = int(round(s))  # rounded once, so 3599.6 s reads 1h00m, not 59m60s
+    if whole < 3600:
+        return f"{whole // 60}m{whole % 60:02d}s"
+    minutes = int(round(s / 60))
+    return f"{minutes // 60}h{minutes % 60:02d}m"

@@ -14,7 +14,8 @@ from torch import Tensor, nn
 
 from . import functional as RF
 
-__all__ = ["Attention", "SymmetricAttention", "RPCAttention", "ScaledAttention", "PAP_OPTION_NAMES", "parse_layers"]
+__all__ = ["Attention", "SymmetricAttention", "RPCAttention", "ScaledAttention", "PAP_OPTION_NAMES", "parse_layers",
+           "softmax_attention"]
 
 # pap_attention keyword options a module or model may carry (besides masks and dropout).
 PAP_OPTION_NAMES = ("n_iter", "lambd", "threshold", "mu_mode", "model_dim", "tol")
@@ -78,8 +79,11 @@ def _check_width(x: Tensor, dim: int) -> None:
 
 
 @torch.jit.ignore
-def _softmax_attention(q: Tensor, k: Tensor, v: Tensor, attn_mask: Optional[Tensor], is_causal: bool,
-                       dropout_p: float, scale: float, fused: bool) -> Tensor:
+def softmax_attention(q: Tensor, k: Tensor, v: Tensor, attn_mask: Optional[Tensor], is_causal: bool,
+                      dropout_p: float, scale: float, fused: bool) -> Tensor:
+    """Softmax attention as an FX / TorchScript leaf, for attention layers of other model families. Call it
+    through the module (``rpc_attention.nn.softmax_attention(...)``): torch.fx swaps the leaf in this
+    module's namespace while it traces, which a name bound by ``from ... import`` would not see."""
     return RF.attention(q, k, v, attn_mask=attn_mask, is_causal=is_causal, dropout_p=dropout_p, scale=scale,
                         fused=fused)
 
@@ -114,7 +118,7 @@ def _scaled_attention(q: Tensor, k: Tensor, v: Tensor, mode: str, weight: Tensor
     return RF.scaled_attention_alpha(q, k, v, weight, **opts)
 
 
-for _kernel in ("_check_width", "_softmax_attention", "_symmetric_attention", "_pap_attention", "_scaled_attention"):
+for _kernel in ("_check_width", "softmax_attention", "_symmetric_attention", "_pap_attention", "_scaled_attention"):
     torch.fx.wrap(_kernel)
 
 
@@ -129,8 +133,8 @@ def _check_heads(dim: int, num_heads: int) -> int:
 class _AttentionBase(nn.Module):
     """Shared projection, head split/merge and dropout handling.
 
-    Subclasses that add options repeat the base constructor's arguments (a deliberate parallel, as in
-    timm: every module's signature is complete and typed where users read it)."""
+    Subclasses that add options list the base constructor's arguments too (as in timm: every module's
+    signature is complete and typed where users read it)."""
 
     n_proj: int = 3
 
@@ -179,7 +183,7 @@ class Attention(_AttentionBase):
 
     def forward(self, x: Tensor, attn_mask: Optional[Tensor] = None, is_causal: bool = False) -> Tensor:
         q, k, v = self._split(x)
-        out = _softmax_attention(q, k, v, attn_mask, is_causal, self._dropout_p, self.scale, self.fused_attn)
+        out = softmax_attention(q, k, v, attn_mask, is_causal, self._dropout_p, self.scale, self.fused_attn)
         return self._merge(out)
 
 
@@ -226,8 +230,7 @@ class RPCAttention(SymmetricAttention):
         attn_drop: float = 0.0,
         proj_drop: float = 0.0,
         fused_attn: bool = True,
-        # PAP options, spelled out in every public entry point (a deliberate parallel: typed and
-        # documented where users read them; functional.check_pap_options is their one validator)
+        # PAP options, typed and documented here; functional.check_pap_options is their one validator
         n_iter: int = 6,
         lambd: float = 4.0,
         threshold: str = "lambda_mu",

@@ -126,3 +126,47 @@ def parse_number(value: Any, name: str = "value") -> float:
         return float(text)
     except (ValueError, ZeroDivisionError):
         raise ValueError(f"{name}: {text!r} is not a number (use e.g. 0.01, 1e-3 or 2.5/255)") from None
+
+
+def _split_list(value: Any) -> List[Any]:
+    """A list setting from a YAML list, a comma list (``0,1,2``) or one value."""
+    if isinstance(value, (list, tuple)):
+        return list(value)
+    if isinstance(value, str):
+        return [parse_value(x.strip()) for x in value.split(",") if x.strip()]
+    return [value]
+
+
+def typed_value(key: str, value: Any, kind: Any, flag: str = "--set") -> Any:
+    """``value`` (as :func:`parse_assignments` read it) checked against the annotated type ``kind``.
+
+    ``kind`` is ``bool``, ``int``, ``float`` (fractions such as ``2/255`` allowed), ``str``,
+    ``Optional[T]`` (``None`` allowed) or ``List[T]`` / ``Tuple[T, ...]`` (a YAML list, a comma list or
+    one value; each item checked as ``T``). Anything else is returned unchanged. ValueError names ``key``.
+    """
+    import typing
+
+    origin, args = typing.get_origin(kind), typing.get_args(kind)
+    if origin is typing.Union:
+        if value is None and type(None) in args:
+            return None
+        kind = next(a for a in args if a is not type(None))
+        origin, args = typing.get_origin(kind), typing.get_args(kind)
+    if origin in (list, tuple):
+        items = [typed_value(key, v, args[0], flag) if args else v for v in _split_list(value)]
+        return tuple(items) if origin is tuple else items
+    if kind is bool:
+        if not isinstance(value, bool):
+            raise ValueError(f"{flag} {key}={value}: expected true or false")
+        return value
+    if kind is int:
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise ValueError(f"{flag} {key}={value}: expected an integer")
+        return value
+    if kind is float:
+        return parse_number(value, f"{flag} {key}")
+    if kind is str:
+        if value is None:
+            raise ValueError(f"{flag} {key}: expected a value")
+        return value if isinstance(value, str) else str(value)
+    return value

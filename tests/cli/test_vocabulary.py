@@ -57,20 +57,42 @@ def test_reproduce_study_and_deprecated_preset(capsys):
 
 
 def test_study_settings_take_yaml_values():
+    from dataclasses import dataclass
+    from typing import List, Optional
+
+    from rpc_attention.reproduce.specs import setting
     from rpc_attention.reproduce.studies import StudyError, parse_settings
 
-    defaults = {"seeds": [0], "eval_limit": 10, "eps": "1:6/255", "lm": True, "ratio": 0.5}
-    s = parse_settings(["seeds=[0, 1]", "eval_limit=3", "eps=0.01", "lm=false", "ratio=1/4"], defaults, "t")
-    assert s == {"seeds": [0, 1], "eval_limit": 3, "eps": "0.01", "lm": False, "ratio": 0.25}
+    @dataclass(frozen=True)
+    class Settings:
+        seeds: List[int] = setting([0])
+        eval_limit: int = 10
+        eps: str = "1:6/255"
+        lm: bool = True
+        ratio: float = 0.5
+        data_root: Optional[str] = setting(None, "data.root")
+
+    defaults = Settings()
+    s = parse_settings(["seeds=[0, 1]", "eval_limit=3", "eps=0.01", "lm=false", "ratio=1/4", "data.root=/x"],
+                       defaults, "t")
+    assert s == {"seeds": [0, 1], "eval_limit": 3, "eps": "0.01", "lm": False, "ratio": 0.25, "data.root": "/x"}
     assert parse_settings(["seeds=0,1,2"], defaults, "t")["seeds"] == [0, 1, 2]
+    assert parse_settings([], defaults, "t")["seeds"] == [0] and defaults.seeds == [0]
     with pytest.raises(StudyError, match="expected an integer"):
         parse_settings(["eval_limit=lots"], defaults, "t")
+    with pytest.raises(StudyError, match="expected an integer"):
+        parse_settings(["seeds=0,one"], defaults, "t")
     with pytest.raises(StudyError, match="expected true or false"):
         parse_settings(["lm=maybe"], defaults, "t")
+    with pytest.raises(StudyError, match="did you mean data.root"):
+        parse_settings(["data.rot=/x"], defaults, "t")
 
 
 def test_analysis_settings_and_eps_fractions():
-    from rpc_attention.kpca.options import AnalysisOptions, options_from_settings, parse_analysis_args
+    import argparse
+
+    from rpc_attention.kpca.options import (AnalysisOptions, add_analysis_arguments, options_from_namespace,
+                                            options_from_settings)
 
     o = options_from_settings(["limit=2", "protocol=exact", "fgsm_eps=2.5/255", "figures=false", "ema=true"])
     assert (o.limit, o.protocols, o.figures, o.ema) == (2, ("exact",), False, True)
@@ -80,7 +102,17 @@ def test_analysis_settings_and_eps_fractions():
     with pytest.raises(ValueError, match="did you mean limit"):
         options_from_settings(["limt=2"])
     with pytest.raises(ValueError, match="did you mean 2/255"):
-        parse_analysis_args(["--fgsm-eps", "2"])
+        options_from_settings(["fgsm_eps=2"])
+    with pytest.raises(ValueError, match="expected an integer"):
+        options_from_settings(["limit=two"])
+    with pytest.raises(ValueError, match="choose paper, exact or both"):
+        options_from_settings(["protocol=all"])
+    # the command line's defaults are the dataclass's
+    parser = argparse.ArgumentParser()
+    add_analysis_arguments(parser)
+    assert options_from_namespace(parser.parse_args([])) == AnalysisOptions()
+    with pytest.raises(ValueError, match="did you mean 2/255"):
+        options_from_namespace(parser.parse_args(["--fgsm-eps", "2"]))
 
 
 def test_analyze_model_kwargs_setting_needs_timm(tmp_path, capsys):

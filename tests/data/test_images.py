@@ -125,7 +125,26 @@ def test_randaugment_posterize_zero_bits_is_safe(tmp_path):
     for c in ("a", "b"):
         (tmp_path / "train" / c).mkdir(parents=True)
         Image.fromarray(np.zeros((8, 8, 3), np.uint8)).save(tmp_path / "train" / c / "0.png")
-    ds = I._imagefolder({"root": str(tmp_path), "img_size": 8, "augment": {}}, "train", True, True)
+    ds = I._imagefolder(I.ImageData(name="imagefolder", root=str(tmp_path), img_size=8), "train", True, True)
     ops = [op for t in ds.transform.transforms for op in (getattr(t, "ops", None) or [])]
     assert ops and not any(op.aug_fn is aa.posterize for op in ops)
     assert any(op.aug_fn is I._posterize_any_bits for op in ops)
+
+
+def test_image_data_config_is_typed_with_one_set_of_defaults():
+    from rpc_attention.train.task_classification import ClassificationTask, MixupConfig
+
+    d = I.ImageData.from_config({"name": "fashion_mnist", "val_size": None, "mean": [0.5], "num_classes": 10,
+                                 "augment": {"enabled": False, "padding": 3}})
+    assert d.val_size == 0 and d.mean == (0.5,) and d.augment == I.Augment(enabled=False, padding=3)
+    assert d.stats(True) == ((0.5,), tuple(I.dataset_info("fashion_mnist")["std"])) and d.stats(False) == (None, None)
+    with pytest.raises(ValueError, match="did you mean data.augment.padding"):
+        I.ImageData.from_config({"name": "fashion_mnist", "augment": {"paddin": 3}})
+    # the task's defaults are the dataclasses' (crop_pct and the mixup block are written once)
+    defaults = ClassificationTask().default_config()
+    assert defaults["data"]["crop_pct"] == I.ImageData().crop_pct
+    assert defaults["train"]["mixup"] == {"mixup": 0.0, "cutmix": 0.0, "prob": 1.0, "switch_prob": 0.5,
+                                          "label_smoothing": 0.0}
+    assert MixupConfig.from_config({"mixup": 0.8, "label_smoothing": 0.1}) == MixupConfig(mixup=0.8, label_smoothing=0.1)
+    with pytest.raises(ValueError, match="did you mean train.mixup.cutmix"):
+        MixupConfig.from_config({"cutmx": 1.0})

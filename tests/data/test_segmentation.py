@@ -7,7 +7,11 @@ import torch
 
 from rpc_attention.data.images import fashion_mnist
 from rpc_attention.data.segmentation import (
-    IGNORE_INDEX, ADE20KSegmentation, FashionMNISTSegmentation, build_datasets, seg_collate,
+    IGNORE_INDEX,
+    ADE20KSegmentation,
+    FashionMNISTSegmentation,
+    build_datasets,
+    seg_collate,
 )
 
 
@@ -156,3 +160,13 @@ def test_ade20k_missing_paths_are_clear_errors(tmp_path):
         resolve_config("ade20k-segmenter-symvit-tiny", [])
     with pytest.raises(FileNotFoundError, match="ADEChallengeData2016"):
         resolve_config("ade20k-segmenter-symvit-tiny", [f"data.root={tmp_path / 'nope'}"])
+
+
+def test_seg_data_config_is_typed():
+    from rpc_attention.data.segmentation import SegData, build_eval_dataset
+
+    d = SegData.from_config({"name": "fmnist_seg", "n_items": [1, 2], "val_images": None, "num_classes": 11})
+    assert d.n_items == (1, 2) and d.val_images == SegData().val_images == 200 and not d.is_ade20k
+    assert SegData.from_config({"name": "ADE20K"}).is_ade20k
+    ds = build_eval_dataset({"data": {"name": "fmnist_seg", "test_images": 3, "img_size": 32}}, "test")
+    assert len(ds) == 3 and tuple(ds[0][0].shape[-2:]) == (32, 32)

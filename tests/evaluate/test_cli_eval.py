@@ -91,3 +91,20 @@ def test_values_are_yaml_and_eps_takes_fractions(tiny_run, tmp_path):
     rec = json.loads((out / "fgsm.json").read_text())
     assert rec["settings"]["eps"] == pytest.approx([0.01, 2.5 / 255])
     assert rec["settings"]["batch_size"] == 8 and rec["settings"]["device"] == "cpu"
+
+
+def test_a_result_with_other_settings_is_kept_unless_force(tiny_run, tmp_path, capsys):
+    out = tmp_path / "ev"
+    assert _eval(tiny_run, "--suite", "clean", "--limit", "8", "--out", str(out)) == 0
+    first = (out / "clean.json").read_text()
+    # the same settings again: replaced (the same numbers); other settings: refused, the result kept
+    assert _eval(tiny_run, "--suite", "clean", "--limit", "8", "--out", str(out)) == 0
+    capsys.readouterr()
+    assert _eval(tiny_run, "--suite", "clean", "--limit", "16", "--out", str(out)) == 2
+    err = capsys.readouterr().err.strip()
+    assert "holds a clean result with other settings (limit: 8 -> 16)" in err and "--force" in err
+    assert len(err.splitlines()) == 1
+    assert json.loads((out / "clean.json").read_text())["n_examples"] == 8
+    assert json.loads(first)["options"]["limit"] == 8
+    assert _eval(tiny_run, "--suite", "clean", "--limit", "16", "--out", str(out), "--force") == 0
+    assert json.loads((out / "clean.json").read_text())["n_examples"] == 16

@@ -9,7 +9,8 @@ import numpy as np
 import pytest
 import torch
 
-from rpc_attention.evaluate.lm import plain_windows, score_stream, sliding_windows
+from rpc_attention.evaluate.lm import nll_blocks, plain_windows, score_stream, sliding_windows, target_nll
+from rpc_attention.evaluate.per_example import example_data
 from rpc_attention.models.lm import build_lm
 
 V = 40
@@ -33,10 +34,11 @@ def test_sliding_windows_cover_every_target_once_with_the_stated_context():
         sliding_windows(20, 4, 5)
 
 
-def _reference_nll(model, tokens, ctx, stride=None):
-    """float64 loop: each target scored on its own with its protocol context."""
+def _reference_nll(model, tokens, ctx, stride=None, per_target=False):
+    """float64 loop: each target scored on its own with its protocol context (the sum, or the list)."""
     m = model.double()
     total = 0.0
+    each = []
     with torch.no_grad():
         for t in range(1, len(tokens)):
             if stride is None:  # plain
@@ -47,8 +49,9 @@ def _reference_nll(model, tokens, ctx, stride=None):
             logp = m.next_logprob(inp)[0]
             assert logp.dtype == torch.float64
             total -= float(logp[int(tokens[t])])
+            each.append(-float(logp[int(tokens[t])]))
     model.float()
-    return total
+    return each if per_target else total
 
 
 @pytest.mark.parametrize("variant", [dict(), dict(rpc_layers=[0], n_iter=3)])
@@ -74,6 +77,12 @@ def test_sliding_window_perplexity_equals_direct_float64_computation(variant):
     assert n == 25 and nll == pytest.approx(_reference_nll(model, tokens, 8), rel=128 * torch.finfo(torch.float32).eps)
     # the protocols really differ (plain restarts the context every 8 tokens)
     assert score_stream(model, tokens, "sliding", stride=1)[0] != pytest.approx(nll, rel=1e-9)
+    # every target's own NLL (the per-example record of a perplexity), float64 model against the loop
+    each = target_nll(model.double(), tokens, "sliding", stride=3, batch_size=4)
+    model.float()
+    np.testing.assert_allclose(each, _reference_nll(model, tokens, 8, 3, per_target=True), rtol=1e-10, atol=0)
+    blocks = nll_blocks(each, 8)
+    assert [b[1] for b in blocks] == [8, 8, 8, 1] and sum(b[0] for b in blocks) == pytest.approx(each.sum(), rel=1e-14)
 
 
 def test_suites_are_registered_for_lm():
@@ -113,7 +122,7 @@ def test_training_lowers_validation_perplexity_then_eval_and_generate(tmp_path, 
         "data.source=wikitext", f"data.root={root}", f"data.cache_dir={tmp_path / 'cache'}", "data.min_freq=1",
         "model.kwargs.n_layer=2", "model.kwargs.d_model=32", "model.kwargs.n_head=4", "model.kwargs.d_inner=64",
         "model.kwargs.context=16", "model.kwargs.rpc_layers=[0]", "model.kwargs.n_iter=2",
-        "model.kwargs.cutoffs=[8]", "model.kwargs.init_std=0.1", "train.steps=60", "train.batch_size=16", "schedule.warmup_steps=5",
+        "model.kwargs.cutoffs=[8]", "model.kwargs.init_std=0.1", "train.max_steps=60", "train.batch_size=16", "schedule.warmup_steps=5",
         "optim.lr=0.01", "train.log_every=20", "train.save_every=0", "train.eval_every=1", "eval.batch_size=64",
     ])
     assert cfg["model"]["kwargs"]["vocab_size"] == 1 + 1 + len(set(NOUNS + VERBS + ADJS + ["the", "."]))
@@ -138,6 +147,12 @@ def test_training_lowers_validation_perplexity_then_eval_and_generate(tmp_path, 
         assert 1.0 < ppl["metrics"][key] < 20.0
     assert ws["metrics"]["test_attacked_ppl_sliding"] > ws["metrics"]["test_ppl_sliding"]
     assert ws["metrics"]["test_ppl_sliding"] == pytest.approx(ppl["metrics"]["test_ppl_sliding"])
+    # the per-block records reproduce every perplexity (exp of NLL sum over token count)
+    for rec in (ppl, ws):
+        for key, value in rec["metrics"].items():
+            if "_ppl_" in key:
+                data = example_data(rec["per_example"], key)
+                assert data.statistic(data.values, None) == pytest.approx(value, rel=1e-12), key
     assert ws["data"]["token_in_vocab"] is False  # AAA -> <unk>
     assert (run / "eval" / "ppl.md").read_text().count("sliding") >= 2
 

@@ -7,7 +7,7 @@ import torch
 
 from rpc_attention.evaluate.inputs import Normalized, load_eval_data, norm_stats
 from rpc_attention.evaluate.per_example import (PerExample, decode_bits, decode_indices, encode_bits,
-                                                encode_indices, example_scores)
+                                                encode_indices, example_scores, has_example_record)
 from rpc_attention.evaluate.suites import get_suite, resolve_options, run_suite
 
 
@@ -40,6 +40,8 @@ def test_example_scores_average_settings_and_flip_errors():
 
 def _check_metrics_reproduced(record, n):
     pe = record["per_example"]
+    # the suite's record holds what EXAMPLE_METRICS says it does, and nothing else
+    assert all(has_example_record(record["suite"], name) for name in pe["metrics"]), (record["suite"], pe["metrics"])
     assert pe["indices"] == f"0:{n}"
     assert all(len(bits) == n for bits in pe["correct"].values())
     assert pe["metrics"]

@@ -7,8 +7,10 @@ import pytest
 import torch
 
 from rpc_attention.evaluate.segmentation import (
-    IGNORE_INDEX, SegEvaluator, confusion_matrix, metrics_from_confusion, seg_corruptions_suite, seg_suite,
+    IGNORE_INDEX, SegEvaluator, confusion_matrix, metrics_from_confusion, miou_of_stats, seg_corruptions_suite,
+    seg_suite,
 )
+from rpc_attention.evaluate.per_example import example_data
 from rpc_attention.evaluate.suites import get_suite, list_suites
 
 
@@ -50,6 +52,11 @@ def test_evaluator_accumulates_over_batches():
     assert torch.equal(ev.cm, confusion_matrix(logits.argmax(1), target, 5))
     res = ev.result()
     assert res["n"] == 4
+    # per-image counts: tp, ground truth, prediction per class, summing to the accumulated matrix's
+    stats = ev.image_stats()
+    assert stats.shape == (4, 15)
+    np.testing.assert_array_equal(stats.sum(0), torch.cat([ev.cm.diag(), ev.cm.sum(1), ev.cm.sum(0)]).numpy())
+    assert miou_of_stats(stats, 5) == pytest.approx(metrics_from_confusion(ev.cm)["miou"], abs=1e-12)
     want_loss = torch.nn.functional.cross_entropy(logits, target, ignore_index=IGNORE_INDEX)
     # the evaluator accumulates the float32 loss batch by batch, cross_entropy in one mean: rounding only
     assert res["loss"] == pytest.approx(float(want_loss), rel=128 * torch.finfo(torch.float32).eps)
@@ -105,6 +112,10 @@ def test_seg_suite_metrics_and_examples(tmp_path):
     assert out["metrics"]["mean_acc"] == pytest.approx(ref["mean_acc"])
     assert out["n_examples"] == 6 and len(out["rows"]) == 11
     assert out["metrics"]["baseline_all_class0_miou"] < out["metrics"]["miou"]
+    # per-image counts: summed over the images they give the suite's mIoU (the report's bootstrap unit)
+    data = example_data(out["per_example"], "miou")
+    assert data.values.shape == (6, 33)
+    assert data.statistic(data.values, None) == pytest.approx(out["metrics"]["miou"], abs=1e-9)
     pngs = sorted((tmp_path / "eval" / "seg_examples").glob("*.png"))
     assert len(pngs) == 2
     img = np.asarray(Image.open(pngs[0]))
@@ -125,6 +136,9 @@ def test_seg_corruptions_suite_labels_unchanged():
     # the intensity oracle is hurt by strong contrast loss
     assert rows[2]["miou"] < rows[0]["miou"]
     assert out["metrics"]["corrupted_miou"] == pytest.approx(np.mean([r["miou"] for r in rows[1:]]))
+    for key in ("clean_miou", "corrupted_miou"):  # per-image counts reproduce both metrics
+        data = example_data(out["per_example"], key)
+        assert data.statistic(data.values, None) == pytest.approx(out["metrics"][key], abs=1e-9), key
     # deterministic
     again = seg_corruptions_suite(model, cfg, None, opts)
     assert again["rows"] == rows

@@ -10,7 +10,6 @@ from rpc_attention.evaluate.sparse import KeyCorruption, first_attention, occlud
 from rpc_attention.evaluate.suites import get_suite, resolve_options, run_suite
 
 
-
 def _images(n=6, seed=0):
     return torch.rand(n, 1, 28, 28, generator=torch.Generator().manual_seed(seed)) * 0.5 + 0.25
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import os
 
 import numpy as np
@@ -11,6 +10,7 @@ import torch
 from torch import nn
 
 from rpc_attention.evaluate import suites as S
+from rpc_attention.evaluate.per_example import example_data, example_scores
 
 CHEAP = {
     "clean": {},
@@ -112,6 +112,10 @@ def test_ood_suite_default_data(tiny_model):
     assert rec["data"]["n_in"] == 64 and rec["data"]["n_ood"] == 64
     m = rec["metrics"]
     assert 0 <= m["AUPR"] <= 100 and 0 <= m["AUROC"] <= 100 and 0 <= m["FPR95"] <= 100
+    # each example's score and stratum: the report's bootstrap recomputes AUPR from them
+    data = example_data(rec["per_example"], "AUPR")
+    assert data.values.shape == (128, 1) and data.strata.tolist() == [0] * 64 + [1] * 64
+    assert data.statistic(data.values, data.strata) == pytest.approx(m["AUPR"], abs=1e-10)
 
 
 def test_corruptions_suite_and_baseline(tiny_model, tmp_path):
@@ -125,6 +129,10 @@ def test_corruptions_suite_and_baseline(tiny_model, tmp_path):
     rec2 = _run("corruptions", model, cfg, {**sets, "corruptions.baseline": str(tmp_path)}, 8)
     if rec["metrics"]["mean_corruption_error"] > 0:
         assert rec2["metrics"]["mCE"] == pytest.approx(100.0)  # the model against itself
+        # per-example errors weighted 1 / (C S E_ref_c) average to the mCE
+        scores = example_scores(rec2["per_example"], "mCE")
+        assert scores.mean() == pytest.approx(rec2["metrics"]["mCE"], rel=1e-12)
+        assert "mCE" not in rec["per_example"]["metrics"]  # no normalisation, no mCE
     with pytest.raises(ValueError, match="same --limit"):
         _run("corruptions", model, cfg, {**sets, "corruptions.baseline": str(tmp_path)}, 4)
 
@@ -169,6 +177,7 @@ def test_imagenet_a_masks_logits_to_its_classes(tmp_path):
                {"imagenet-a.root": str(tmp_path / "a"), "imagenet-a.classes": str(tmp_path / "cls.txt")}, None)
     # restricted to classes (3, 7) every image is predicted as folder 0 (class 3): half are right
     assert rec["metrics"]["top1"] == pytest.approx(50.0) and rec["n_examples"] == 4
+    assert example_scores(rec["per_example"], "top1").tolist() == [100.0, 100.0, 0.0, 0.0]  # folder n03 right
     with pytest.raises(FileNotFoundError):
         S.get_suite("imagenet-r").check({}, S.resolve_options(S.get_suite("imagenet-r"),
                                                               {"imagenet-r.root": str(tmp_path / "missing"),
@@ -197,6 +206,9 @@ def test_imagenet_c_tree(tmp_path):
                                                    "corruptions.names": ",".join(names)}, None)
     assert rec["rows"][0]["s1"] == pytest.approx(50.0)  # always class 0 -> folder n00 right
     assert rec["metrics"]["mCE"] == pytest.approx(100 * np.mean([0.5 / 0.819324, 0.5 / 0.853204]))
+    # per image (the same positions in every folder): error 100 on the n01 image, weighted like the mCE
+    assert example_scores(rec["per_example"], "mean_corruption_error").tolist() == [0.0, 100.0]
+    assert example_scores(rec["per_example"], "mCE").mean() == pytest.approx(rec["metrics"]["mCE"], rel=1e-12)
     suite = S.get_suite("corruptions")
     with pytest.raises(FileNotFoundError, match="lacks"):
         suite.check(cfg, S.resolve_options(suite, {"corruptions.root": str(tmp_path / "c")}))

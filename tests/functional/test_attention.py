@@ -3,14 +3,13 @@
 Tolerances: see tests/functional/reference.py.
 """
 
-import math
 
 import pytest
 import torch
 
 from rpc_attention import functional as RF
 
-from .reference import rand, ref_pap, ref_shrink, ref_softmax_attention
+from .reference import rand, ref_softmax_attention
 
 
 def test_symmetric_attention_matches_reference():
@@ -76,6 +75,9 @@ def test_as_bool_mask_is_the_one_mask_normaliser():
         RF.as_bool_mask(torch.tensor([0.0, -1.0]))
     with pytest.raises(ValueError, match="bool"):
         RF.as_bool_mask(torch.tensor([0, 1]))
+    four = RF.as_bool_mask(add, ndim=4)  # leading singleton dimensions, what the integrations and analysis use
+    assert four.shape == (1, 1, 2, 2) and torch.equal(four[0, 0], RF.as_bool_mask(add))
+    assert RF.as_bool_mask(torch.ones(1, 2, 3, 3, dtype=torch.bool), ndim=2).shape == (1, 2, 3, 3)
     k = rand(1, 1, 2, 3, seed=3)
     torch.testing.assert_close(RF.symmetric_attention(k, k, attn_mask=add),
                                RF.symmetric_attention(k, k, attn_mask=RF.as_bool_mask(add)), rtol=0, atol=0)

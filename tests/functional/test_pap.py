@@ -10,7 +10,7 @@ import torch
 
 from rpc_attention import functional as RF
 
-from .reference import rand, ref_pap, ref_shrink, ref_softmax_attention
+from .reference import rand, ref_pap, ref_shrink
 
 
 @pytest.mark.parametrize("shape", [(1, 1, 5, 4), (2, 3, 7, 8), (3, 2, 16, 4)])

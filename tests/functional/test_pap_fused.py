@@ -45,7 +45,7 @@ def test_fused_and_checkpointed_gradients_match_autograd_formulation(kw):
     k, v = rand(2, 3, 9, 4, seed=6) * 2, rand(2, 3, 9, 4, seed=7)
     ref = _out_and_grads(lambda a, b: RF.pap_attention(a, b, return_state=True, **kw), k, v)
     for ckpt in (False, True):
-        got = _out_and_grads(lambda a, b: RF.pap_attention(a, b, checkpoint_iters=ckpt, **kw), k, v)
+        got = _out_and_grads(lambda a, b, ckpt=ckpt: RF.pap_attention(a, b, checkpoint_iters=ckpt, **kw), k, v)
         for r, g in zip(ref, got):
             torch.testing.assert_close(g, r, rtol=1e-7, atol=1e-9)
 
@@ -56,7 +56,7 @@ def test_fused_gradients_with_padding_mask_and_explicit_path_checkpoint():
     mask[1, ..., 5:] = False
     ref = _out_and_grads(lambda a, b: RF.pap_attention(a, b, n_iter=4, attn_mask=mask, return_state=True), k, v)
     for kw in (dict(), dict(checkpoint_iters=True), dict(fused=False, checkpoint_iters=True)):
-        got = _out_and_grads(lambda a, b: RF.pap_attention(a, b, n_iter=4, attn_mask=mask, **kw), k, v)
+        got = _out_and_grads(lambda a, b, kw=kw: RF.pap_attention(a, b, n_iter=4, attn_mask=mask, **kw), k, v)
         for r, g in zip(ref, got):
             torch.testing.assert_close(g, r, rtol=1e-7, atol=1e-9)
 

@@ -11,6 +11,7 @@ import torch
 transformers = pytest.importorskip("transformers")
 
 import rpc_attention.integrations.transformers as rpc_hf  # noqa: E402
+import rpc_attention.functional as RF  # noqa: E402
 from rpc_attention.integrations import _core  # noqa: E402
 
 INF = float("inf")
@@ -270,7 +271,8 @@ def test_cross_attention_never_cleans_queries(monkeypatch):
     model = gpt2(add_cross_attention=True)
     ids = torch.randint(0, 64, (2, 6))
     enc = torch.randn(2, 6, 32)  # same length as the decoder input: still cross-attention
-    got = out_of(model, ids, encoder_hidden_states=enc)
+    # without a cache: with one, causal self-attention goes through the cached path instead
+    got = out_of(model, ids, encoder_hidden_states=enc, use_cache=False)
     assert sorted(set(calls)) == [(6, 6, False, False), (6, 6, True, True)]
     monkeypatch.setattr(rpc_hf, "asymmetric_rpc_attention", orig)
     torch.testing.assert_close(got, with_impl(model, "eager", ids, encoder_hidden_states=enc), rtol=0, atol=1e-5)
@@ -446,3 +448,98 @@ def test_vit_layer_list_works_at_creation_and_after_reload(tmp_path):
     assert torch.equal(out_of(again, pixel_values=x), out)
     with pytest.raises(ValueError, match=r"rpc_layers=\[2\].*layers are \[0, 1\]"):
         rpc_hf.configure(again, rpc_layers=[2])
+
+
+# ---------------------------------------------------------------------------------------------
+# Cached decoding with the per-pass PAP state (functional.PAPCache beside the model's cache)
+# ---------------------------------------------------------------------------------------------
+
+def _stepwise_logits(model, ids, mask, prompt):
+    """Logits of a prefill of ``prompt`` tokens, then one token at a time over the model's cache."""
+    out = model(ids[:, :prompt], attention_mask=mask[:, :prompt], use_cache=True)
+    logits, cache = [out.logits], out.cache
+    for i in range(prompt, ids.shape[1]):
+        out = model(ids[:, i:i + 1], attention_mask=mask[:, :i + 1], cache=cache, use_cache=True)
+        logits.append(out.logits)
+        cache = out.cache
+    return torch.cat(logits, dim=1), cache
+
+
+PAP_CASES = [
+    *[dict(rpc_layers="all", n_iter=n, lambd=0.5, threshold="lambda_over_mu") for n in range(1, 7)],
+    dict(rpc_layers=[1], n_iter=4, lambd=4.0, threshold="lambda_mu", mu_mode="causal_head_dim"),
+    dict(rpc_layers="all", n_iter=3, lambd=1.0, threshold="candes", mu_mode="causal", key_mode="pap"),
+    dict(rpc_layers=[0], n_iter=2, lambd=INF, clean_queries=False),
+]
+
+
+@pytest.mark.parametrize("opts", PAP_CASES, ids=lambda o: "-".join(f"{k}={v}" for k, v in o.items()))
+def test_pap_state_decoding_equals_the_full_forward_in_float64(opts):
+    # float64: the cached passes differ from the full forward by rounding only (reduction order);
+    # 1e-10 on O(1) logits is far above that and far below any real discrepancy
+    rpc_hf.register(**opts)
+    model = llama(initializer_range=0.3).double()
+    ids, mask = padded_batch("left")
+    full = model(ids, attention_mask=mask).logits
+    got, _ = _stepwise_logits(model, ids, mask, prompt=5)
+    rows = mask.bool()
+    torch.testing.assert_close(got[rows], full[rows], rtol=0, atol=1e-10)
+    n_layers = 2 if opts["rpc_layers"] == "all" else 1
+    b, t, h, d = ids.shape[0], 5, 4, 8
+    # after the prefill, per RPC layer: n_iter - 1 cleaned-key tensors, the output keys, two running
+    # sums and the key mask (the prompt is padded)
+    cache = model(ids[:, :t], attention_mask=mask[:, :t], use_cache=True).cache
+    expected = n_layers * (opts["n_iter"] * b * h * t * d * 8 + 2 * b * h * 8 + b * t)
+    assert rpc_hf.decoding_cache_bytes(cache) == expected
+
+
+@pytest.mark.parametrize("build", [llama, gpt2, mistral, qwen2])
+def test_beam_search_with_the_pap_state_equals_uncached_beam_search(build):
+    rpc_hf.register(rpc_layers="all", n_iter=3, lambd=0.5, threshold="lambda_over_mu")
+    model = build(initializer_range=0.3).double()
+    ids, mask = prompts(True)
+    kw = dict(attention_mask=mask, max_new_tokens=6, min_new_tokens=6, num_beams=3, num_return_sequences=3,
+              do_sample=False, pad_token_id=0, output_scores=True, return_dict_in_generate=True)
+    cached, uncached = model.generate(ids, **kw), model.generate(ids, use_cache=False, **kw)
+    assert torch.equal(cached.sequences, uncached.sequences)
+    torch.testing.assert_close(cached.sequences_scores, uncached.sequences_scores, rtol=0, atol=1e-10)
+
+
+def test_beam_reorder_is_followed_not_recomputed():
+    """After the model's cache is reordered, the PAP state is reordered with it (found by checksum and
+    exact comparison), so the next step equals the full forward of the reordered sequences."""
+    rpc_hf.register(rpc_layers="all", n_iter=3, lambd=0.5, threshold="lambda_over_mu")
+    model = llama(initializer_range=0.3).double()
+    ids = torch.randint(0, 64, (3, 8))
+    mask = torch.ones_like(ids)
+    out = model(ids[:, :6], attention_mask=mask[:, :6], use_cache=True)
+    index = torch.tensor([2, 2, 0])
+    out.cache.reorder_cache(index)
+    before = rpc_hf.decoding_cache_bytes(out.cache)
+    ids2 = ids.index_select(0, index)
+    ids2[1, 6:] = ids[1, 6:]
+    step = model(ids2[:, 6:7], attention_mask=mask[:, :7], cache=out.cache, use_cache=True)
+    torch.testing.assert_close(step.logits[:, 0], model(ids2[:, :7]).logits[:, -1], rtol=0, atol=1e-10)
+    assert rpc_hf.decoding_cache_bytes(step.cache) > before
+    assert not rpc_hf._reordered(torch.zeros(3, 4, 6, 8), torch.ones(3, 4, 6, 8), _pap_state(3, 6))
+
+
+def _pap_state(b, t):
+    k = torch.randn(b, 4, t, 8)
+    _, state, pap = RF.pap_prefill(k, k, n_iter=2, final_attention=False)
+    return _core.AsymmetricRPCCache(pap, k)
+
+
+@pytest.mark.parametrize("cache", ["dynamic", "static"])
+def test_cached_generation_after_save_and_reload(tmp_path, cache):
+    rpc_hf.register(rpc_layers="all", n_iter=4, lambd=0.5, threshold="lambda_over_mu")
+    model = llama(initializer_range=0.3).double()
+    model.save_pretrained(tmp_path)
+    rpc_hf.unregister()
+    rpc_hf.register()  # other defaults in the new "process": the saved config wins
+    again = transformers.AutoModelForCausalLM.from_pretrained(tmp_path, attn_implementation="rpc").double().eval()
+    ids, mask = prompts(True)
+    extra = {"cache_implementation": "static"} if cache == "static" else {}
+    seq, _ = greedy(again, ids, mask, **extra)
+    seq_full, _ = greedy(model, ids, mask, use_cache=False)
+    assert torch.equal(seq, seq_full)

@@ -1,7 +1,9 @@
 """Aggregation, report writing, the jproj callback and the analyze CLI on tiny models."""
 
 import json
+import math
 
+import numpy as np
 import pytest
 import timm
 import torch
@@ -10,7 +12,7 @@ import rpc_attention.models  # noqa: F401  (registers the timm models)
 from rpc_attention import nn as rnn
 from rpc_attention.cli import main
 from rpc_attention.kpca import metrics as M
-from rpc_attention.kpca.analysis import analyze_captures, pap_stats
+from rpc_attention.kpca.analysis import analyze_captures, pap_stats, perturbed_eigvecs
 from rpc_attention.kpca.hooks import AttentionCapture
 from rpc_attention.kpca.runner import run_analysis, summary_markdown
 from rpc_attention.kpca.sources import image_probe
@@ -47,6 +49,54 @@ def test_analyze_captures_fields_and_aggregation():
     paper = analyze_captures(cap.captures, "paper")
     assert paper["protocol"] == "paper"
     assert paper["model"]["phi2"]["mean"] != pytest.approx(res["model"]["phi2"]["mean"])
+
+
+def test_protocol_conventions_of_the_two_published_codes():
+    # docs/analysis.md#protocols: each against a float64 formula written from the codes
+    m = _rpc_vit()
+    with AttentionCapture(m) as cap, torch.no_grad():
+        m(torch.randn(2, 1, 16, 16))
+    exact = analyze_captures(cap.captures, "exact")
+    c = cap.captures[1]  # the plain symmetric block (raw keys)
+    l1 = exact["layers"][1]
+    # eigenvalues on the study's scale: |eigenvalues of K_c| (not divided by N), top Dv
+    tops = []
+    for b in range(2):
+        kk = c.k[b].double().numpy()
+        for h in range(kk.shape[0]):
+            s = np.exp(kk[h] @ kk[h].T * c.scale)
+            kphi = s / np.outer(s.sum(1), s.sum(1))
+            n = kphi.shape[0]
+            hm = np.eye(n) - np.full((n, n), 1.0 / n)
+            tops.append(np.abs(np.sort(np.linalg.eigvalsh(hm @ kphi @ hm))[::-1][:16]).max())
+    assert l1["eig_max"]["mean"] == pytest.approx(np.mean(tops), rel=1e-8)
+    # the study's relative reconstruction errors, from the layer's mean norms
+    phi2, h2 = l1["phi2"]["mean"], l1["h2"]["mean"]
+    assert l1["rel_error_wrt_phi2"] == pytest.approx(abs(phi2 - h2) / phi2, rel=1e-12)
+    assert l1["rel_error_wrt_h2"] == pytest.approx(abs(phi2 - h2) / h2, rel=1e-12)
+    assert exact["model"]["rel_error_wrt_h2"] == pytest.approx(
+        sum(L["rel_error_wrt_h2"] for L in exact["layers"]) / 2, rel=1e-12)
+    # the official code's J_proj under `paper`: log of the mean of exp(q.q)/exp(2 q.k_0 - log attn_0^2) - ||h||^2
+    paper = analyze_captures(cap.captures, "paper")
+    kz = M.standardize_tokens(c.k.double())
+    terms = []
+    for b in range(2):
+        lp = M.official_log_phi2(kz[b], kz[b], c.scale)
+        h2b = M.log_feature_norms(kz[b], kz[b], c.v[b], c.scale)["log_h2"].exp()
+        terms.append((lp.exp() - h2b).reshape(-1))
+    official = torch.cat(terms).mean().item()
+    got = paper["layers"][1].get("log_mean_jproj_official")
+    assert (got is None and official <= 0) or got == pytest.approx(math.log(official), rel=1e-9)
+    assert "jproj_official" not in exact["layers"][1]
+
+
+def test_perturbed_control_is_the_studys_noise_then_qr():
+    vecs = torch.linalg.qr(torch.randn(12, 4, dtype=torch.float64, generator=torch.Generator().manual_seed(1)))[0]
+    got = perturbed_eigvecs(vecs, 0.1, torch.Generator().manual_seed(5))
+    noise = torch.randn(vecs.shape, generator=torch.Generator().manual_seed(5), dtype=torch.float64)
+    ref, _ = np.linalg.qr((vecs + 0.1 * noise).numpy())
+    np.testing.assert_allclose(got.numpy(), ref[:, :4], rtol=0, atol=1e-12)
+    np.testing.assert_allclose(got.T.numpy() @ got.numpy(), np.eye(4), rtol=0, atol=1e-12)
 
 
 def test_failures_are_reported_not_dropped():
@@ -147,10 +197,12 @@ def test_pap_stats_values():
 
 
 def test_jproj_callback_logs_both_protocols(tmp_path, fake_logger, fake_task):
+    from rpc_attention.kpca import register_callbacks
     from rpc_attention.kpca.jproj_callback import jproj_callback, jproj_record
     from rpc_attention.train.callbacks import get_callback
     from rpc_attention.train.tasks import register_task
 
+    register_callbacks()
     assert get_callback("jproj") is jproj_callback
     register_task("kpca-test-fake", fake_task(10), overwrite=True)
     m = _rpc_vit()
@@ -249,3 +301,19 @@ def test_analyze_cli_reports_the_command_time(tmp_path, capsys, monkeypatch):
     last = capsys.readouterr().out.strip().splitlines()[-1]
     seconds = float(last.split(" in ")[-1].split(" s")[0])
     assert seconds >= 0.5, last
+
+
+def test_analyze_keeps_an_earlier_analysis_unless_force(tmp_path, capsys):
+    out = tmp_path / "a"
+    argv = ["analyze", "--timm", "vit_tiny_patch16_224", "--set", "model.kwargs.img_size=16",
+            "--set", "model.kwargs.patch_size=4", "--set", "model.kwargs.depth=1", "--set", "model.kwargs.embed_dim=16",
+            "--set", "model.kwargs.num_heads=2", "--limit", "2", "--out", str(out), "--no-figures", "--protocol", "exact"]
+    assert main(argv) == 0
+    out.joinpath("kpca.json").write_text("EARLIER")
+    capsys.readouterr()
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert "already holds an analysis" in err and "--force" in err
+    assert out.joinpath("kpca.json").read_text() == "EARLIER"
+    assert main(argv + ["--force"]) == 0
+    assert json.loads(out.joinpath("kpca.json").read_text())["meta"]["source"] == "timm"

@@ -5,8 +5,8 @@ import os
 import pytest
 import torch
 
-from rpc_attention import functional as RF
 import rpc_attention.models  # noqa: F401  (registers our models in timm)
+from rpc_attention import functional as RF
 from rpc_attention import nn as rnn
 from rpc_attention.kpca.hooks import AttentionCapture, find_attention_modules
 

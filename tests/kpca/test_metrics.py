@@ -114,11 +114,33 @@ def test_padding_mask_excludes_keys_and_queries():
         torch.testing.assert_close(full[key], ref[key])
 
 
-def test_standardize_tokens():
+def test_standardize_tokens_uses_the_unbiased_std_of_the_official_code():
     x = _rand(3, 5, 16, seed=13, scale=4.0) + 2.0
     z = M.standardize_tokens(x)
-    torch.testing.assert_close(z.mean(-1), torch.zeros(3, 5, dtype=torch.float64), atol=1e-12, rtol=0)
-    torch.testing.assert_close(z.std(-1, unbiased=False), torch.ones(3, 5, dtype=torch.float64), atol=1e-6, rtol=0)
+    # the official code: (q - q.mean(-1)) / q.std(-1), torch's default unbiased std, no eps
+    xn = x.numpy()
+    ref = (xn - xn.mean(-1, keepdims=True)) / xn.std(-1, ddof=1, keepdims=True)
+    np.testing.assert_allclose(z.numpy(), ref, rtol=1e-12, atol=1e-12)
+    # the study's scripts add 1e-8 to the std
+    ref_eps = (xn - xn.mean(-1, keepdims=True)) / (xn.std(-1, ddof=1, keepdims=True) + 1e-8)
+    np.testing.assert_allclose(M.standardize_tokens(x, eps=1e-8).numpy(), ref_eps, rtol=1e-12, atol=1e-12)
+
+
+def test_official_phi2_is_the_codes_unscaled_formula():
+    # Reconstruction/softmax.py: num = exp(q.q), den = exp(2 q.k_0 - log(attn_0^2)), attn = softmax(s q.k)
+    q, k = _rand(2, 6, 4, seed=30, scale=0.5), _rand(2, 6, 4, seed=31, scale=0.5)
+    s = 0.5
+    qn, kn = q.numpy(), k.numpy()
+    for h in range(2):
+        for i in range(6):
+            qk = kn[h] @ qn[h, i]
+            attn0 = np.exp(s * qk[0]) / np.exp(s * qk).sum()
+            ref = np.exp(qn[h, i] @ qn[h, i]) / np.exp(2 * qk[0] - np.log(attn0 ** 2))
+            assert math.exp(M.official_log_phi2(q, k, s)[h, i].item()) == pytest.approx(ref, rel=1e-12)
+    # with s = 1 it is the definition's ||varphi(q)||^2
+    v = _rand(2, 6, 4, seed=32)
+    torch.testing.assert_close(M.official_log_phi2(q, k, 1.0), M.log_feature_norms(q, k, v, 1.0)["log_phi2"],
+                               rtol=0, atol=1e-12)
 
 
 # ---------------------------------------------------------------- gamma
@@ -130,7 +152,18 @@ def test_pairwise_abs_diff_stats_matches_loop():
         for d in range(3):
             diffs = [abs(x[h, i, d].item() - x[h, j, d].item()) for i in range(9) for j in range(i + 1, 9)]
             assert st["mean"][h, d].item() == pytest.approx(np.mean(diffs), rel=1e-10)
-            assert st["std"][h, d].item() == pytest.approx(np.std(diffs), rel=1e-7)
+            assert st["std"][h, d].item() == pytest.approx(np.std(diffs, ddof=1), rel=1e-7)  # torch.std of the pairs
+
+
+def test_pairwise_rel_diff_stats_matches_the_studys_loop():
+    x = _rand(2, 7, 3, seed=33)
+    st = M.pairwise_rel_diff_stats(x)
+    for h in range(2):
+        for d in range(3):
+            a = x[h, :, d].tolist()
+            rel = [abs(a[i] - a[j]) / (max(abs(a[i]), abs(a[j])) + 1e-10) for i in range(7) for j in range(i + 1, 7)]
+            assert st["mean"][h, d].item() == pytest.approx(np.mean(rel), rel=1e-12)
+            assert st["std"][h, d].item() == pytest.approx(np.std(rel, ddof=1), rel=1e-10)
 
 
 def test_gamma_constant_for_true_eigenvectors_not_for_controls():
@@ -138,10 +171,14 @@ def test_gamma_constant_for_true_eigenvectors_not_for_controls():
     g = M.centred_gram(k, 0.5)
     eig = M.gram_eigen(g["k_c"], 4)
     gam = M.gamma_ratios(g["k_c"], eig["vecs"])
-    # gamma_i = eigenvalue of K_c for every token i
-    torch.testing.assert_close(gam, eig["eig"].unsqueeze(-2).expand_as(gam), rtol=1e-6, atol=1e-12)
+    # the study's gamma = K_c a / (a N): lambda = eigenvalue of K_c / N for every token i
+    torch.testing.assert_close(gam, eig["lam"].unsqueeze(-2).expand_as(gam), rtol=1e-6, atol=1e-12)
+    a = eig["vecs"][0].numpy()
+    ref = (g["k_c"][0].numpy() @ a) / (a * 12)
+    np.testing.assert_allclose(gam[0].numpy(), ref, rtol=1e-12, atol=0)
     st = M.gamma_stats(g["k_c"], eig["vecs"])
-    scale = eig["eig"].abs()
+    assert (st["rel_mean"] < 1e-6).all()
+    scale = eig["lam"].abs()
     assert (st["mean"] < 1e-6 * scale).all()
     noisy = eig["vecs"] + 0.01 * _rand(*eig["vecs"].shape, seed=16) / math.sqrt(12)
     st_noisy = M.gamma_stats(g["k_c"], noisy)

@@ -4,9 +4,9 @@ study report both call it)."""
 import matplotlib
 
 matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
+import matplotlib.pyplot as plt
 
-from rpc_attention.kpca.plots import plot_jproj_history  # noqa: E402
+from rpc_attention.kpca.plots import plot_jproj_history
 
 HISTORY = [
     {"epoch": 1, "split": "jproj", "jproj/exact/model/jproj": -0.5, "jproj/exact/model/phi2": 2.0,

@@ -1,4 +1,4 @@
-"""S activity of PAP blocks: the probe, the rule, the always-on trainer callback, final_metrics.json."""
+"""S activity of PAP blocks: the probe, the rule, the default trainer callback, final_metrics.json."""
 
 import json
 import math
@@ -7,12 +7,17 @@ import pytest
 import timm
 import torch
 
-from rpc_attention import functional as RF
 import rpc_attention.models  # noqa: F401  (registers the timm models)
+from rpc_attention import functional as RF
 from rpc_attention import nn as rnn
-from rpc_attention.kpca.sparsity import (ACTIVITY_KEYS, measure_sparsity, probe_sparsity, sparsity_callback,
-                                         sparsity_verdict)
-from rpc_attention.train.callbacks import get_callback, register_callback, resolve_callbacks
+from rpc_attention.train.callbacks import default_callbacks, get_callback, register_callback, resolve_callbacks
+from rpc_attention.train.sparsity import (
+    ACTIVITY_KEYS,
+    measure_sparsity,
+    probe_sparsity,
+    sparsity_callback,
+    sparsity_verdict,
+)
 
 
 def _rpc_module(**pap):
@@ -118,17 +123,54 @@ def test_callback_logs_probe_of_200_held_out_examples_and_returns_the_record(tmp
     assert len(log.records) == 1
 
 
-def test_resolve_callbacks_puts_always_on_first_and_lists_each_once():
+def test_a_run_gets_the_given_callbacks_then_the_listed_ones_each_once():
     def mine(model, cfg, epoch, run_dir, logger):
         return None
 
     register_callback("sparsity-test-listed", mine, overwrite=True)
     names = [n for n, _ in resolve_callbacks(["sparsity-test-listed", "sparsity", "sparsity-test-listed"])]
-    assert names[-1] == "sparsity-test-listed" and names.count("sparsity") == 1
-    assert names.index("sparsity") < names.index("sparsity-test-listed")
-    assert "sparsity" in [n for n, _ in resolve_callbacks(None)]
+    assert names == ["sparsity", "sparsity-test-listed"]  # the default (sparsity) first
+    assert resolve_callbacks(None) == default_callbacks() == [("sparsity", sparsity_callback)]
+    assert resolve_callbacks(None, []) == []  # callbacks=[]: the record is off
+    assert resolve_callbacks(["sparsity"], []) == [("sparsity", sparsity_callback)]  # a run may still list it
+    assert resolve_callbacks(["sparsity-test-listed"], [("x", mine)]) == [("x", mine), ("sparsity-test-listed", mine)]
     with pytest.raises(ValueError, match="unknown callback 'nope'"):
         resolve_callbacks(["nope"])
+
+
+_TINY_PAP_RUN = {
+    "task": "classification",
+    "model": {"name": "rpc_symvit_tiny_patch16_224",
+              "kwargs": {"patch_size": 7, "embed_dim": 16, "depth": 1, "num_heads": 2, "n_iter": 2,
+                         "lambd": 0.05, "threshold": "lambda_over_mu", "drop_path_rate": 0.0}},
+    "data": {"name": "fashion_mnist", "train_subset": 64, "test_subset": 64, "val_size": 32},
+    "train": {"epochs": 1, "batch_size": 32, "threads": 1, "log_every": 100},
+    "eval": {"batch_size": 64},
+}
+
+
+def test_library_run_training_records_sparsity_without_the_analysis_toolkit(tmp_path):
+    """A fresh interpreter that imports only rpc_attention.train gets the S-activity record by default;
+    ``callbacks=[]`` switches it off."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    code = (f"import json, sys\nimport rpc_attention.train as T\ncfg = {_TINY_PAP_RUN!r}\n"
+            f"run = T.run_training(cfg, {str(tmp_path / 'lib')!r})\n"
+            f"off = T.run_training(cfg, {str(tmp_path / 'off')!r}, callbacks=[])\n"
+            "assert 'rpc_attention.kpca' not in sys.modules, 'the analysis toolkit was imported'\n"
+            "print(json.dumps([json.load(open(run / 'final_metrics.json')).get('sparsity'),\n"
+            "                  'sparsity' in json.load(open(off / 'final_metrics.json'))]))\n")
+    src = Path(__file__).resolve().parents[2] / "src"
+    env = dict(os.environ, PYTHONPATH=str(src))
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env)
+    assert out.returncode == 0, out.stderr[-3000:]
+    record, off_has_it = json.loads(out.stdout.strip().splitlines()[-1])
+    assert record["epoch"] == 1 and record["probe"]["split"] == "val" and len(record["blocks"]) == 1
+    assert record["verdict"] in ("fired", "acted as iterated attention")
+    assert off_has_it is False
 
 
 def test_every_pap_run_records_sparsity_each_epoch_and_in_final_metrics(tmp_path):
@@ -143,7 +185,7 @@ def test_every_pap_run_records_sparsity_each_epoch_and_in_final_metrics(tmp_path
         "train": {"epochs": 2, "batch_size": 32, "threads": 1, "log_every": 100},
         "eval": {"batch_size": 64},
     }
-    run = run_training(cfg, tmp_path / "run")  # train.callbacks lists nothing: the callback is always on
+    run = run_training(cfg, tmp_path / "run")  # train.callbacks lists nothing: the callback is a default
     recs = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
     logged = [r for r in recs if r.get("split") == "sparsity"]
     assert [r["epoch"] for r in logged] == [1, 2]

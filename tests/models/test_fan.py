@@ -449,7 +449,7 @@ def test_analyze_cli_on_a_fan_run(fan_run, tmp_path):
 
 
 def test_studies_carry_the_rpc_fan_vs_fan_comparison(tmp_path):
-    from rpc_attention.report.collect import TABLES
+    from rpc_attention.report.collect import table_columns
     from rpc_attention.report.paper import PAPER_ROWS
     from rpc_attention.reproduce.studies import build_stages, get_study
 
@@ -471,7 +471,7 @@ def test_studies_carry_the_rpc_fan_vs_fan_comparison(tmp_path):
         row = PAPER_ROWS[pid]
         assert row["baseline"] is None and row["rpc"] is None and row["found"] is False
         assert "not found" in row["setting"]
-    assert [c[4] for c in TABLES["fan"]["columns"] if c[4]] == ["fan_clean", "fan_mce", "fan_imagenet_a",
+    assert [c.paper for _, c in table_columns("fan") if c.paper] == ["fan_clean", "fan_mce", "fan_imagenet_a",
                                                                    "fan_imagenet_r"]
 
 

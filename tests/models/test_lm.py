@@ -2,9 +2,13 @@
 
 import pytest
 import torch
+from torch import Tensor
+
+import rpc_attention.functional as RF
 
 from rpc_attention.models.lm import (
-    AdaptiveLogSoftmax, LM_CONFIGS, Symlm, build_lm, generate, lm_config, parse_rpc_layers,
+    AdaptiveLogSoftmax, LM_CONFIGS, Symlm, build_lm, cache_length, generate, lm_config, parse_rpc_layers,
+    reorder_cache,
 )
 from rpc_attention.nn import Attention, RPCAttention, SymmetricAttention
 
@@ -93,7 +97,108 @@ def test_cached_step_log_probs_match_full_forward(variant):
             # max|log p| over 5 seeds, 1-2 threads)
             atol = 16 * torch.finfo(torch.float32).eps * full.abs().max().item()
             torch.testing.assert_close(lp, full, rtol=0, atol=atol)
-    assert cache[0]["k"].shape[2] == 10
+    assert cache_length(cache) == 10
+
+
+def _perturbed(model: Symlm) -> Symlm:
+    with torch.no_grad():  # less degenerate than at init, so that PAP's sparse step fires
+        for p in model.parameters():
+            p.add_(torch.randn_like(p) * 0.3)
+    return model.eval()
+
+
+def _cached_logprobs(model: Symlm, x: Tensor, prompt: int) -> Tensor:
+    cache = model.new_cache()
+    steps = [model.next_logprob(x[:, :prompt], cache)]
+    steps += [model.next_logprob(x[:, i:i + 1], cache) for i in range(prompt, x.shape[1])]
+    assert cache_length(cache) == x.shape[1]
+    return torch.stack(steps, 1)
+
+
+def _uncached_logprobs(model: Symlm, x: Tensor, prompt: int) -> Tensor:
+    return torch.stack([model.next_logprob(x[:, :i]) for i in range(prompt, x.shape[1] + 1)], 1)
+
+
+CACHE_CASES = [
+    *[dict(rpc_layers=[0], n_iter=n, threshold="lambda_mu", mu_mode="causal") for n in range(1, 7)],
+    dict(rpc_layers="all", n_iter=4, threshold="lambda_over_mu", lambd=1.0, mu_mode="causal_head_dim"),
+    dict(rpc_layers="all", n_iter=3, threshold="candes", lambd=1.0, mu_mode="causal"),
+    dict(rpc_layers=[1], n_iter=2, threshold="candes", lambd=1.0, mu_mode="causal_head_dim", attention="asymmetric"),
+    dict(rpc_layers="all", n_iter=2, lambd=float("inf")),
+]
+
+
+@pytest.mark.parametrize("opts", CACHE_CASES, ids=lambda o: "-".join(f"{k}={v}" for k, v in o.items()))
+def test_pap_cache_equals_the_uncached_forward_in_float64(opts):
+    # float64: the cached passes differ from the uncached ones by rounding only (~1e-15 per pass, see
+    # tests/functional/reference.py); 1e-10 on log-probabilities is far above it
+    model = _perturbed(tiny("symmetric", dropout=0.0, **opts)).double()
+    x = torch.randint(0, V, (2, 12), generator=torch.Generator().manual_seed(4))
+    with torch.no_grad():
+        torch.testing.assert_close(_cached_logprobs(model, x, 5), _uncached_logprobs(model, x, 5), rtol=0, atol=1e-10)
+    if opts.get("lambd", 4.0) != float("inf"):
+        assert 0.0 < _sparse_fraction(model, x) < 1.0
+
+
+def _sparse_fraction(model: Symlm, x: Tensor) -> float:
+    attn = next(b.attn for b in model.blocks if isinstance(b.attn, RPCAttention))
+    seen = []
+    hook = attn.register_forward_hook(lambda m, inp, out: seen.append(inp[0]))
+    with torch.no_grad():
+        model(x)
+    hook.remove()
+    k, v = attn._split(seen[0])
+    opts = {key: val for key, val in attn.pap_options().items() if key != "checkpoint_iters"}
+    state = RF.pap_decompose(k, v, is_causal=True, **opts)
+    return float((state.sparse != 0).double().mean())
+
+
+def test_pap_cache_float32_agrees_within_rounding_and_greedy_tokens_match():
+    model = _perturbed(tiny("symmetric", dropout=0.0, rpc_layers="0", n_iter=4, context=24))
+    x = torch.randint(0, V, (2, 12), generator=torch.Generator().manual_seed(5))
+    with torch.no_grad():
+        full = _uncached_logprobs(model, x, 5)
+        # float32 through 2 blocks and 4 PAP passes: the measured gap is a few eps of the log-prob
+        # scale; 64 eps leaves room for other CPUs and thread counts
+        atol = 64 * torch.finfo(torch.float32).eps * full.abs().max().item()
+        torch.testing.assert_close(_cached_logprobs(model, x, 5), full, rtol=0, atol=atol)
+    prompt = x[:, :5]
+    assert torch.equal(generate(model, prompt, 15, temperature=0, use_cache=True),
+                       generate(model, prompt, 15, temperature=0, use_cache=False))
+
+
+def test_reordered_cache_continues_the_selected_rows():
+    model = _perturbed(tiny("symmetric", dropout=0.0, rpc_layers="all", n_iter=3)).double()
+    x = torch.randint(0, V, (3, 10), generator=torch.Generator().manual_seed(6))
+    index = torch.tensor([2, 2, 0])
+    with torch.no_grad():
+        cache = model.new_cache()
+        model.next_logprob(x[:, :6], cache)
+        reorder_cache(cache, index)
+        xr = x.index_select(0, index)
+        xr[1, 6:] = x[1, 6:]  # two beams from row 2 continue differently
+        steps = [model.next_logprob(xr[:, i:i + 1], cache) for i in range(6, 10)]
+        full = _uncached_logprobs(model, xr, 7)
+    torch.testing.assert_close(torch.stack(steps, 1), full, rtol=0, atol=1e-10)
+
+
+def test_cached_generation_after_save_and_reload(tmp_path):
+    from safetensors.torch import load_file, save_file
+
+    model = _perturbed(tiny("symmetric", dropout=0.0, rpc_layers="0", n_iter=4))
+    save_file(model.state_dict(), str(tmp_path / "m.safetensors"))
+    again = tiny("symmetric", dropout=0.0, rpc_layers="0", n_iter=4).eval()
+    again.load_state_dict(load_file(str(tmp_path / "m.safetensors")))
+    prompt = torch.randint(0, V, (2, 5), generator=torch.Generator().manual_seed(7))
+    a = generate(again, prompt, 10, temperature=0, use_cache=True)
+    assert torch.equal(a, generate(model, prompt, 10, temperature=0, use_cache=False))
+
+
+def test_cache_refuses_tol():
+    model = tiny("rpc-first", dropout=0.0).eval()
+    model.blocks[0].attn.tol = 0.01
+    with pytest.raises(ValueError, match="cannot apply tol"):
+        generate(model, torch.zeros(1, 3, dtype=torch.long), 2, use_cache=True)
 
 
 def test_adaptive_softmax_normalised_and_consistent():

@@ -2,13 +2,17 @@
 rpc_attention.nn, encoder init from a classification run, sliding windows, a few training steps."""
 
 import pytest
+import timm
 import torch
 import torch.nn.functional as F
 from safetensors.torch import save_file
 
-import timm
 from rpc_attention.models.segmentation import (
-    LinearDecoder, MaskTransformerDecoder, Segmenter, build_segmenter, load_encoder_weights, sliding_window_logits,
+    LinearDecoder,
+    MaskTransformerDecoder,
+    build_segmenter,
+    load_encoder_weights,
+    sliding_window_logits,
 )
 from rpc_attention.nn import RPCAttention, SymmetricAttention
 

@@ -121,7 +121,7 @@ def test_fx_symbolic_trace_and_feature_extraction(name):
     traced = symbolic_trace(model)
     assert torch.equal(traced(x), ref)  # the same kernels run in the same order
     kernels = {n.target.__name__ for n in traced.graph.nodes if n.op == "call_function"}
-    assert {"_check_width"} <= kernels and kernels & {"_softmax_attention", "_symmetric_attention", "_pap_attention",
+    assert {"_check_width"} <= kernels and kernels & {"softmax_attention", "_symmetric_attention", "_pap_attention",
                                                       "_scaled_attention"}
     extractor = create_feature_extractor(model, return_nodes={"blocks.1": "mid", "head": "logits"})
     out = extractor(x)

@@ -1,6 +1,5 @@
 """SymViT family in timm's registry: builds, forward/backward, RPC placement, checkpoint layout, init."""
 
-import math
 
 import pytest
 import timm

@@ -2,8 +2,6 @@
 
 import json
 
-import pytest
-
 from rpc_attention.cli import main
 from rpc_attention.report.compare import compare_runs, lower_is_better, read_curves
 
@@ -65,3 +63,10 @@ def test_compare_cli_errors(tmp_path, capsys):
     assert main(["compare", str(a), "--out", str(tmp_path / "o"), "--label", "x", "--label", "y"]) == 2
     assert main(["compare", str(a), "--out", str(tmp_path / "o"), "--metric", "nope"]) == 0  # n/a row, no crash
     assert "n/a" in (tmp_path / "o" / "compare.md").read_text()
+    # an earlier comparison in --out is kept unless --force
+    (tmp_path / "o" / "compare.json").write_text("EARLIER")
+    assert main(["compare", str(a), "--out", str(tmp_path / "o")]) == 2
+    assert "already holds a comparison" in capsys.readouterr().err
+    assert (tmp_path / "o" / "compare.json").read_text() == "EARLIER"
+    assert main(["compare", str(a), "--out", str(tmp_path / "o"), "--force"]) == 0
+    assert json.loads((tmp_path / "o" / "compare.json").read_text())["runs"]

@@ -1,4 +1,5 @@
-"""Interval code against float64 references, the interval verdict rules and the lead paragraph's rules."""
+"""Interval code against float64 references, the example statistics (mean, AUPR, perplexity) and the
+lead paragraph (the verdict table's metric and word)."""
 
 import math
 
@@ -6,9 +7,12 @@ import numpy as np
 import pytest
 from scipy import stats
 
+from rpc_attention.evaluate.ood import aupr
+from rpc_attention.evaluate.per_example import (STATISTICS, ExampleData, average_precision, example_data,
+                                                score_record)
 from rpc_attention.report.intervals import paired_bootstrap, paired_comparison, t_interval
-from rpc_attention.report.lead import direction, lead_paragraph
-from rpc_attention.report.verdict import INCONCLUSIVE, NOT_REPRODUCED, REPRODUCED, interval_verdict
+from rpc_attention.report.lead import lead_paragraph
+from rpc_attention.report.verdict import INCONCLUSIVE, REPRODUCED, UNRESOLVED
 
 
 def test_t_interval_matches_the_textbook_formula():
@@ -56,9 +60,9 @@ def test_bootstrap_width_matches_the_normal_approximation():
 
 def test_bootstrap_pairs_examples_not_positions_and_rejects_mismatches():
     idx = np.arange(10)
-    b = (idx, np.array([100.0] * 5 + [0.0] * 5))
+    b = ExampleData(idx, np.array([100.0] * 5 + [0.0] * 5)[:, None], STATISTICS["mean"])
     # the RPC model's record lists the same examples in reverse order: paired by index they agree
-    r = (idx[::-1].copy(), b[1][::-1].copy())
+    r = ExampleData(idx[::-1].copy(), b.values[::-1].copy(), STATISTICS["mean"])
     cmp = paired_comparison({"0": 50.0}, {"0": 50.0}, {"0": b}, {"0": r})
     assert cmp["bootstrap"]["per_seed"]["0"]["hi"] == 0.0 and cmp["seed_ci"] is None
     with pytest.raises(ValueError, match="same examples"):
@@ -71,37 +75,61 @@ def _ci(lo, hi):
     return {"lo": lo, "hi": hi, "diff": (lo + hi) / 2}
 
 
-@pytest.mark.parametrize("seed,example,higher,expected", [
-    (_ci(0.5, 2.0), _ci(0.1, 1.0), True, REPRODUCED),
-    (_ci(-2.0, -0.5), _ci(-1.0, -0.1), False, REPRODUCED),       # lower is better: negative = RPC better
-    (_ci(-2.0, -0.5), _ci(-1.0, -0.1), True, NOT_REPRODUCED),
-    (_ci(-0.3, 0.4), _ci(-0.2, 0.2), True, NOT_REPRODUCED),      # inside +-margin (1): no effect of that size
-    (_ci(-3.0, 4.0), _ci(0.2, 0.9), True, INCONCLUSIVE),         # seeds disagree
-    (None, _ci(0.5, 2.0), True, INCONCLUSIVE),                    # one seed never says reproduced
-    (None, _ci(-3.0, -1.5), True, NOT_REPRODUCED),                # one seed, worse beyond the margin
-    (None, _ci(-0.9, -0.1), True, INCONCLUSIVE),
-])
-def test_interval_verdict_rules(seed, example, higher, expected):
-    assert interval_verdict(seed, example, higher, margin=1.0)["verdict"] == expected
+def test_average_precision_equals_sklearn_with_ties():
+    rng = np.random.default_rng(3)
+    s_in = np.round(rng.normal(0.0, 1.0, 300), 1)     # rounded: many tied scores
+    s_out = np.round(rng.normal(0.8, 1.0, 200), 1)
+    scores = np.concatenate([s_in, s_out])
+    labels = np.r_[np.zeros(300), np.ones(200)]
+    assert average_precision(scores, labels) == pytest.approx(aupr(s_in, s_out), abs=1e-12)
+    # batched over a leading axis: each row on its own
+    batch = np.stack([scores, scores[::-1]])
+    out = average_precision(batch, np.stack([labels, labels[::-1]]))
+    assert out[0] == pytest.approx(out[1], abs=1e-12) == pytest.approx(aupr(s_in, s_out), abs=1e-12)
 
 
-def test_lead_paragraph_follows_its_rules():
-    comparisons = [
-        {"rpc": "r", "baseline": "b", "suite": "clean", "metric": "top1", "what": "clean accuracy", "higher": True,
-         "seeds": ["0", "1", "2"], "per_seed_diff": {"0": 1.0, "1": 2.0, "2": 3.0},
-         "seed_ci": _ci(0.5, 3.5), "bootstrap": {"pooled": _ci(1.0, 3.0)}},
-        {"rpc": "r", "baseline": "b", "suite": "pgd", "metric": "mean_top1", "what": "PGD accuracy", "higher": True,
-         "seeds": ["0"], "per_seed_diff": {"0": -0.5}, "seed_ci": None, "bootstrap": {"pooled": _ci(-1.5, 0.5)}},
+def test_score_records_recompute_the_metric_and_resample_within_strata():
+    rng = np.random.default_rng(4)
+    s_in, s_out = rng.normal(0, 1, 120), rng.normal(1, 1, 80)
+    rec = score_record("aupr", {"AUPR": np.r_[s_in, s_out]}, strata=[False] * 120 + [True] * 80)
+    data = example_data(rec, "AUPR")
+    assert STATISTICS["aupr"](data.values, data.strata) == pytest.approx(100 * aupr(s_in, s_out), abs=1e-10)
+    # a stratified resample keeps 120 in-distribution and 80 OOD examples; the same model twice -> 0
+    same = paired_bootstrap([data.values], [data.values], resamples=200, statistic=data.statistic, strata=data.strata)
+    assert same["lo"] == same["hi"] == 0.0
+    # perplexity: exp(sum NLL / sum tokens) over blocks
+    blocks = [[3.0 * 4, 4], [2.0 * 4, 4], [5.0 * 2, 2]]
+    ppl = example_data(score_record("ppl", {"test_ppl_sliding": blocks}), "test_ppl_sliding")
+    assert STATISTICS["ppl"](ppl.values, None) == pytest.approx(math.exp(30.0 / 10), rel=1e-14)
+    # the perplexity ratio: every block's NLL per token lowered by 0.1 -> ratio exp(-0.1) on every resample
+    lower = ExampleData(ppl.indices, ppl.values - np.outer([4, 4, 2], [0.1, 0.0]), ppl.statistic)
+    iv = paired_bootstrap([ppl.values], [lower.values], resamples=100, statistic=ppl.statistic)
+    assert iv["ratio"] == pytest.approx(math.exp(-0.1), rel=1e-12)
+    assert iv["ratio_lo"] == pytest.approx(math.exp(-0.1), rel=1e-12) == pytest.approx(iv["ratio_hi"], rel=1e-12)
+    assert example_data(rec, "other") is None
+    with pytest.raises(ValueError, match="kind"):
+        score_record("median", {"x": [1.0]})
+
+
+def test_lead_paragraph_uses_the_tables_metric_and_word():
+    claims = [
+        {"title": "claim A", "rpc": "r", "baseline": "b", "suite": "clean", "metric": "top1", "verdict": REPRODUCED,
+         "intervals": {"seeds": ["0", "1", "2"], "per_seed_diff": {"0": 1.0, "1": 2.0, "2": 3.0},
+                       "seed_ci": _ci(0.5, 3.5), "bootstrap": {"pooled": _ci(1.0, 3.0)}, "p_holm": 0.012}},
+        {"title": "claim B", "rpc": "r", "baseline": "b", "suite": "corruptions", "metric": "mCE",
+         "verdict": INCONCLUSIVE, "intervals": {"seeds": ["0", "1", "2"], "per_seed_diff": {"0": -1.0, "1": 2.0, "2": -4.0},
+                                              "seed_ci": _ci(-8.0, 6.0), "bootstrap": {"pooled": _ci(-3.0, 0.5)},
+                                              "p_holm": 0.9}},
+        {"title": "claim C", "rpc": "r2", "baseline": "b", "suite": "ppl", "metric": "test_ppl_sliding",
+         "verdict": UNRESOLVED, "intervals": {"seeds": ["0"], "per_seed_diff": {"0": -0.5}, "seed_ci": None,
+                                            "bootstrap": None, "p_holm": None}},
     ]
-    assert direction(comparisons[0], True) == "better" and direction(comparisons[0], False) == "worse"
-    assert direction(comparisons[1], True) == "no clear difference"
-    assert direction({"seed_ci": None, "bootstrap": None}, True) == "no interval"
-    res = {"models": {"r": {"label": "RPC"}, "b": {"label": "Base"}}, "comparisons": comparisons,
+    res = {"models": {"r": {"label": "RPC"}, "r2": {"label": "RPC-LM"}, "b": {"label": "Base"}}, "claims": claims,
            "sparsity": {"models": {"r": {"label": "RPC", "verdict": "fired", "runs": {
-               "r-s0": {"blocks": [{"frac_nonzero": 0.05}, {"frac_nonzero": 0.2}]}}}}},
-           "claims": [{"title": "claim A", "verdict": REPRODUCED}, {"title": "claim B", "verdict": INCONCLUSIVE}]}
+               "r-s0": {"blocks": [{"frac_nonzero": 0.05}, {"frac_nonzero": 0.2}]}}}}}}
     text = lead_paragraph(res)
     assert "PAP's sparse step: RPC: fired (up to 20 % of S entries non-zero)." in text
-    assert "clean accuracy +2.00 points (better; seed interval [+0.50, +3.50], example interval [+1.00, +3.00])" in text
-    assert "PGD accuracy -0.50 points (no clear difference; seed interval n/a, one seed" in text
-    assert "supported at this scale: claim A; inconclusive: claim B." in text
+    assert ("Against Base, RPC (3 seeds): clean top1 +2.00 (reproduced; seed interval [+0.50, +3.50], example "
+            "interval [+1.00, +3.00], p (Holm) 0.012); corruptions mCE -1.00 (inconclusive;") in text
+    assert "Against Base, RPC-LM (1 seed): ppl test_ppl_sliding -0.50 (unresolved (one seed); seed interval n/a" in text
+    assert "reproduced: claim A; inconclusive: claim B; unresolved (one seed): claim C." in text

@@ -2,9 +2,14 @@
 verdicts, results.json, figures (real PNGs), HTML with inlined images, skipped stages."""
 
 import json
+import math
 import re
 
 import pytest
+import torch
+
+from rpc_attention.evaluate.corruptions import declare_mce
+from rpc_attention.evaluate.per_example import PerExample, score_record
 
 from rpc_attention.reproduce import StageSkipped, get_study, make_pipeline
 from rpc_attention.reproduce.pipeline import atomic_write_json, atomic_write_text
@@ -55,7 +60,7 @@ def fake_eval(ctx):
     p = ctx.params
     key, seed, base = _num(p["run"])
     suite = p["suite"]
-    rows, metrics, per_example = [], {}, None
+    rows, metrics, per_example, extra = [], {}, None, {}
     if suite == "clean":
         metrics = {"top1": base, "top5": 99.0}
         per_example = {"indices": f"0:{N_EXAMPLES}", "correct": {"clean": _bits(base)},
@@ -69,14 +74,25 @@ def fake_eval(ctx):
         per_example = {"indices": f"0:{N_EXAMPLES}", "correct": {r["eps"]: _bits(r["top1"]) for r in rows},
                        "metrics": {"mean_top1": {"settings": [r["eps"] for r in rows]}}}
     elif suite == "corruptions":
-        for c in ("gaussian_noise", "contrast"):
+        names = ("gaussian_noise", "contrast")
+        for c in names:
             row = {"corruption": c, **{f"s{s}": 100 - base + s for s in range(1, 6)}}
             row["mean_error"] = 100 - base + 3
             rows.append(row)
         metrics = {"mean_corruption_error": 100 - base + 3}
+        settings = [f"{c}@{s}" for c in names for s in range(1, 6)]
+        record = PerExample(range(N_EXAMPLES))
+        for c in names:
+            for s in range(1, 6):
+                record.add(f"{c}@{s}", torch.tensor([b == "1" for b in _bits(base - s)]))
+        record.metric("mean_corruption_error", settings, error=True)
         if any("baseline=" in s for s in p["sets"]):
             assert "{out}" in "".join(p["sets"])  # resolved to the study dir by the real eval stage
-            metrics["mCE"] = 100 * (100 - base + 3) / (100 - BASE["symvit"] - 0.3 * seed + 3)
+            ref = (100 - BASE["symvit"] - 0.3 * seed + 3) / 100
+            metrics["mCE"] = 100 * (100 - base + 3) / (100 * ref)
+            declare_mce(record, names, {c: ref for c in names})
+        per_example = record.as_dict()
+        extra = {"errors": {c: [(100 - base + s) / 100 for s in range(1, 6)] for c in names}}
     elif suite == "ood":
         metrics = {"AUPR": base - 40, "AUROC": 90.0}
     elif suite == "sparse":
@@ -86,10 +102,12 @@ def fake_eval(ctx):
         metrics = {"top1_clean": base, "mean_top1": base - 25}
     elif suite == "ppl":
         metrics = {"test_ppl_sliding": base, "valid_ppl_sliding": base + 1}
+        blocks = [[math.log(base) * 10, 10]] * 5   # NLL per block of 10 tokens: exp(sum / count) = base
+        per_example = {"kind": "ppl", "by_metric": {"test_ppl_sliding": score_record("ppl", {"test_ppl_sliding": blocks})}}
     elif suite == "wordswap":
         raise StageSkipped("word swap needs the LM component")
     rec = {"suite": suite, "metrics": metrics, "rows": rows, "n_examples": N_EXAMPLES, "protocol": f"fake {suite}",
-           "data": {"dataset": "fashion_mnist"}, "settings": {}}
+           "data": {"dataset": "fashion_mnist"}, "settings": {}, **extra}
     if per_example is not None:
         rec["per_example"] = per_example
     out = ctx.out_dir / "runs" / p["run"] / "eval" / f"{suite}.json"
@@ -151,14 +169,14 @@ def check_report_files_and_tables(study_dir):
     assert "`report`: running" not in md and "| report | report | running" not in md
     # per-eps table and corruption table
     assert "| 1/255 |" in md and "| gaussian_noise |" in md
-    # verdicts from the rules: RPC-6 clean +2 points with sigma 0.21 -> reproduced
+    # verdicts from the rule: RPC-6 clean +2 points on both seeds -> reproduced
     res = json.loads((study_dir / "results.json").read_text())
     claims = {c["id"]: c for c in res["claims"]}
     assert claims["clean"]["verdict"] == "reproduced"
     assert claims["clean"]["effect"]["delta"] == pytest.approx(2.0)
     assert claims["mce"]["verdict"] == "reproduced"            # lower error than SymViT
     # one LM seed (the quick study's lm_seeds): 48 < 50 is no evidence without a noise estimate
-    assert claims["lm_ppl"]["verdict"] == "inconclusive at this scale"
+    assert claims["lm_ppl"]["verdict"] == "unresolved (one seed)"
     assert claims["lm_wordswap"]["verdict"] == "not measured"  # stage skipped
     assert "word swap needs the LM component" in claims["lm_wordswap"]["reason"]
     # every number in the tables is in results.json
@@ -166,7 +184,7 @@ def check_report_files_and_tables(study_dir):
     assert cell["values"] == [80.0, 80.3]
     # the skipped stages are listed with their reason, never faked
     assert "## Skipped, failed and pending stages" in md and "eval.symlm-s0.wordswap`: skipped" in md
-    assert "Verdicts are computed from the numbers by fixed rules" in md
+    assert "Verdicts are computed from the numbers by one fixed rule" in md
     # the LM pair has fewer seeds than the vision models: the setup says which model has which seeds, and why
     assert "- Seeds: SymViT, RPC-SymViT 6iter/layer1, RPC-SymViT 2iter/all-layer, RPC-SymViT 6iter/layer1, " \
            "PCP-active: 0, 1; Symlm, RPC-Symlm: 0." in md
@@ -186,34 +204,47 @@ def check_report_files_and_tables(study_dir):
     # the sparse-corruption table, every vision model; the PCP-active model's verdict rows vs SymViT
     assert "**Sparse corruption**" in md and "| key corruption: 5% of block-1 keys, +-5 std | 50.15 ± 0.21 |" in md
     assert claims["sparse_pcp"]["rpc"] == "rpc_pcp" and claims["sparse_pcp"]["baseline"] == "symvit"
-    assert claims["clean_pcp"]["verdict"] == "not reproduced"  # 79 < 80
+    assert claims["clean_pcp"]["verdict"] == "contradicted"  # 79 < 80 by the margin on both seeds
     assert claims["clean_pcp"]["paper"] == claims["clean"]["paper"] is not None
     check_intervals_and_lead(md, res)
 
 
 def check_intervals_and_lead(md, res):
     claims = {c["id"]: c for c in res["claims"]}
-    # per-example records on both sides: interval rules; clean +2 points on the first 2 % of 1000 examples
+    # per-example records on both sides: clean +2 points on the first 2 % of 1000 examples
     clean = claims["clean"]
-    assert clean["rule"] == "intervals" and clean["verdict"] == "reproduced"
+    assert clean["verdict"] == "reproduced"
     assert clean["intervals"]["seed_ci"]["diff"] == pytest.approx(2.0, abs=1e-9)
     pooled = clean["intervals"]["bootstrap"]["pooled"]
     assert pooled["n_seeds"] == 2 and pooled["n_examples"] == 1000 and 0 < pooled["lo"] < 2.0 < pooled["hi"]
     assert set(clean["intervals"]["bootstrap"]["per_seed"]) == {"0", "1"}
-    assert claims["clean_pcp"]["rule"] == "intervals" and claims["clean_pcp"]["verdict"] == "not reproduced"
-    # mCE has no per-example form, the fake sparse suite records none: the margin rules stay
-    assert claims["mce"]["rule"] == claims["sparse"]["rule"] == "margin"
-    assert claims["mce"]["intervals"]["seed_ci"] is not None and claims["mce"]["intervals"]["bootstrap"] is None
-    assert "RPC − baseline, 95 % example interval" in md and "**reproduced** (intervals)" in md
+    # mCE has an example interval too: the per-example errors weighted like the metric reproduce its difference
+    mce = claims["mce"]["intervals"]
+    diffs = list(mce["per_seed_diff"].values())
+    assert mce["bootstrap"]["pooled"]["diff"] == pytest.approx(sum(diffs) / len(diffs), abs=1e-9)
+    assert mce["bootstrap"]["pooled"]["hi"] < 0                 # RPC-6's error is lower on every resample
+    # the fake sparse suite records no per-example data: the seed interval only, the same rule
+    assert claims["sparse"]["intervals"]["bootstrap"] is None and claims["sparse"]["intervals"]["seed_ci"]
+    # Holm over the claims with >= 2 seeds (the 11 vision claims; the LM pair has one seed)
+    assert {c["intervals"]["family"] for c in claims.values()} == {11}
+    assert claims["lm_ppl"]["intervals"]["p_holm"] is None and claims["lm_ppl"]["intervals"]["min_detectable"] is None
+    # the LM claim's example interval over token blocks, and its perplexity ratio 48 / 50
+    assert "(ratio 0.960 [0.960, 0.960])" in md
+    assert "p / p (Holm)" in md and "smallest resolvable" in md and "margin rule" not in md
+    assert "RPC − baseline, 95 % example interval" in md and "**reproduced**" in md
     assert "![" in md and "(figures/verdict_intervals.png)" in md
-    # the lead paragraph: first thing after the title, the same text in results.json
+    # the lead paragraph: first thing after the title, the same text in results.json, the table's words
     lead = res["lead"]["text"]
     assert md.split("\n")[2] == f"**The answer at this scale.** {lead}"
     assert "RPC-SymViT 6iter/layer1: acted as iterated attention;" in lead
     assert "RPC-SymViT 6iter/layer1, PCP-active: fired (up to 12 % of S entries non-zero)" in lead
-    assert "Against SymViT, RPC-SymViT 6iter/layer1 (2 seeds): clean accuracy +2.00 points (better; seed interval" in lead
-    assert "Against Symlm, RPC-Symlm (1 seed): test perplexity -2.00 PPL (no interval; seed interval n/a, one seed" in lead
+    assert "Against SymViT, RPC-SymViT 6iter/layer1 (2 seeds): clean top1 +2.00 (reproduced; seed interval" in lead
+    assert "corruptions mCE" in lead and "mean_corruption_error" not in lead
+    assert "Against Symlm, RPC-Symlm (1 seed): ppl test_ppl_sliding -2.00 (unresolved (one seed); seed interval " \
+           "n/a, one seed" in lead
     assert "not measured: RPC-Symlm has lower perplexity on word-swap-attacked text." in lead
+    for c in claims.values():   # every claim's verdict word in the lead is the table's
+        assert f"**{c['verdict']}**" in md
 
 
 def check_figures_are_pngs_and_html_inlines_them(study_dir):

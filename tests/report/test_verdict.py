@@ -1,65 +1,152 @@
-"""Verdict rules on synthetic numbers: each branch of RULES_TEXT."""
+"""The one verdict rule (RULES_TEXT) on constructed cases, Holm's adjustment against a hand
+computation, the paired t test and the smallest resolvable difference against scipy, and every claim
+of every study decided by the interval rule."""
 
 import math
 
 import pytest
+from scipy import stats
 
-from rpc_attention.report.verdict import (INCONCLUSIVE, NOT_MEASURED, NOT_REPRODUCED, REPRODUCED, RULES_TEXT,
-                                          SINGLE_SEED_FACTOR, effect, verdict)
+from rpc_attention.report.intervals import ALPHA, holm, min_detectable, paired_t, t_interval
+from rpc_attention.report.verdict import (CONTRADICTED, INCONCLUSIVE, NOT_MEASURED, REPRODUCED, RULES_TEXT,
+                                          UNRESOLVED, claim_verdict, effect)
 
 
-def test_effect_orientation_and_sigma():
+def test_effect_orientation_and_margin():
     e = effect([10.0, 12.0], [13.0, 15.0], higher_is_better=True, margin=1.0)
     assert e.delta == pytest.approx(3.0) and e.raw_diff == pytest.approx(3.0)
-    assert e.sigma == pytest.approx(math.sqrt(2.0))      # sample std of (10, 12) and (13, 15)
+    assert e.rpc_std == pytest.approx(math.sqrt(2.0))    # sample std of (13, 15)
     e = effect([36.0], [35.0], higher_is_better=False, margin=0.02, relative_margin=True)
-    assert e.delta == pytest.approx(1.0) and e.raw_diff == pytest.approx(-1.0)
-    assert e.margin == pytest.approx(0.72) and e.sigma is None
+    assert e.delta == pytest.approx(1.0) and e.raw_diff == pytest.approx(-1.0) and e.margin == pytest.approx(0.72)
 
 
-def test_reproduced_beyond_two_sigma():
-    v = verdict([70.0, 70.2, 69.8], [72.0, 72.2, 71.8], higher_is_better=True, margin=1.0)
-    assert v["verdict"] == REPRODUCED and "2 sigma" in v["reason"]
+def test_holm_matches_a_hand_computation():
+    # m = 4 p-values (None is not counted): sorted 0.005, 0.01, 0.03, 0.04 -> x4, x3, x2, x1 = 0.02, 0.03,
+    # 0.06, 0.04 -> running maximum 0.02, 0.03, 0.06, 0.06
+    adj = holm([0.01, 0.04, 0.03, None, 0.005])
+    assert adj[3] is None
+    assert adj[0] == pytest.approx(0.03, abs=1e-15) and adj[1] == pytest.approx(0.06, abs=1e-15)
+    assert adj[2] == pytest.approx(0.06, abs=1e-15) and adj[4] == pytest.approx(0.02, abs=1e-15)
+    assert holm([0.5, 0.6]) == [pytest.approx(1.0), pytest.approx(1.0)]     # capped at 1
+    assert holm([0.051]) == [0.051] and holm([]) == [] and holm([None]) == [None]
 
 
-def test_lower_is_better_direction():
-    # RPC lowers mCE clearly: reproduced; raises it clearly: not reproduced
-    assert verdict([100, 100.5, 99.5], [90, 90.5, 89.5], higher_is_better=False)["verdict"] == REPRODUCED
-    assert verdict([90, 90.5, 89.5], [100, 100.5, 99.5], higher_is_better=False)["verdict"] == NOT_REPRODUCED
+def test_paired_t_and_interval_against_scipy():
+    base = [70.1, 71.3, 69.8, 70.6]
+    rpc = [71.0, 71.9, 71.1, 70.9]
+    d = [r - b for r, b in zip(rpc, base)]
+    ref = stats.ttest_rel(rpc, base)
+    t = paired_t(d)
+    assert t["t"] == pytest.approx(ref.statistic, rel=1e-12) and t["p"] == pytest.approx(ref.pvalue, rel=1e-10)
+    assert t["df"] == 3
+    ci = t_interval(d)
+    lo, hi = stats.t.interval(0.95, 3, loc=sum(d) / 4, scale=stats.sem(d))
+    assert ci["lo"] == pytest.approx(lo, abs=1e-12) and ci["hi"] == pytest.approx(hi, abs=1e-12)
+    assert paired_t([1.0]) is None
+    assert paired_t([2.0, 2.0])["p"] == 0.0 and paired_t([0.0, 0.0])["p"] == 1.0
 
 
-def test_worse_beyond_noise_is_not_reproduced():
-    v = verdict([72.0, 72.1, 71.9], [70.0, 70.1, 69.9])
-    assert v["verdict"] == NOT_REPRODUCED and "worse" in v["reason"]
+def test_min_detectable_is_where_p_meets_holms_strictest_threshold():
+    d = [0.3, -0.2, 0.5]
+    sd = stats.tstd(d)
+    for family in (1, 13):
+        mdd = min_detectable(d, family)
+        assert mdd == pytest.approx(stats.t.ppf(1 - ALPHA / (2 * family), 2) * sd / math.sqrt(3), rel=1e-12)
+        # differences with this spread and mean = mdd have p = alpha / family exactly
+        shifted = [x - sum(d) / 3 + mdd for x in d]
+        assert paired_t(shifted)["p"] == pytest.approx(ALPHA / family, rel=1e-9)
+    assert min_detectable([1.0], 3) is None
 
 
-def test_within_noise_small_sigma_is_not_reproduced():
-    # difference 0.1 within 2 sigma = 0.2, and 2 sigma < margin 1: an effect of 1 point would have shown
-    v = verdict([70.0, 70.1, 69.9], [70.1, 70.2, 70.0], margin=1.0)
-    assert v["verdict"] == NOT_REPRODUCED and "no effect of the claimed size" in v["reason"]
+def _cmp(diffs, example=None):
+    seeds = [str(i) for i in range(len(diffs))]
+    return {"seeds": seeds, "per_seed_diff": dict(zip(seeds, diffs)), "seed_ci": t_interval(diffs),
+            "bootstrap": {"pooled": {"lo": example[0], "hi": example[1], "diff": sum(example) / 2}} if example else None}
 
 
-def test_within_noise_large_sigma_is_inconclusive():
-    v = verdict([68.0, 72.0, 70.0], [69.0, 73.0, 71.0], margin=1.0)
-    assert v["verdict"] == INCONCLUSIVE
+@pytest.mark.parametrize("diffs,example,higher,p_holm,expected", [
+    ([2.0, 2.2, 1.9], (1.0, 3.0), True, 0.01, REPRODUCED),
+    ([-2.0, -2.2, -1.9], (-3.0, -1.0), False, 0.01, REPRODUCED),    # lower is better: negative = RPC better
+    ([-2.0, -2.2, -1.9], (-3.0, -1.0), True, 0.01, CONTRADICTED),
+    ([2.0, 2.2, 1.9], None, True, 0.01, REPRODUCED),                # no per-example record: the seed interval
+    ([2.0, 2.2, 1.9], (1.0, 3.0), True, 0.051, INCONCLUSIVE),       # Holm-adjusted p not below 0.05
+    ([2.0, 2.2, 1.9], (-0.1, 3.0), True, 0.01, INCONCLUSIVE),       # the example interval reaches 0
+    ([0.5, 0.6, 0.55], (0.2, 0.9), True, 0.001, INCONCLUSIVE),      # significant but below the margin (1)
+    ([-0.5, -0.6, -0.55], (-0.9, -0.2), True, 0.001, INCONCLUSIVE),  # worse but below the margin
+    ([3.0, -1.0, 2.0], (0.5, 2.0), True, 0.4, INCONCLUSIVE),        # the seeds disagree
+    ([5.0], (4.0, 6.0), True, None, UNRESOLVED),                    # one seed, however large
+    ([-5.0], (-6.0, -4.0), True, None, UNRESOLVED),
+    ([], None, True, None, NOT_MEASURED),
+])
+def test_the_rule_on_constructed_cases(diffs, example, higher, p_holm, expected):
+    v = claim_verdict(_cmp(diffs, example), higher, 1.0, p_holm)
+    assert v["verdict"] == expected, v["reason"]
 
 
-def test_single_seed_rules():
-    assert verdict([70.0], [75.0])["verdict"] == INCONCLUSIVE        # big gain, but one seed
-    assert "better" in verdict([70.0], [75.0])["reason"]
-    assert verdict([70.0], [70.0 - SINGLE_SEED_FACTOR * 1.0 + 0.01])["verdict"] == INCONCLUSIVE
-    v = verdict([70.0], [70.0 - SINGLE_SEED_FACTOR * 1.0 - 0.01])
-    assert v["verdict"] == NOT_REPRODUCED and "single seed" in v["reason"]
-    # one seed on one side only: still no noise estimate
-    assert verdict([70.0, 71.0], [80.0])["verdict"] == INCONCLUSIVE
+def test_inconclusive_says_what_is_missing():
+    v = claim_verdict(_cmp([0.5, 0.6, 0.55], (0.2, 0.9)), True, 1.0, 0.001)
+    assert "lacks |delta| >= margin" in v["reason"]
+    v = claim_verdict(_cmp([2.0, 2.2, 1.9], (1.0, 3.0)), True, 1.0, 0.2)
+    assert "lacks p (Holm) < 0.05" in v["reason"]
 
 
-def test_missing_numbers():
-    assert verdict([], [70.0])["verdict"] == NOT_MEASURED
-    assert verdict([70.0], [float("nan")])["verdict"] == NOT_MEASURED
-
-
-def test_rules_text_states_every_rule():
-    for word in ("reproduced", "not reproduced", "inconclusive at this scale", "2 sigma", "margin", "One seed",
-                 "not measured"):
+def test_rules_text_states_the_one_rule():
+    for word in ("reproduced", "contradicted", "inconclusive", "unresolved (one seed)", "not measured", "Holm",
+                 "margin", "Smallest resolvable", "Example interval"):
         assert word in RULES_TEXT
+    assert "2 sigma" not in RULES_TEXT and "margin rule" not in RULES_TEXT
+
+
+def _every_study(tmp_path):
+    """Every study of reproduce.studies, the ones that need data paths given existing placeholders."""
+    from rpc_attention.reproduce import studies as S
+
+    (tmp_path / "classes.txt").write_text("0\n")
+    out = []
+    for name, _description, defaults in S.list_studies():
+        sets = [f"{k}={tmp_path / 'classes.txt' if k.endswith('_classes') else tmp_path}"
+                for k, v in defaults.items() if k.startswith("data.") and v is None]
+        out.append(S.get_study(name, sets))
+    return out
+
+
+def test_every_claim_of_every_study_gets_the_interval_rule(tmp_path):
+    # the seed interval and the paired t test apply to any metric with >= 2 seeds; the example interval
+    # needs the suite to record the claim's metric per example: a claim on a metric without one fails here
+    from rpc_attention.evaluate.per_example import has_example_record
+
+    studies = _every_study(tmp_path)
+    assert {s.name for s in studies} >= {"smoke", "quick", "fmnist-full", "imagenet", "wikitext103"}
+    missing = [(s.name, c.id, c.suite, c.metric) for s in studies for c in s.claims
+               if not has_example_record(c.suite, c.metric)]
+    assert not missing, f"claims without a per-example record (no example interval): {missing}"
+    for s in studies:  # and the rule decides each of them from a three-seed comparison
+        for c in s.claims:
+            v = claim_verdict(_cmp([2.0, 2.1, 1.9], (1.0, 3.0)), c.higher, c.margin, 0.01)
+            assert v["verdict"] == (REPRODUCED if c.higher else CONTRADICTED), (s.name, c.id)
+
+
+def test_no_verdict_contradicts_its_own_intervals():
+    # random three-seed comparisons: a claim is never reproduced (contradicted) unless every interval it
+    # shows lies above (below) 0, its delta reaches the margin and p (Holm) < 0.05
+    import numpy as np
+
+    rng = np.random.default_rng(7)
+    seen = set()
+    for _ in range(2000):
+        diffs = list(rng.normal(rng.normal(0, 2), rng.uniform(0.05, 3), size=3))
+        ex = tuple(sorted(rng.normal(np.mean(diffs), 1.5, size=2)))
+        p_holm = float(rng.uniform(0, 0.2))
+        higher = bool(rng.integers(2))
+        v = claim_verdict(_cmp(diffs, ex), higher, 1.0, p_holm)["verdict"]
+        seen.add(v)
+        sign = 1.0 if higher else -1.0
+        seed = t_interval(diffs)
+        los = [min(sign * seed["lo"], sign * seed["hi"]), min(sign * ex[0], sign * ex[1])]
+        his = [max(sign * seed["lo"], sign * seed["hi"]), max(sign * ex[0], sign * ex[1])]
+        delta = sign * sum(diffs) / 3
+        if v == REPRODUCED:
+            assert min(los) > 0 and delta >= 1.0 and p_holm < 0.05
+        if v == CONTRADICTED:
+            assert max(his) < 0 and delta <= -1.0 and p_holm < 0.05
+    assert seen == {REPRODUCED, CONTRADICTED, INCONCLUSIVE}

@@ -6,8 +6,14 @@ import os
 
 import pytest
 
-from rpc_attention.reproduce.pipeline import (Pipeline, Stage, StageSelectionError, StageSkipped, atomic_write_json,
-                                              atomic_write_text)
+from rpc_attention.reproduce.pipeline import (
+    Pipeline,
+    Stage,
+    StageSelectionError,
+    StageSkipped,
+    atomic_write_json,
+    atomic_write_text,
+)
 
 
 class Recorder:

@@ -5,8 +5,15 @@ import re
 import pytest
 import torch
 
-from rpc_attention.train.config import (DEFAULTS, TrainConfig, apply_overrides, list_presets, load_preset,
-                                        parse_overrides, resolve_config)
+from rpc_attention.train.config import (
+    DEFAULTS,
+    TrainConfig,
+    apply_overrides,
+    list_presets,
+    load_preset,
+    parse_overrides,
+    resolve_config,
+)
 from rpc_attention.train.trainer import StepSampler
 
 
@@ -98,7 +105,7 @@ def test_every_preset_reads_as_a_typed_config(name):
         for key, value in (raw.get(section) or {}).items():
             have = getattr(getattr(cfg, section), key, None)
             if have is None:
-                have = getattr(getattr(cfg, section), "extra").get(key)
+                have = getattr(cfg, section).extra.get(key)
             assert have == value or (key == "ema" and have == TrainConfig.from_dict({"train": {"ema": value}}).train.ema)
 
 
@@ -133,3 +140,90 @@ def test_primary_metric_has_one_default():
     assert primary_metric(object()) == DEFAULT_PRIMARY_METRIC == "acc1"
     assert primary_metric(get_task("classification")) == "acc1"
     assert primary_metric(get_task("lm")) == "ppl"
+
+
+def test_lm_preset_run_length_is_train_max_steps(tmp_path):
+    # `--set train.max_steps=30` on an LM preset once trained the preset's 600 steps: the LM presets
+    # read a second name for the same setting (train.steps). One name now, and it takes effect.
+    cache = f"data.cache_dir={tmp_path}"
+    cfg = resolve_config("wiki-rpc-symlm", ["train.max_steps=30", cache])
+    assert cfg["train"]["max_steps"] == 30 and cfg["train"]["epochs"] == 1
+    assert resolve_config("wiki-rpc-symlm", [cache])["train"]["max_steps"] == 600
+    with pytest.raises(ValueError, match=r"unknown config key 'train.steps'.*did you mean train.max_steps"):
+        resolve_config("wiki-rpc-symlm", ["train.steps=30", cache])
+
+
+def test_lm_derived_epochs_given_differently_is_an_error(tmp_path):
+    cache = f"data.cache_dir={tmp_path}"
+    with pytest.raises(ValueError, match=r"train.epochs=7 and train.max_steps=600 are both set"):
+        resolve_config("wiki-rpc-symlm", ["train.epochs=7", cache])
+    with pytest.raises(ValueError, match=r"schedule.warmup_epochs=2 and schedule.warmup_steps=50"):
+        resolve_config("wiki-rpc-symlm", ["schedule.warmup_epochs=2", cache])
+    # by epochs instead of steps
+    cfg = resolve_config("wiki-rpc-symlm", ["train.max_steps=null", "train.epochs=3", cache])
+    assert cfg["train"]["epochs"] == 3 and cfg["train"]["max_steps"] is None
+    # a resolved config resolves to itself (resume), and a run config written with the old name still resumes
+    full = resolve_config("wiki-rpc-symlm", [cache])
+    assert resolve_config(base=full) == full
+    old = {**full, "train": {**{k: v for k, v in full["train"].items() if k != "max_steps"}, "steps": 600}}
+    assert resolve_config(base=old) == full
+
+
+@pytest.mark.parametrize("section,key,value,suggest", [
+    ("train", "steps", 30, "train.max_steps"),          # a renamed setting
+    ("data", "val_sise", 10, "data.val_size"),           # a task key (a section's extra) misspelt
+    ("data", "kwargs", {"x": 1}, None),                   # a section nobody reads
+    ("train", "mixup", {"mixup": 0.5, "cutmx": 1.0}, "train.mixup.cutmix"),
+])
+def test_a_preset_key_nobody_reads_is_an_error(tmp_path, section, key, value, suggest):
+    import yaml
+
+    raw = load_preset("fmnist-symvit")
+    raw.setdefault(section, {})[key] = value
+    path = tmp_path / "p.yaml"
+    path.write_text(yaml.safe_dump(raw))
+    with pytest.raises(ValueError, match=rf"preset {re.escape(str(path))}: {section}\.{key}.*no code reads it") as e:
+        resolve_config(str(path))
+    if suggest:
+        assert f"did you mean {suggest}" in str(e.value)
+
+
+@pytest.mark.parametrize("override,needle", [
+    ("data.augment.flp=true", "did you mean data.augment.flip"),
+    ("data.kwargs.x=1", "unknown config key 'data.kwargs.x'"),
+])
+def test_an_override_nobody_reads_is_an_error(override, needle):
+    with pytest.raises(ValueError, match=re.escape(needle)):
+        resolve_config("fmnist-symvit", [override])
+
+
+def test_a_declared_key_without_a_default_can_be_set():
+    cfg = resolve_config("fmnist-symvit", ["data.name=mnist5k", "data.test_size=500", "data.augment.reprob=0.1"])
+    assert cfg["data"]["test_size"] == 500 and cfg["data"]["augment"]["reprob"] == 0.1
+
+
+@pytest.mark.parametrize("preset,override,needle", [
+    ("wiki-rpc-symlm", "data.img_size=32", "data.img_size=32: the lm task does not read it"),
+    ("wiki-rpc-symlm", "data.augment.flip=true", "unknown config key 'data.augment.flip'"),
+    ("fmnist-symvit", "schedule.decay_rate=0.5", "schedule.decay_rate=0.5 has no effect with schedule.name='cosine'"),
+    ("fmnist-symvit", "schedule.decay_epochs=3", "schedule.decay_epochs=3 has no effect"),
+])
+def test_a_setting_without_effect_is_an_error(tmp_path, preset, override, needle):
+    with pytest.raises(ValueError, match=re.escape(needle)):
+        resolve_config(preset, [override, f"data.cache_dir={tmp_path}"] if preset.startswith("wiki") else [override])
+    # the same settings where they do act
+    if "decay_rate" in override:
+        assert resolve_config(preset, ["schedule.name=poly", override])["schedule"]["decay_rate"] == 0.5
+
+
+def test_a_callback_setting_counts_only_where_the_callback_runs():
+    import rpc_attention.kpca
+
+    rpc_attention.kpca.register_callbacks()  # the jproj callback and the key it reads
+
+    cfg = resolve_config("fmnist-symvit", ["train.callbacks=[jproj]", "train.jproj_examples=4"])
+    assert cfg["train"]["jproj_examples"] == 4
+    assert resolve_config("fmnist-symvit", ["train.sparsity_examples=16"])["train"]["sparsity_examples"] == 16
+    with pytest.raises(ValueError, match=re.escape("train.jproj_examples is read by the jproj callback, which "
+                                                   "this run does not run (--set train.callbacks=[jproj])")):
+        resolve_config("fmnist-symvit", ["train.jproj_examples=4"])

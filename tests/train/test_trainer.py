@@ -2,6 +2,7 @@
 checkpoints, NaN stop."""
 
 import json
+import logging
 import os
 import shutil
 import signal
@@ -14,9 +15,8 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from rpc_attention.train import TrainingDiverged, load_run, run_training
+from rpc_attention.train import RunExistsError, TrainingDiverged, load_run, run_training
 from rpc_attention.train.checkpoint import CheckpointError, list_checkpoints, verify_checkpoint
-from rpc_attention.train.trainer import RunExistsError
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
@@ -113,7 +113,7 @@ def test_sigkill_then_resume_is_bit_identical(tmp_path, tiny_cfg):
     assert [r["loss"] for r in _records(killed)] == [r["loss"] for r in _records(ref)]
 
 
-def test_corrupt_checkpoint_falls_back_to_previous(tmp_path, tiny_cfg, capsys):
+def test_corrupt_checkpoint_falls_back_to_previous(tmp_path, tiny_cfg, caplog):
     cfg = tiny_cfg(epochs=2, save_every=5)
     run = run_training(cfg, tmp_path / "run")
     ref = _weights(run / "model.safetensors")
@@ -124,9 +124,10 @@ def test_corrupt_checkpoint_falls_back_to_previous(tmp_path, tiny_cfg, capsys):
     with pytest.raises(CheckpointError, match="step_00000016.*truncated"):
         verify_checkpoint(ckpts[-1])
     (run / "model.safetensors").unlink()
-    capsys.readouterr()
-    run_training(None, run, resume=True)  # continues from step 15, redoes step 16
-    err = capsys.readouterr().err
+    caplog.clear()
+    with caplog.at_level(logging.INFO, logger="rpc_attention"):
+        run_training(None, run, resume=True)  # continues from step 15, redoes step 16
+    err = caplog.text
     assert "step_00000016" in err and "falling back" in err and "from step_00000015" in err
     assert _same(ref, _weights(run / "model.safetensors"))
     # every checkpoint corrupt -> a clear error

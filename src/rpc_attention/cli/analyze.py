@@ -25,13 +25,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                        help="alias of --set model.kwargs.NAME=VALUE")
     model.add_argument("--seq-len", type=int, default=128, help="--hf text models: random sequence length")
     parser.add_argument("--out", required=True, metavar="DIR", help="output directory (kpca.json, summary.md, *.png)")
+    parser.add_argument("--force", action="store_true", help="replace an earlier analysis in --out")
     add_analysis_arguments(parser)
 
 
 def timm_kwargs(args: argparse.Namespace) -> dict:
     """``--set model.kwargs.NAME=VALUE`` and the ``--timm-kwarg NAME=VALUE`` alias as a keyword dict."""
-    from . import UserError
     from ..overrides import parse_assignments
+    from . import UserError
 
     try:
         pairs = parse_assignments(args.sets, "--set")
@@ -52,20 +53,24 @@ def timm_kwargs(args: argparse.Namespace) -> dict:
 
 def run(args: argparse.Namespace) -> int:
     import json
+    import os
     import time
 
     import torch
 
-    from . import UserError
     from ..kpca import sources
     from ..kpca.options import options_from_namespace
     from ..kpca.runner import run_analysis
+    from . import UserError
 
     try:
         opts = options_from_namespace(args)
     except ValueError as exc:
         raise UserError(str(exc)) from None
     kw = timm_kwargs(args)
+    if os.path.exists(os.path.join(args.out, "kpca.json")) and not args.force:
+        raise UserError(f"{args.out} already holds an analysis (kpca.json); give another --out, or --force to "
+                        f"replace it")
     t0 = time.perf_counter()  # the whole command after parsing: model and data loading included
     if opts.threads:
         torch.set_num_threads(opts.threads)
@@ -89,7 +94,7 @@ def run(args: argparse.Namespace) -> int:
         row = {k: (mo.get(k) or {}).get("mean") for k in ("optimal_cosine", "linear_cka", "rbf_cka", "jproj", "phi2", "h2")}
         print(f"[{proto}] " + ", ".join(f"{k}={v:.4g}" if v is not None else f"{k}=n/a" for k, v in row.items()))
     print(f"chance: {json.dumps({k: {m: round(v[m]['mean'], 4) for m in v} for k, v in result['chance'].items()})}")
-    from ..kpca.sparsity import sparsity_summary
+    from ..train.sparsity import sparsity_summary
 
     sp = result.get("sparsity") or {}
     if sp.get("blocks"):

@@ -21,12 +21,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--out", default="benchmarks/results", help="directory for bench-<config>-<device>.json/.md")
     parser.add_argument("--threads", type=int, default=None, help="torch intra-op threads (default: torch's)")
     parser.add_argument("--repeats", type=int, default=None, help="interleaved rounds (default: per configuration; 0: memory only)")
-    parser.add_argument("--only", choices=("ops", "models"), default=None, help="run one half of the suite")
+    parser.add_argument("--only", default=None, metavar="GROUP",
+                        help="run one group of cases: ops, models (rpc_attention.bench.CASE_GROUPS lists them), or "
+                             "decode, the cached-decoding benchmark (docs/performance.md)")
     parser.add_argument("--no-compile", action="store_true", help="skip the torch.compile case (full suite)")
     parser.add_argument("--no-memory", action="store_true", help="skip the memory measurements")
 
 
-def run(args: argparse.Namespace, heap: Optional["HeapControl"] = None) -> int:
+def run(args: argparse.Namespace, heap: Optional[HeapControl] = None) -> int:
     """Run the suite; ``heap`` is the C-heap control CPU peak memory needs (``benchmarks/run.py``'s)."""
     import sys
 
@@ -44,6 +46,17 @@ def run(args: argparse.Namespace, heap: Optional["HeapControl"] = None) -> int:
 
     if device.startswith("cuda") and not torch.cuda.is_available():
         raise UserError("--device cuda: torch sees no CUDA device here")
+    if args.only == "decode":
+        from ..bench.decode import main_decode
+
+        unused = [flag for flag, given in (("--repeats", args.repeats is not None), ("--no-compile", args.no_compile),
+                                           ("--no-memory", args.no_memory)) if given]
+        if unused:
+            raise UserError(f"{', '.join(unused)} do(es) nothing with --only decode (it times single tokens after a prefill "
+                            "and reports cache sizes); leave them out")
+
+        main_decode("smoke" if args.smoke else "quick" if args.quick else "full", device, args.out)
+        return 0
     cfg = bench.config("smoke" if args.smoke else "quick" if args.quick else "full")
     if args.repeats is not None:
         cfg.repeats = args.repeats
@@ -53,7 +66,7 @@ def run(args: argparse.Namespace, heap: Optional["HeapControl"] = None) -> int:
         cfg.memory = False
     try:
         results = bench.run_suite(cfg, device=device, progress=sys.stderr.isatty() or not args.smoke,
-                                  ops=args.only != "models", models=args.only != "ops", heap=heap)
+                                  only=None if args.only is None else [args.only], heap=heap)
         paths = bench.write_results(results, args.out)
     except (ValueError, OSError) as exc:
         raise UserError(str(exc)) from None

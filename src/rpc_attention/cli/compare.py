@@ -18,15 +18,21 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--label", action="append", default=None, metavar="NAME",
                         help="label per run, in order (default: the run directory name)")
     parser.add_argument("--split", default="val", help="which logged split to plot (default val)")
+    parser.add_argument("--force", action="store_true", help="replace an earlier comparison in --out")
 
 
 def run(args: argparse.Namespace) -> int:
-    from . import UserError
+    import os
+
     from ..report.compare import compare_runs
+    from . import UserError
 
     runs = list(args.run_dirs) + list(args.runs)
     if not runs:
         raise UserError("give the runs to compare: --run DIR (repeatable)")
+    if os.path.exists(os.path.join(args.out, "compare.json")) and not args.force:
+        raise UserError(f"{args.out} already holds a comparison (compare.json); give another --out, or --force to "
+                        f"replace it")
 
     try:
         table = compare_runs(runs, args.out, metrics=args.metric, labels=args.label, split=args.split)

@@ -32,6 +32,8 @@ def add_suite_arguments(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--limit", type=int, default=None, metavar="N",
                    help="number of examples: evaluate the first N only (default: all)")
     g.add_argument("--out", metavar="DIR", default=None, help="output directory (default: RUN/eval)")
+    g.add_argument("--force", action="store_true",
+                   help="replace results in the output directory computed with other settings or another model")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -115,9 +117,9 @@ def announce_cost(suites, opts: Dict[str, Dict[str, Any]], model, cfg, log) -> N
         if factor is None:
             factor = _forward_factor(model, cfg, str(o.get("device") or "cpu"))
         eps = o.get("eps")
-        copies = len(o.get("names") or []) * 5 if s.name == "corruptions" else 1
-        est = eval_estimate(s.name, n, factor, copies=copies, n_eps=len(eps) if isinstance(eps, list) else None,
-                            steps=o.get("steps") if s.name == "pgd" else None)
+        copies = len(o.get("names") or []) * s.study.copies if s.study.names else 1
+        est = eval_estimate(s.cost, n, factor, copies=copies, n_eps=len(eps) if isinstance(eps, list) else None,
+                            steps=o.get("steps") if s.cost.per_eps is not None else None)
         if est > LONG_SUITE_S:
             log(f"[eval] {s.name}: about {format_seconds(est)} for {n} examples (estimated; "
                 f"--limit N evaluates the first N only)")
@@ -157,7 +159,8 @@ def run_with_loader(args: argparse.Namespace, load, sets: Optional[Dict[str, Any
 
     try:
         evaluate_model(names, load_or_explain, sets, args.limit, args.out, log=log,
-                       on_result=lambda record, path: print(S.render_markdown(record)), before_run=estimate)
+                       on_result=lambda record, path: print(S.render_markdown(record)), replace=args.force,
+                       before_run=estimate)
     except (ValueError, FileNotFoundError) as exc:
         raise UserError(str(exc)) from None
     return 0

@@ -44,7 +44,7 @@ def corruption_table(args: argparse.Namespace):
     rows = [("symmetric attention (plain)", 1, rel_change(lambda k: RF.symmetric_attention(k, values)))]
     for n_iter in (1, 2, 4, 6):
         rows.append((f"RPC / PAP lambda={args.lambd:g}", n_iter,
-                     rel_change(lambda k: RF.pap_attention(k, values, n_iter=n_iter, lambd=args.lambd))))
+                     rel_change(lambda k, n=n_iter: RF.pap_attention(k, values, n_iter=n, lambd=args.lambd))))
     return rows
 
 

@@ -12,8 +12,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from . import UserError
     from ..train.config import dump_config, list_presets, resolve_config
+    from . import UserError
 
     if args.show:
         try:

@@ -23,7 +23,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                    help="run only these stages: names, globs or kinds, comma separated "
                         "('train.*', 'eval.*.pgd', 'report'); a stage's unfinished dependencies must be selected too")
     r.add_argument("--dry-run", action="store_true", help="print the plan with estimated times and exit")
-    r.add_argument("--force", action="store_true", help="rerun the selected stages even if finished")
+    r.add_argument("--force", action="store_true",
+                   help="rerun the selected stages even if finished; also accepts a DIR that holds another study "
+                        "(which is removed first: the directory restarts cleanly) or this study with other settings")
     r.add_argument("--stop-on-error", action="store_true",
                    help="stop at the first failed stage (default: run the stages that do not depend on it)")
     r.add_argument("--device", default=None, help="device for training and evaluation (default: the study's; cpu)")
@@ -62,11 +64,10 @@ def run(args: argparse.Namespace) -> int:
     import os
     import time
 
-    from . import UserError
-
+    from ..markdown import format_seconds
     from ..reproduce import StageSelectionError, StudyError, run_study
     from ..reproduce.studies import list_studies
-    from ..report.render import format_seconds
+    from . import UserError
 
     if args.list:
         for name, desc, defaults in list_studies():
@@ -96,11 +97,14 @@ def run(args: argparse.Namespace) -> int:
         return 0
     took = format_seconds(time.time() - t0)
     counts = ", ".join(f"{len(v)} {k}" for k, v in summary.items() if v)
-    print(f"study {study} in {out}: {counts} ({took})")
-    if os.path.exists(os.path.join(out, "report.md")):
+    speak = os.environ.get("RANK", "0") == "0"  # under torchrun only global rank 0 speaks
+    if speak:
+        print(f"study {study} in {out}: {counts} ({took})")
+    if speak and os.path.exists(os.path.join(out, "report.md")):
         print(f"report: {os.path.join(out, 'report.md')} and report.html")
     if summary["failed"] or summary["blocked"]:
-        print("failed: " + ", ".join(summary["failed"] + summary["blocked"]) +
-              f"  (see {out}/stages/*.failed.json; rerun the same command to retry)")
+        if speak:
+            print("failed: " + ", ".join(summary["failed"] + summary["blocked"]) +
+                  f"  (see {out}/stages/*.failed.json; rerun the same command to retry)")
         return 1
     return 0

@@ -11,7 +11,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     g = parser.add_argument_group("run")
     g.add_argument("--preset", help="trainer preset name (see `rpc-attention presets`) or a YAML file")
     g.add_argument("--run", metavar="DIR", help="the run directory: created with --preset, continued with --resume")
-    g.add_argument("--out", metavar="DIR", help="alias of --run for a new run")
+    g.add_argument("--out", metavar="DIR",
+                   help="alias of --run; under torchrun write --out DIR (torchrun's own parser rejects --run as "
+                        "an abbreviation of its --run-path) and --resume DIR")
     g.add_argument("--resume", nargs="?", const=True, default=None, metavar="DIR",
                    help="continue the run (--run DIR) from its newest good checkpoint; `--resume DIR` also works")
     g.add_argument("--force", action="store_true", help="delete an existing run in --run and start over")
@@ -50,6 +52,7 @@ def resume_hint(args: argparse.Namespace) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
+    import os
     import sys
 
     from . import UserError
@@ -63,15 +66,18 @@ def run(args: argparse.Namespace) -> int:
         raise UserError("--run DIR is required with --preset")
     overrides = list(args.overrides) + ([f"train.device={args.device}"] if args.device else [])
 
-    from .. import kpca  # noqa: F401  (registers the jproj epoch-end callback)
+    from ..kpca import register_callbacks
     from ..train.checkpoint import CheckpointError
     from ..train.config import dump_config, resolve_config
-    from ..train.trainer import RunExistsError, TrainingDiverged, run_training
+    from ..train.rundir import RunExistsError
+    from ..train.trainer import TrainingDiverged, run_training
 
+    register_callbacks()
     try:
         if args.print_config:
             if resume:
                 from pathlib import Path
+
                 from ..train.config import load_config_file
                 cfg = resolve_config(base=load_config_file(Path(resume) / "config.yaml"), overrides=overrides)
             else:
@@ -90,5 +96,6 @@ def run(args: argparse.Namespace) -> int:
     except TrainingDiverged as exc:
         print(f"rpc-attention train: training diverged: {exc}", file=sys.stderr)
         return 1
-    print(f"run saved in {out}")
+    if os.environ.get("RANK", "0") == "0":  # under torchrun only global rank 0 speaks
+        print(f"run saved in {out}")
     return 0

@@ -6,8 +6,6 @@ from typing import Any
 
 import torch
 
-__all__ = ["to_device"]
-
 
 def to_device(batch: Any, device: torch.device, non_blocking: bool = False) -> Any:
     """``batch`` with every tensor in it moved to ``device``; containers keep their type, other values stay.

@@ -18,12 +18,15 @@ import importlib.util
 import os
 import random
 import struct
+from dataclasses import dataclass, fields
 from pathlib import Path
-from typing import Callable, Dict, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, Mapping, Optional, Sequence, Tuple
 
 import numpy as np
 import torch
 from torch.utils.data import Dataset
+
+from ..overrides import unknown_key
 
 __all__ = [
     "FASHION_MNIST_DIR", "FASHION_MNIST_CLASSES", "fashion_mnist", "mnist5k", "TensorImageDataset",
@@ -242,74 +245,136 @@ def dataset_info(name: str) -> dict:
     raise ValueError(f"unknown data set {name!r}; expected fashion_mnist, mnist5k or imagefolder")
 
 
-def _small_dataset(dcfg: dict, split: str, normalize: bool, train_aug: bool):
-    name = dcfg["name"].lower()
-    mean = dcfg.get("mean") if normalize else None
-    std = dcfg.get("std") if normalize else None
-    seed = int(dcfg.get("subset_seed", 0))
+@dataclass(frozen=True)
+class Augment:
+    """Train-time augmentation (``data.augment``). Small data sets (Fashion-MNIST, MNIST-5k): a random
+    crop with ``padding`` and a horizontal ``flip``, unless ``enabled`` is false. ImageFolder: timm's
+    ``create_transform`` with RandAugment ``auto_augment``, random erasing (``reprob``, ``remode``,
+    ``recount``) and ``color_jitter``."""
+
+    enabled: bool = True
+    padding: int = 2
+    flip: bool = True
+    auto_augment: str = "rand-m9-mstd0.5-inc1"
+    interpolation: str = "bicubic"
+    reprob: float = 0.25
+    remode: str = "pixel"
+    recount: int = 1
+    color_jitter: float = 0.3
+
+
+@dataclass(frozen=True)
+class ImageData:
+    """The ``data`` section of an image-classification config, typed; every default is written here.
+
+    ``train_subset`` / ``test_subset`` keep that many images (drawn with ``subset_seed``); ``val_size``
+    images at the end of Fashion-MNIST's train split are the validation set (0: the test split);
+    MNIST-5k holds out ``test_size`` images. ImageFolder reads ``root``/``train_dir`` and
+    ``root``/``val_dir``, evaluates with ``crop_pct`` and ``eval_interpolation``. ``mean``, ``std``
+    and ``img_size`` default to the data set's (:func:`dataset_info`).
+    """
+
+    name: str = "fashion_mnist"
+    root: Optional[str] = None
+    mean: Optional[Tuple[float, ...]] = None
+    std: Optional[Tuple[float, ...]] = None
+    img_size: Optional[int] = None
+    subset_seed: int = 0
+    train_subset: Optional[int] = None
+    test_subset: Optional[int] = None
+    val_size: int = 0
+    test_size: int = 1000
+    train_dir: str = "train"
+    val_dir: str = "val"
+    eval_interpolation: str = "bicubic"
+    crop_pct: float = 0.875
+    augment: Augment = Augment()
+
+    @classmethod
+    def from_config(cls, dcfg: Mapping[str, Any]) -> "ImageData":
+        """The typed view of a ``data`` dict (keys it does not know belong to the task or the model;
+        a key set to null takes the default)."""
+        values = {f.name: dcfg[f.name] for f in fields(cls) if dcfg.get(f.name) is not None}
+        aug = dict(values.pop("augment", None) or {})
+        unknown = sorted(set(aug) - {f.name for f in fields(Augment)})
+        if unknown:
+            raise unknown_key(f"data.augment.{unknown[0]}", [f"data.augment.{f.name}" for f in fields(Augment)],
+                              "augmentation setting")
+        for key in ("mean", "std"):
+            if key in values:
+                values[key] = tuple(float(v) for v in values[key])
+        return cls(**values, augment=Augment(**aug))
+
+    def stats(self, normalize: bool) -> Tuple[Optional[Tuple[float, ...]], Optional[Tuple[float, ...]]]:
+        """``(mean, std)`` to normalise with: the config's, else the data set's; ``(None, None)`` when not normalising."""
+        if not normalize:
+            return None, None
+        info = dataset_info(self.name)
+        return (self.mean if self.mean is not None else tuple(info["mean"]),
+                self.std if self.std is not None else tuple(info["std"]))
+
+
+def _small_dataset(d: ImageData, split: str, normalize: bool, train_aug: bool):
+    name = d.name.lower()
+    mean, std = (d.mean, d.std) if normalize else (None, None)
+    seed = d.subset_seed
     if name in ("fashion_mnist", "fashion-mnist", "fmnist"):
         # "train" = the first part of the official train split, "val" = its held-out tail
         # (data.val_size images), "test" = the official 10k test split.
         if split == "test":
-            images, labels = fashion_mnist("test", dcfg.get("root"))
-            images, labels = _subset(images, labels, dcfg.get("test_subset"), seed)
+            images, labels = fashion_mnist("test", d.root)
+            images, labels = _subset(images, labels, d.test_subset, seed)
         else:
-            images, labels = fashion_mnist("train", dcfg.get("root"))
-            val_size = int(dcfg.get("val_size", 0) or 0)
+            images, labels = fashion_mnist("train", d.root)
+            val_size = int(d.val_size)
             if split == "val":
                 if val_size <= 0:
-                    images, labels = fashion_mnist("test", dcfg.get("root"))
-                    images, labels = _subset(images, labels, dcfg.get("test_subset"), seed)
+                    images, labels = fashion_mnist("test", d.root)
+                    images, labels = _subset(images, labels, d.test_subset, seed)
                 else:
                     images, labels = images[-val_size:], labels[-val_size:]
             else:
                 if val_size > 0:
                     images, labels = images[:-val_size], labels[:-val_size]
-                images, labels = _subset(images, labels, dcfg.get("train_subset"), seed)
+                images, labels = _subset(images, labels, d.train_subset, seed)
         classes = FASHION_MNIST_CLASSES
     elif name in ("mnist5k", "mnist-5k", "mnist_5k"):
         images, labels = mnist5k()
         perm = np.random.RandomState(seed).permutation(len(labels))
-        n_test = int(dcfg.get("test_size", 1000))
-        idx = perm[:n_test] if split in ("test", "val") else perm[n_test:]
+        idx = perm[:int(d.test_size)] if split in ("test", "val") else perm[int(d.test_size):]
         idx.sort()
         images, labels = images[idx], labels[idx]
         classes = [str(i) for i in range(10)]
     else:
-        raise ValueError(f"unknown data set {dcfg['name']!r}")
+        raise ValueError(f"unknown data set {d.name!r}")
     transform = None
-    if train_aug:
-        aug = dcfg.get("augment", {}) or {}
-        if aug.get("enabled", True):
-            transform = RandomCropFlip(int(aug.get("padding", 2)), bool(aug.get("flip", True)))
+    if train_aug and d.augment.enabled:
+        transform = RandomCropFlip(int(d.augment.padding), bool(d.augment.flip))
     return TensorImageDataset(images, labels, mean, std, transform=transform, classes=classes)
 
 
-def _imagefolder(dcfg: dict, split: str, normalize: bool, train_aug: bool):
-    from torchvision.datasets import ImageFolder
+def _imagefolder(d: ImageData, split: str, normalize: bool, train_aug: bool):
     from timm.data import create_transform
+    from torchvision.datasets import ImageFolder
 
-    root = dcfg.get("root")
-    if not root:
+    if not d.root:
         raise FileNotFoundError("ImageFolder data needs data.root=PATH (a folder with train/ and val/ class folders)")
-    sub = dcfg.get("train_dir", "train") if split == "train" else dcfg.get("val_dir", "val")
-    path = Path(root) / sub
+    path = Path(d.root) / (d.train_dir if split == "train" else d.val_dir)
     if not path.is_dir():
         raise FileNotFoundError(f"ImageFolder split {split!r}: expected class folders under {path}")
-    img_size = int(dcfg.get("img_size", 224))
-    mean = tuple(dcfg.get("mean", IMAGENET_MEAN)) if normalize else (0.0, 0.0, 0.0)
-    std = tuple(dcfg.get("std", IMAGENET_STD)) if normalize else (1.0, 1.0, 1.0)
+    img_size = int(d.img_size or dataset_info(d.name)["img_size"])
+    mean, std = d.stats(normalize)
+    mean, std = (mean, std) if normalize else ((0.0, 0.0, 0.0), (1.0, 1.0, 1.0))
     if train_aug:
-        aug = dcfg.get("augment", {}) or {}
+        aug = d.augment
         tf = create_transform(
-            img_size, is_training=True, auto_augment=aug.get("auto_augment", "rand-m9-mstd0.5-inc1"),
-            interpolation=aug.get("interpolation", "bicubic"), re_prob=float(aug.get("reprob", 0.25)),
-            re_mode=aug.get("remode", "pixel"), re_count=int(aug.get("recount", 1)),
-            color_jitter=float(aug.get("color_jitter", 0.3)), mean=mean, std=std,
+            img_size, is_training=True, auto_augment=aug.auto_augment, interpolation=aug.interpolation,
+            re_prob=float(aug.reprob), re_mode=aug.remode, re_count=int(aug.recount),
+            color_jitter=float(aug.color_jitter), mean=mean, std=std,
         )
     else:
-        tf = create_transform(img_size, is_training=False, interpolation=dcfg.get("eval_interpolation", "bicubic"),
-                              crop_pct=float(dcfg.get("crop_pct", 0.875)), mean=mean, std=std)
+        tf = create_transform(img_size, is_training=False, interpolation=d.eval_interpolation,
+                              crop_pct=float(d.crop_pct), mean=mean, std=std)
     _patch_posterize(tf)
     try:
         return ImageFolder(str(path), transform=tf)
@@ -340,11 +405,10 @@ def _patch_posterize(transform) -> None:
 
 
 def _build(cfg: dict, split: str, normalize: bool, train_aug: bool):
-    dcfg = cfg["data"] if "data" in cfg else cfg
-    name = str(dcfg.get("name", "")).lower()
-    if name in ("imagefolder", "imagenet"):
-        return _imagefolder(dcfg, split, normalize, train_aug)
-    return _small_dataset(dcfg, split, normalize, train_aug)
+    d = ImageData.from_config(cfg["data"] if "data" in cfg else cfg)
+    if d.name.lower() in ("imagefolder", "imagenet"):
+        return _imagefolder(d, split, normalize, train_aug)
+    return _small_dataset(d, split, normalize, train_aug)
 
 
 def build_datasets(cfg: dict) -> Dict[str, Dataset]:
@@ -356,8 +420,8 @@ def build_datasets(cfg: dict) -> Dict[str, Dataset]:
     seed = int(cfg.get("train", {}).get("seed", 0))
     train = SeededTransformDataset(_build(cfg, "train", True, True), seed=seed)
     val = _build(cfg, "val", True, False)
-    name = str(cfg["data"].get("name", "")).lower()
-    test = val if name in ("imagefolder", "imagenet") else _build(cfg, "test", True, False)
+    folder = ImageData.from_config(cfg["data"]).name.lower() in ("imagefolder", "imagenet")
+    test = val if folder else _build(cfg, "test", True, False)
     return {"train": train, "val": val, "test": test}
 
 
@@ -369,7 +433,6 @@ def build_eval_dataset(cfg: dict, split: str = "test", normalize: bool = True) -
     """
     if split not in ("train", "val", "test"):
         raise ValueError(f"split must be 'train', 'val' or 'test', got {split!r}")
-    name = str(cfg["data"].get("name", "")).lower()
-    if name in ("imagefolder", "imagenet") and split == "test":
+    if ImageData.from_config(cfg["data"]).name.lower() in ("imagefolder", "imagenet") and split == "test":
         split = "val"
     return _build(cfg, split, normalize, False)

@@ -23,19 +23,14 @@ model is run by sliding windows (see :func:`rpc_attention.models.segmentation.sl
 
 from __future__ import annotations
 
+from dataclasses import dataclass, fields
 from pathlib import Path
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 from torch.utils.data import Dataset
-
-__all__ = [
-    "IGNORE_INDEX", "FMNIST_SEG_CLASSES", "FMNIST_SEG_MEAN", "FMNIST_SEG_STD", "ADE20K_MEAN", "ADE20K_STD",
-    "FashionMNISTSegmentation", "ADE20KSegmentation", "compose_canvas", "seg_collate", "build_datasets",
-    "build_eval_dataset", "dataset_info",
-]
 
 IGNORE_INDEX = 255
 FMNIST_SEG_CLASSES = (
@@ -313,25 +308,70 @@ def dataset_info(name: str) -> dict:
     raise ValueError(f"unknown segmentation data set {name!r}; expected fmnist_seg or ade20k")
 
 
-def _build(dcfg: dict, split: str, normalize: bool, train_aug: bool) -> Dataset:
-    name = str(dcfg.get("name", "fmnist_seg")).lower()
-    info = dataset_info(name)
-    mean = dcfg.get("mean", info["mean"]) if normalize else None
-    std = dcfg.get("std", info["std"]) if normalize else None
-    if name in ("ade20k", "ade"):
-        return ADE20KSegmentation(dcfg.get("root"), split, crop_size=int(dcfg.get("crop_size", 512)),
-                                  train=train_aug, ratio_range=tuple(dcfg.get("ratio_range", (0.5, 2.0))),
-                                  scale=tuple(dcfg.get("scale", (2048, 512))), mean=mean, std=std,
-                                  limit=dcfg.get(f"{split}_limit"))
-    sizes = {"train": dcfg.get("train_images", 2000), "val": dcfg.get("val_images", 200),
-             "test": dcfg.get("test_images", 500)}
+@dataclass(frozen=True)
+class SegData:
+    """The ``data`` section of a segmentation config, typed; every default is written here.
+
+    Composed Fashion-MNIST scenes (``fmnist_seg``): ``train_images`` / ``val_images`` / ``test_images``
+    scenes of ``img_size`` pixels holding ``n_items`` garments scaled by ``item_scale`` (validation and
+    test garments from the last ``val_items`` training images), drawn with ``seed``; a pixel is a
+    garment's where it is brighter than ``threshold``; backgrounds up to ``background_max`` with
+    Gaussian ``noise_std``. ADE20K (``root``): random crops of ``crop_size`` after rescaling to
+    ``scale`` times ``ratio_range``, ``<split>_limit`` images per split. ``flip``: horizontal flips in
+    training. ``mean`` / ``std`` default to the data set's.
+    """
+
+    name: str = "fmnist_seg"
+    root: Optional[str] = None
+    mean: Optional[Tuple[float, ...]] = None
+    std: Optional[Tuple[float, ...]] = None
+    crop_size: int = 512
+    ratio_range: Tuple[float, float] = (0.5, 2.0)
+    scale: Tuple[int, int] = (2048, 512)
+    train_limit: Optional[int] = None
+    val_limit: Optional[int] = None
+    test_limit: Optional[int] = None
+    train_images: int = 2000
+    val_images: int = 200
+    test_images: int = 500
+    img_size: int = 64
+    n_items: Tuple[int, int] = (2, 4)
+    item_scale: Tuple[float, float] = (0.8, 1.5)
+    val_items: int = 10000
+    seed: int = 0
+    flip: bool = True
+    threshold: int = 20
+    background_max: int = 70
+    noise_std: float = 6.0
+
+    @classmethod
+    def from_config(cls, dcfg: Mapping[str, Any]) -> "SegData":
+        """The typed view of a ``data`` dict (other keys belong to the task; a key set to null takes the default)."""
+        values = {f.name: dcfg[f.name] for f in fields(cls) if dcfg.get(f.name) is not None}
+        for key in ("mean", "std", "ratio_range", "scale", "n_items", "item_scale"):
+            if key in values:
+                values[key] = tuple(values[key])
+        return cls(**values)
+
+    @property
+    def is_ade20k(self) -> bool:
+        return self.name.lower() in ("ade20k", "ade")
+
+
+def _build(dcfg: Mapping[str, Any], split: str, normalize: bool, train_aug: bool) -> Dataset:
+    d = SegData.from_config(dcfg)
+    info = dataset_info(d.name)
+    mean = (d.mean if d.mean is not None else info["mean"]) if normalize else None
+    std = (d.std if d.std is not None else info["std"]) if normalize else None
+    if d.is_ade20k:
+        return ADE20KSegmentation(d.root, split, crop_size=int(d.crop_size), train=train_aug,
+                                  ratio_range=d.ratio_range, scale=d.scale, mean=mean, std=std,
+                                  limit=getattr(d, f"{split}_limit"))
     return FashionMNISTSegmentation(
-        split, num_images=int(sizes[split]), size=int(dcfg.get("img_size", 64)),
-        n_items=tuple(dcfg.get("n_items", (2, 4))), scale=tuple(dcfg.get("item_scale", (0.8, 1.5))),
-        val_items=int(dcfg.get("val_items", 10000)), seed=int(dcfg.get("seed", 0)), mean=mean, std=std,
-        flip=train_aug and bool(dcfg.get("flip", True)), threshold=int(dcfg.get("threshold", 20)),
-        background_max=int(dcfg.get("background_max", 70)), noise_std=float(dcfg.get("noise_std", 6.0)),
-        root=dcfg.get("root"),
+        split, num_images=int(getattr(d, f"{split}_images")), size=int(d.img_size), n_items=d.n_items,
+        scale=d.item_scale, val_items=int(d.val_items), seed=int(d.seed), mean=mean, std=std,
+        flip=train_aug and bool(d.flip), threshold=int(d.threshold), background_max=int(d.background_max),
+        noise_std=float(d.noise_std), root=d.root,
     )
 
 
@@ -346,9 +386,8 @@ def build_datasets(cfg: dict) -> Dict[str, Dataset]:
     dcfg = cfg["data"]
     seed = int(cfg.get("train", {}).get("seed", 0))
     train = SeededTransformDataset(_build(dcfg, "train", True, True), seed=seed)
-    name = str(dcfg.get("name", "fmnist_seg")).lower()
     val = _build(dcfg, "val", True, False)
-    test = val if name in ("ade20k", "ade") else _build(dcfg, "test", True, False)
+    test = val if SegData.from_config(dcfg).is_ade20k else _build(dcfg, "test", True, False)
     return {"train": train, "val": val, "test": test}
 
 

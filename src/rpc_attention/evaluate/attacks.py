@@ -37,7 +37,7 @@ from torch import Tensor, nn
 
 from .inputs import Normalized
 
-__all__ = ["SPACES", "InputSpace", "pgd_linf", "sparse_l1_descent", "uniform_noise", "make_attack", "ATTACKS"]
+__all__ = ["SPACES", "InputSpace", "pgd_linf", "sparse_l1_descent", "uniform_noise", "make_attack"]
 
 SPACES = ("pixel", "official")
 
@@ -229,7 +229,7 @@ def sparse_l1_descent(
 
 
 def _ta():
-    import torchattacks  # noqa: F401  (imported lazily: it is slow and optional for other code)
+    import torchattacks  # imported here: it is slow to import and only the attacks need it
 
     return torchattacks
 
@@ -250,76 +250,127 @@ def _autoattack(ta, model, eps: float, n_classes: int, seed: int, steps: int, n_
     return ta.MultiAttack(attacks)
 
 
+@dataclass(frozen=True)
+class Attack:
+    """One attack of the table :func:`make_attack` reads.
+
+    ``build(space, eps, opts, n_classes, seed)`` returns ``attack(x01, y) -> adversarial tensor in the
+    space's units``. ``protocol(opts)`` names a protocol that differs from the suite's description
+    (a reduced budget), or returns None.
+    """
+
+    build: Callable[[InputSpace, Optional[float], Mapping[str, Any], int, int], Callable[[Tensor, Tensor], Tensor]]
+    protocol: Callable[[Mapping[str, Any]], Optional[str]] = lambda opts: None
+
+
+def _own_noise(space: InputSpace, eps, opts, n_classes: int, seed: int):
+    _, to_space, bounds = space.for_own()
+    gen_holder: Dict[str, torch.Generator] = {}
+
+    def attack_noise(x01: Tensor, y: Tensor) -> Tensor:
+        g = gen_holder.get("g")
+        if g is None:
+            g = gen_holder["g"] = torch.Generator(device=x01.device).manual_seed(seed)
+        return uniform_noise(to_space(x01), float(eps), bounds, generator=g)
+
+    return attack_noise
+
+
+def _own_sld(space: InputSpace, eps, opts, n_classes: int, seed: int):
+    model, to_space, bounds = space.for_own()
+
+    def attack_sld(x01: Tensor, y: Tensor) -> Tensor:
+        return sparse_l1_descent(model, to_space(x01), y, eps=float(eps), steps=int(opts["steps"]),
+                                 step_size=float(opts["step_size"]), grad_sparsity=float(opts["grad_sparsity"]),
+                                 bounds=bounds, rand_init=bool(opts.get("rand_init", False)),
+                                 clip_grad=bool(opts.get("clip_grad", False)))
+
+    return attack_sld
+
+
+def _own_pgd(space: InputSpace, eps, opts, n_classes: int, seed: int):
+    model, to_space, bounds = space.for_own()
+    gen_holder: Dict[str, torch.Generator] = {}
+
+    def attack_pgd(x01: Tensor, y: Tensor) -> Tensor:
+        if "g" not in gen_holder:  # one stream over the batches, seeded: the same starts every run
+            gen_holder["g"] = torch.Generator(device=x01.device).manual_seed(seed)
+        return pgd_linf(model, to_space(x01), y, float(eps), steps=int(opts["steps"]),
+                        step_size=float(opts["step_ratio"]) * float(eps), random_start=bool(opts.get("random_start", True)),
+                        bounds=bounds, keep_best=bool(opts.get("keep_best", True)), generator=gen_holder["g"])
+
+    return attack_pgd
+
+
+def _torchattack(make, interior: bool = False):
+    """An :class:`Attack` from torchattacks: ``make(ta, box_model, eps_in_box, scale, opts, seed,
+    n_classes)`` builds it on the space's ``[0, 1]`` box; ``interior`` keeps inputs off the box's faces."""
+
+    def build(space: InputSpace, eps, opts, n_classes: int, seed: int):
+        ta = _ta()
+        margin = max(float(opts.get("official_margin") or 1.0), 2.0 * float(eps or 0.0))
+        box, to_box, from_box, s = space.for_torchattacks(margin)
+        e = None if eps is None else float(eps) / s
+        atk = make(ta, box, e, s, opts, seed, n_classes)
+
+        def attack(x01: Tensor, y: Tensor) -> Tensor:
+            u = to_box(x01)
+            if interior:
+                u = u.clamp(1e-6, 1 - 1e-6)
+            return from_box(atk(u, y)).detach()
+
+        return attack
+
+    return build
+
+
+_AUTOATTACK_STANDARD = {"steps": 100, "targets": 9, "n_queries": 5000}
+
+
+def _autoattack_protocol(opts: Mapping[str, Any]) -> Optional[str]:
+    cut = {k: opts.get(k) for k in _AUTOATTACK_STANDARD if opts.get(k) != _AUTOATTACK_STANDARD[k]}
+    if not cut:
+        return None
+    return ("reduced-budget AutoAttack (APGD-CE, APGD-T, FAB-T, Square; "
+            + ", ".join(f"{k}={v} instead of {_AUTOATTACK_STANDARD[k]}" for k, v in cut.items()) + ")")
+
+
+_ATTACKS: Dict[str, Attack] = {
+    "noise": Attack(_own_noise),
+    "sld": Attack(_own_sld),
+    "fgsm": Attack(_torchattack(lambda ta, box, e, s, o, seed, nc: ta.FGSM(box, eps=e))),
+    "pgd": Attack(_own_pgd),
+    "spsa": Attack(_torchattack(lambda ta, box, e, s, o, seed, nc: ta.SPSA(
+        box, eps=e, delta=float(o["delta"]) / s, lr=float(o["lr"]) / s, nb_iter=int(o["steps"]),
+        nb_sample=int(o["n_samples"]), max_batch_size=int(o["max_batch_size"])))),
+    # torchattacks' CW starts from atanh(2u - 1): pixels at exactly 0 or 1 (Fashion-MNIST's black
+    # background) would sit at +-inf with zero gradient and could never move.
+    "cw": Attack(_torchattack(lambda ta, box, e, s, o, seed, nc: ta.CW(
+        box, c=float(o["c"]), kappa=float(o["kappa"]), steps=int(o["steps"]), lr=float(o["lr"])), interior=True)),
+    "square": Attack(_torchattack(lambda ta, box, e, s, o, seed, nc: ta.Square(
+        box, norm="Linf", eps=e, n_queries=int(o["n_queries"]), n_restarts=1, p_init=float(o.get("p_init", 0.8)),
+        seed=seed))),
+    "autoattack": Attack(_torchattack(lambda ta, box, e, s, o, seed, nc: _autoattack(
+        ta, box, e, nc, seed, int(o["steps"]), int(o["n_queries"]), int(o.get("targets", 9)))),
+        protocol=_autoattack_protocol),
+}
+
+
+def register_attack(name: str, attack: Attack) -> None:
+    """Add ``attack`` to the table under ``name`` (its suite is registered with the same name)."""
+    _ATTACKS[name] = attack
+
+
+def get_attack(name: str) -> Attack:
+    if name not in _ATTACKS:
+        raise ValueError(f"unknown attack {name!r}; available: {', '.join(sorted(_ATTACKS))}")
+    return _ATTACKS[name]
+
+
 def make_attack(name: str, space: InputSpace, eps: Optional[float], opts: Mapping[str, Any],
                 n_classes: int = 10) -> Callable[[Tensor, Tensor], Tensor]:
     """Return ``attack(x01, y) -> adversarial tensor in the space's units`` (pixels or normalised).
 
     ``opts`` holds the suite's settings (steps, step ratio, ...); ``eps`` is in the space's units.
     """
-    seed = int(opts.get("seed") or 0)
-    if name in ("sld", "noise", "pgd"):
-        model, to_space, bounds = space.for_own()
-        if name == "pgd":
-            pgd_gen: Dict[str, torch.Generator] = {}
-
-            def attack_pgd(x01: Tensor, y: Tensor) -> Tensor:
-                if "g" not in pgd_gen:  # one stream over the batches, seeded: the same starts every run
-                    pgd_gen["g"] = torch.Generator(device=x01.device).manual_seed(seed)
-                return pgd_linf(model, to_space(x01), y, float(eps), steps=int(opts["steps"]),
-                                step_size=float(opts["step_ratio"]) * float(eps),
-                                random_start=bool(opts.get("random_start", True)), bounds=bounds,
-                                keep_best=bool(opts.get("keep_best", True)), generator=pgd_gen["g"])
-
-            return attack_pgd
-        if name == "noise":
-            gen_holder: Dict[str, torch.Generator] = {}
-
-            def attack_noise(x01: Tensor, y: Tensor) -> Tensor:
-                g = gen_holder.get("g")
-                if g is None:
-                    g = gen_holder["g"] = torch.Generator(device=x01.device).manual_seed(seed)
-                return uniform_noise(to_space(x01), float(eps), bounds, generator=g)
-
-            return attack_noise
-
-        def attack_sld(x01: Tensor, y: Tensor) -> Tensor:
-            return sparse_l1_descent(model, to_space(x01), y, eps=float(eps), steps=int(opts["steps"]),
-                                     step_size=float(opts["step_size"]), grad_sparsity=float(opts["grad_sparsity"]),
-                                     bounds=bounds, rand_init=bool(opts.get("rand_init", False)),
-                                     clip_grad=bool(opts.get("clip_grad", False)))
-
-        return attack_sld
-
-    ta = _ta()
-    margin = max(float(opts.get("official_margin") or 1.0), 2.0 * float(eps or 0.0))
-    box, to_box, from_box, s = space.for_torchattacks(margin)
-    e = None if eps is None else float(eps) / s
-    if name == "fgsm":
-        atk = ta.FGSM(box, eps=e)
-    elif name == "spsa":
-        atk = ta.SPSA(box, eps=e, delta=float(opts["delta"]) / s, lr=float(opts["lr"]) / s,
-                      nb_iter=int(opts["steps"]), nb_sample=int(opts["n_samples"]),
-                      max_batch_size=int(opts["max_batch_size"]))
-    elif name == "cw":
-        atk = ta.CW(box, c=float(opts["c"]), kappa=float(opts["kappa"]), steps=int(opts["steps"]), lr=float(opts["lr"]))
-    elif name == "square":
-        atk = ta.Square(box, norm="Linf", eps=e, n_queries=int(opts["n_queries"]), n_restarts=1,
-                        p_init=float(opts.get("p_init", 0.8)), seed=seed)
-    elif name == "autoattack":
-        atk = _autoattack(ta, box, e, n_classes, seed, int(opts["steps"]), int(opts["n_queries"]),
-                          int(opts.get("targets", 9)))
-    else:
-        raise ValueError(f"unknown attack {name!r}")
-
-    def attack(x01: Tensor, y: Tensor) -> Tensor:
-        u = to_box(x01)
-        if name == "cw":
-            # torchattacks' CW starts from atanh(2u - 1): pixels at exactly 0 or 1 (Fashion-MNIST's
-            # black background) would sit at +-inf with zero gradient and could never move.
-            u = u.clamp(1e-6, 1 - 1e-6)
-        return from_box(atk(u, y)).detach()
-
-    return attack
-
-
-ATTACKS = ("fgsm", "pgd", "spsa", "sld", "cw", "noise", "autoattack", "square")
+    return get_attack(name).build(space, eps, opts, n_classes, int(opts.get("seed") or 0))

@@ -21,19 +21,25 @@ from __future__ import annotations
 
 import json
 import os
+from dataclasses import dataclass
 from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
 import numpy as np
 import torch
 from torch import Tensor, nn
 
-from ._imagecorruptions_compat import CORRUPTIONS, available as imagecorruptions_available
+from ._imagecorruptions_compat import CORRUPTIONS
+from ._imagecorruptions_compat import available as imagecorruptions_available
 from .inputs import Normalized, cfg_value, data_name, eval_indices, load_eval_data, norm_stats
 from .per_example import PerExample
 from .predict import chunks, progress, top1_hits
-from .suites import register_suite
+from .suites import Column, CommonOptions, Cost, StudyUse, list_option, register_suite
 
-__all__ = ["CORRUPTIONS", "ALEXNET_ERRORS", "corrupt_images", "mce", "MIN_SIZE"]
+# The summary metrics (percent): mean error over corruptions x severities, its mCE (normalised by a
+# baseline run or AlexNet) and the clean error of the same examples.
+MEAN_CORRUPTION_ERROR, MCE, CLEAN_ERROR, RELATIVE_MCE = "mean_corruption_error", "mCE", "clean_error", "relative_mCE"
+
+__all__ = ["CORRUPTIONS", "ALEXNET_ERRORS", "corrupt_images", "mce", "declare_mce", "MIN_SIZE"]
 
 ALEXNET_ERRORS = {
     "gaussian_noise": 0.886428, "shot_noise": 0.894468, "impulse_noise": 0.922640,
@@ -160,16 +166,20 @@ def _check(cfg: Mapping[str, Any], opts: Dict[str, Any]) -> None:
                                     f"`rpc-attention eval --run {b} --suite corruptions` first")
 
 
-def _tree_error(err_of: Callable[[Tensor, Tensor], int], root: str, corruption: str, severity: int,
-                limit: Optional[int], size: int, channels: int, bs: int) -> Tuple[float, int]:
-    """Top-1 error on the ImageNet-C tree's images of one corruption and severity, and their count."""
+def _tree_error(hits_of: Callable[[Tensor, Tensor], Tensor], root: str, corruption: str, severity: int,
+                limit: Optional[int], size: int, channels: int, bs: int, record: PerExample) -> Tuple[float, int]:
+    """Top-1 error on the ImageNet-C tree's images of one corruption and severity, and their count;
+    each image's correctness goes into ``record`` (every setting's folder holds the same images, listed
+    in the same order, so positions pair them)."""
     ds, idx = _tree_images(root, corruption, severity, limit, size, channels)
     wrong = cnt = 0
     for start in range(0, len(idx), bs):
         items = [ds[i] for i in idx[start:start + bs]]
         xb = torch.stack([a for a, _ in items])
         yb = torch.tensor([b for _, b in items])
-        wrong += err_of(xb, yb)
+        right = hits_of(xb, yb)
+        record.add(f"{corruption}@{severity}", right)
+        wrong += len(right) - int(right.sum())
         cnt += len(yb)
     return wrong / max(cnt, 1), cnt
 
@@ -190,26 +200,35 @@ def _corrupted_error(hits_of: Callable[[Tensor, Tensor], Tensor], x: Tensor, y: 
 def _normalised(mean_err: Dict[str, float], clean_err: Optional[float], names: List[str], n: int,
                 dname: str, opts: Dict[str, Any], metrics: Dict[str, float]):
     """Corruption errors normalised by AlexNet's (ImageNet) or a baseline run's: ``(CE, relative CE,
-    what they are normalised by)``; adds ``mCE`` / ``relative_mCE`` to ``metrics``."""
+    what they are normalised by, the reference error of each corruption)``; adds ``mCE`` /
+    ``relative_mCE`` to ``metrics``."""
     ce: Dict[str, float] = {}
     rel: Dict[str, float] = {}
-    norm_by = None
+    norm_by, ref = None, None
     if dname.lower().startswith("imagenet") and not opts.get("baseline"):
-        ce, metrics["mCE"] = mce(mean_err, ALEXNET_ERRORS)
-        norm_by = "AlexNet (Hendrycks & Dietterich 2019)"
+        ce, metrics[MCE] = mce(mean_err, ALEXNET_ERRORS)
+        norm_by, ref = "AlexNet (Hendrycks & Dietterich 2019)", ALEXNET_ERRORS
     elif opts.get("baseline"):
         base = _baseline(str(opts["baseline"]), names, n, opts.get("seed"))
         base_err = {c: float(np.mean(base["errors"][c])) for c in names}
-        ce, metrics["mCE"] = mce(mean_err, base_err)
-        norm_by = f"baseline run {opts['baseline']}"
-        base_clean = base.get("metrics", {}).get("clean_error")
+        ce, metrics[MCE] = mce(mean_err, base_err)
+        norm_by, ref = f"baseline run {opts['baseline']}", base_err
+        base_clean = base.get("metrics", {}).get(CLEAN_ERROR)
         if clean_err is not None and base_clean is not None:
             bc = base_clean / 100.0
             for c in names:
                 denom = base_err[c] - bc
                 rel[c] = (mean_err[c] - clean_err) / denom if abs(denom) > 1e-12 else float("nan")
-            metrics["relative_mCE"] = 100.0 * float(np.nanmean(list(rel.values())))
-    return ce, rel, norm_by
+            metrics[RELATIVE_MCE] = 100.0 * float(np.nanmean(list(rel.values())))
+    return ce, rel, norm_by, ref
+
+
+def declare_mce(record: PerExample, names: Sequence[str], reference: Mapping[str, float]) -> None:
+    """Declare ``mCE`` in a per-example record: example i's score is ``100 x sum_{c,s} err_{i,c,s} /
+    (C S reference_c)``, whose mean over examples is ``100 x mean_c (mean_s E_{c,s}) / reference_c``."""
+    settings = [f"{c}@{s}" for c in names for s in SEVERITIES]
+    weights = [1.0 / (len(names) * len(SEVERITIES) * float(reference[c])) for c in names for _ in SEVERITIES]
+    record.metric(MCE, settings, error=True, weights=weights)
 
 
 def _corruption_rows(names: List[str], errors: Dict[str, List[float]], mean_err: Dict[str, float],
@@ -251,11 +270,10 @@ def corruptions_suite(model: nn.Module, cfg: Mapping[str, Any], run_dir, opts: D
     def hits_of(xb: Tensor, yb: Tensor) -> Tensor:
         return top1_hits(scorer(xb.to(device)).float().cpu(), yb)
 
-    def err_of(xb: Tensor, yb: Tensor) -> int:
-        return len(yb) - int(hits_of(xb, yb).sum())
-
-    n, clean_err, record = 0, None, None
-    if not root:  # clean error on the same examples, and every example's correctness
+    n, clean_err = 0, None
+    if root:  # the tree's image positions (the same in every corruption folder)
+        record = PerExample(_tree_images(str(root), names[0], SEVERITIES[0], limit, size, channels)[1])
+    else:  # clean error on the same examples, and every example's correctness
         n = len(y)
         record = PerExample(eval_indices(cfg, "test", limit))
         wrong = 0
@@ -270,7 +288,7 @@ def corruptions_suite(model: nn.Module, cfg: Mapping[str, Any], run_dir, opts: D
         errors[c] = []
         for s in SEVERITIES:
             if root:
-                err, n = _tree_error(err_of, str(root), c, s, limit, size, channels, bs)
+                err, n = _tree_error(hits_of, str(root), c, s, limit, size, channels, bs, record)
             else:
                 err = _corrupted_error(hits_of, x, y, c, s, seed, bs, record)
             errors[c].append(err)
@@ -278,15 +296,15 @@ def corruptions_suite(model: nn.Module, cfg: Mapping[str, Any], run_dir, opts: D
     bar.close()
 
     mean_err = {c: float(np.mean(v)) for c, v in errors.items()}
-    metrics: Dict[str, float] = {"mean_corruption_error": 100.0 * float(np.mean(list(mean_err.values())))}
+    metrics: Dict[str, float] = {MEAN_CORRUPTION_ERROR: 100.0 * float(np.mean(list(mean_err.values())))}
     if clean_err is not None:
-        metrics["clean_error"] = 100.0 * clean_err
-    ce, rel, norm_by = _normalised(mean_err, clean_err, names, n, dname, opts, metrics)
-    extra: Dict[str, Any] = {}
-    if record is not None:
-        record.metric("clean_error", ["clean"], error=True)
-        record.metric("mean_corruption_error", [f"{c}@{s}" for c in names for s in SEVERITIES], error=True)
-        extra["per_example"] = record.as_dict()
+        metrics[CLEAN_ERROR] = 100.0 * clean_err
+    ce, rel, norm_by, ref = _normalised(mean_err, clean_err, names, n, dname, opts, metrics)
+    if not root:
+        record.metric(CLEAN_ERROR, ["clean"], error=True)
+    record.metric(MEAN_CORRUPTION_ERROR, [f"{c}@{s}" for c in names for s in SEVERITIES], error=True)
+    if ref is not None:
+        declare_mce(record, names, ref)
     data = {"dataset": dname, "split": "test", "n_examples": n,
             "source": f"ImageNet-C tree {root}" if root else "imagecorruptions on the fly"}
     protocol = (f"top-1 error (%) under {len(names)} corruptions x {len(SEVERITIES)} severities"
@@ -296,10 +314,27 @@ def corruptions_suite(model: nn.Module, cfg: Mapping[str, Any], run_dir, opts: D
     return {"metrics": metrics, "rows": _corruption_rows(names, errors, mean_err, ce, rel), "data": data,
             "n_examples": n, "protocol": protocol,
             "settings": {"normalised_by": norm_by, "severities": list(SEVERITIES)},
-            "errors": errors, **extra}
+            "errors": errors, "per_example": record.as_dict()}
+
+
+@dataclass(frozen=True)
+class CorruptionOptions(CommonOptions):
+    """``names``: the corruptions; ``root``: an ImageNet-C tree instead of corrupting on the fly;
+    ``baseline``: a run whose errors normalise the mCE."""
+
+    names: List[str] = list_option(CORRUPTIONS)
+    root: Optional[str] = None
+    baseline: Optional[str] = None
+    limit: Optional[int] = 1000
 
 
 register_suite(
-    "corruptions", corruptions_suite,
-    defaults={"names": list(CORRUPTIONS), "root": None, "baseline": None, "limit": 1000},
-    description="ImageNet-C style corruptions (15 x 5) and mCE", check=_check)
+    "corruptions", corruptions_suite, options=CorruptionOptions,
+    description="ImageNet-C style corruptions (15 x 5) and mCE", check=_check,
+    metrics=(MEAN_CORRUPTION_ERROR, MCE, CLEAN_ERROR, RELATIVE_MCE), cost=Cost(1, 0, corrupts=True),
+    columns=(Column("vision", MCE, "mCE, SymViT = 100 (lower better)", higher=False, paper="mce", position=70),
+             Column("vision", MEAN_CORRUPTION_ERROR, "corruption error (%, lower better)", higher=False, position=71),
+             Column("fan", MCE, "mCE, SymFAN = 100 (lower better)", higher=False, paper="fan_mce", position=70),
+             Column("fan", MEAN_CORRUPTION_ERROR, "corruption error (%, lower better)", higher=False, position=71)),
+    study=StudyUse(limit="corruption_limit", names="corruptions", all_names=len(CORRUPTIONS), copies=len(SEVERITIES),
+                   baseline=MCE))

@@ -18,7 +18,7 @@ from typing import Any, Dict, Mapping, Optional, Tuple
 import torch
 from torch import nn
 
-from ..integrations._core import DEFAULT_OPTIONS, check_options
+from ..integrations import DEFAULT_OPTIONS, check_options
 
 __all__ = ["add_arguments", "rpc_options_from_args", "apply_test_time_rpc", "load_external", "HFClassifier"]
 
@@ -165,15 +165,13 @@ def load_external(
     cfg = _data_cfg(data_config)
     cfg = dict(cfg, task="classification")
     if timm_name:
-        import timm
-
-        from .. import models  # noqa: F401  (registers our models in timm)
+        from ..models.factory import create_model  # (importing models registers ours in timm)
 
         if not checkpoint:
             raise ValueError("--timm needs --checkpoint FILE (no hub downloads)")
         kwargs = dict(model_kwargs or {})
         try:
-            model = timm.create_model(timm_name, pretrained=False, **kwargs)
+            model = create_model(timm_name, pretrained=False, **kwargs)
         except RuntimeError as exc:
             raise ValueError(f"timm cannot build {timm_name!r}: {exc}") from None
         sd = _read_state_dict(checkpoint)

@@ -77,7 +77,7 @@ def dataset_to_tensors(ds: Any, limit: Optional[int] = None) -> Tuple[Tensor, Te
         x, y = ds
     elif hasattr(ds, "tensors") and len(ds.tensors) >= 2:
         x, y = ds.tensors[0], ds.tensors[1]
-    elif (isinstance(getattr(ds, "images", None), Tensor) and getattr(ds, "images").dtype == torch.uint8
+    elif (isinstance(getattr(ds, "images", None), Tensor) and ds.images.dtype == torch.uint8
           and getattr(ds, "transform", 1) is None and getattr(ds, "mean", 1) is None):
         # rpc_attention.data.images.TensorImageDataset without transform/normalisation: no per-item loop
         n = len(ds) if limit is None else min(len(ds), int(limit))
@@ -114,7 +114,7 @@ def _is_in_memory(ds: Any) -> bool:
                 and getattr(ds, "mean", 1) is None))
 
 
-_DS_CACHE: "dict" = {}
+_DS_CACHE: dict = {}
 
 
 def _eval_dataset(cfg: Mapping[str, Any], split: str):
@@ -167,7 +167,6 @@ def eval_batches(cfg: Mapping[str, Any], split: str, limit: Optional[int], batch
             yield xb.float(), torch.as_tensor(yb).long()
 
     return n, it
-
 
 
 def eval_indices(cfg: Mapping[str, Any], split: str, limit: Optional[int]) -> list:

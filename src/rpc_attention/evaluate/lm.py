@@ -18,14 +18,22 @@ An out-of-vocabulary ``AAA`` is encoded as ``<unk>``.
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 import numpy as np
 import torch
 
-from .suites import register_suite
+from .per_example import score_record
+from .suites import Column, CommonOptions, Cost, list_option, register_suite
 
-__all__ = ["sliding_windows", "score_stream", "perplexity", "corpus_for_run", "PROTOCOLS"]
+
+def ppl_metric(split: str, protocol: str, attacked: bool = False) -> str:
+    """The name of a perplexity metric, e.g. ``ppl_metric("test", "sliding")`` = ``"test_ppl_sliding"``."""
+    return f"{split}{'_attacked' if attacked else ''}_ppl_{protocol}"
+
+
+__all__ = ["sliding_windows", "target_nll", "score_stream", "nll_blocks", "perplexity", "corpus_for_run", "PROTOCOLS"]
 
 PROTOCOLS = ("sliding", "plain")
 
@@ -55,15 +63,16 @@ def plain_windows(n_tokens: int, context: int) -> List[Tuple[int, int, int]]:
 
 
 def _unwrap(model):
-    while hasattr(model, "module") and isinstance(getattr(model, "module"), torch.nn.Module):
+    while hasattr(model, "module") and isinstance(model.module, torch.nn.Module):
         model = model.module
     return getattr(model, "_orig_mod", model)
 
 
 @torch.no_grad()
-def score_stream(model, tokens: np.ndarray, protocol: str = "sliding", context: Optional[int] = None,
-                 stride: Optional[int] = None, batch_size: int = 32, device: Any = None) -> Tuple[float, int]:
-    """Sum of negative log-likelihoods (nats) of the targets of ``tokens`` and their number."""
+def target_nll(model, tokens: np.ndarray, protocol: str = "sliding", context: Optional[int] = None,
+               stride: Optional[int] = None, batch_size: int = 32, device: Any = None) -> np.ndarray:
+    """Negative log-likelihood (nats, float64) of every target ``tokens[t + 1]``, ``t = 0 .. n - 2``,
+    each scored once by the window that the protocol assigns to it."""
     model = _unwrap(model)
     ctx = int(context or model.config.context)
     if ctx > model.config.context:
@@ -79,8 +88,7 @@ def score_stream(model, tokens: np.ndarray, protocol: str = "sliding", context: 
         raise ValueError(f"protocol must be one of {PROTOCOLS}, got {protocol!r}")
     device = torch.device(device) if device is not None else next(model.parameters()).device
     arr = np.asarray(tokens)
-    total = 0.0
-    count = 0
+    losses = np.full(n - 1, np.nan)
     # group windows by length so that each batch is rectangular
     by_len: Dict[int, List[Tuple[int, int, int]]] = {}
     for w in windows:
@@ -90,15 +98,25 @@ def score_stream(model, tokens: np.ndarray, protocol: str = "sliding", context: 
             chunk = group[i:i + batch_size]
             idx = np.stack([arr[b:e + 1] for b, e, _ in chunk]).astype(np.int64)
             t = torch.from_numpy(idx).to(device)
-            lp = model(t[:, :-1], t[:, 1:]).double()
-            keep = torch.zeros_like(lp, dtype=torch.bool)
-            for r, (_, _, k) in enumerate(chunk):
-                keep[r, length - k:] = True
-            total -= float(lp[keep].sum())
-            count += int(keep.sum())
-    if count != n - 1:  # pragma: no cover - guarded by the window construction
-        raise RuntimeError(f"scored {count} of {n - 1} targets")
-    return total, count
+            lp = model(t[:, :-1], t[:, 1:]).double().cpu().numpy()
+            for r, (_, e, k) in enumerate(chunk):  # the window's last k targets: tokens e-k+1 .. e
+                losses[e - k:e] = -lp[r, length - k:]
+    if np.isnan(losses).any():  # pragma: no cover - guarded by the window construction
+        raise RuntimeError(f"scored {int((~np.isnan(losses)).sum())} of {n - 1} targets")
+    return losses
+
+
+def score_stream(model, tokens: np.ndarray, protocol: str = "sliding", context: Optional[int] = None,
+                 stride: Optional[int] = None, batch_size: int = 32, device: Any = None) -> Tuple[float, int]:
+    """Sum of negative log-likelihoods (nats) of the targets of ``tokens`` and their number."""
+    losses = target_nll(model, tokens, protocol, context, stride, batch_size, device)
+    return float(losses.sum()), len(losses)
+
+
+def nll_blocks(losses: np.ndarray, block: int) -> List[List[float]]:
+    """``[[NLL sum, targets], ...]`` of consecutive blocks of ``block`` targets (the last may be shorter):
+    the per-example record of a perplexity, resampled by block in the report's bootstrap."""
+    return [[float(losses[i:i + block].sum()), int(min(block, len(losses) - i))] for i in range(0, len(losses), block)]
 
 
 def perplexity(model, tokens: np.ndarray, protocol: str = "sliding", **kw) -> float:
@@ -140,9 +158,9 @@ def _check(cfg: Mapping[str, Any], opts: Dict[str, Any]) -> None:
     _check_protocols(opts["protocols"])
     if int(opts.get("stride") or 0) < 0:
         raise ValueError("stride must be >= 0 (0 = context / 4)")
-    from ..data.text import _data_settings, corpus_fingerprint
+    from ..data.text import corpus_fingerprint, data_settings
 
-    _data_settings(cfg["data"])
+    data_settings(cfg["data"])
     corpus_fingerprint(cfg["data"])  # raises FileNotFoundError when the data is missing
 
 
@@ -153,16 +171,22 @@ def _resolved(model, opts) -> Tuple[int, int]:
     return ctx, stride
 
 
-def _ppl_rows(model, streams: Dict[str, np.ndarray], opts, label: str = "") -> Tuple[List[Dict], Dict[str, float]]:
+def _ppl_rows(model, streams: Dict[str, np.ndarray], opts, label: str = "",
+              blocks: Optional[Dict[str, Any]] = None) -> Tuple[List[Dict], Dict[str, float]]:
+    """One row and one metric per split and protocol; each metric's NLL per block of ``context``
+    targets goes into ``blocks`` (the suite's per-example record)."""
     ctx, stride = _resolved(model, opts)
     rows, metrics = [], {}
     for split, toks in streams.items():
         for proto in opts["protocols"]:
-            nll, n = score_stream(model, toks, proto, context=ctx, stride=stride,
-                                  batch_size=int(opts["batch_size"]), device=opts.get("device"))
+            losses = target_nll(model, toks, proto, context=ctx, stride=stride,
+                                batch_size=int(opts["batch_size"]), device=opts.get("device"))
+            nll, n = float(losses.sum()), len(losses)
             ppl = math.exp(nll / n)
-            name = f"{split}{label}_ppl_{proto}"
+            name = ppl_metric(split, proto, attacked=bool(label))
             metrics[name] = ppl
+            if blocks is not None:
+                blocks[name] = nll_blocks(losses, ctx)
             rows.append({"split": split, "text": label.strip("_") or "clean", "protocol": proto,
                          "context": ctx, "stride": stride if proto == "sliding" else ctx,
                          "tokens": n, "nll": nll / n, "ppl": ppl})
@@ -173,9 +197,11 @@ def ppl_suite(model, cfg, run_dir, opts) -> Dict[str, Any]:
     corpus = corpus_for_run(cfg, run_dir)
     model.to(opts.get("device") or "cpu")
     streams = {s: _limit(corpus.split(s), opts.get("limit")) for s in opts["splits"]}
-    rows, metrics = _ppl_rows(model, streams, opts)
+    blocks: Dict[str, Any] = {}
+    rows, metrics = _ppl_rows(model, streams, opts, blocks=blocks)
     ctx, stride = _resolved(model, opts)
     return {
+        "per_example": _block_record(blocks),
         "metrics": metrics, "rows": rows,
         "data": {"source": cfg["data"].get("source"), "vocab_size": len(corpus.vocab),
                  "splits": ",".join(opts["splits"]), "n_examples": sum(len(t) - 1 for t in streams.values())},
@@ -203,10 +229,11 @@ def wordswap_suite(model, cfg, run_dir, opts) -> Dict[str, Any]:
             raise RuntimeError(f"attacked {split} has {len(arr)} tokens, clean {len(corpus.split(split))}")
         attacked[split] = _limit(arr, opts.get("limit"))
         stats[split] = st
-    rows, metrics = _ppl_rows(model, attacked, opts, label="_attacked")
+    blocks: Dict[str, Any] = {}
+    rows, metrics = _ppl_rows(model, attacked, opts, label="_attacked", blocks=blocks)
     if opts.get("clean", True):
         clean = {s: _limit(corpus.split(s), opts.get("limit")) for s in opts["splits"]}
-        crow, cmet = _ppl_rows(model, clean, opts)
+        crow, cmet = _ppl_rows(model, clean, opts, blocks=blocks)
         rows = crow + rows
         metrics.update(cmet)
     for split, st in stats.items():
@@ -214,6 +241,7 @@ def wordswap_suite(model, cfg, run_dir, opts) -> Dict[str, Any]:
     in_vocab = str(opts["token"]) in vocab
     ctx, stride = _resolved(model, opts)
     return {
+        "per_example": _block_record(blocks),
         "metrics": metrics, "rows": rows,
         "data": {"source": cfg["data"].get("source"), "vocab_size": len(vocab), "splits": ",".join(opts["splits"]),
                  "swap_stats": stats, "token_in_vocab": in_vocab},
@@ -227,10 +255,49 @@ def wordswap_suite(model, cfg, run_dir, opts) -> Dict[str, Any]:
     }
 
 
-_COMMON = {"splits": ["valid", "test"], "protocols": ["sliding", "plain"], "stride": 0, "context": 0}
+def _block_record(blocks: Dict[str, Any]) -> Dict[str, Any]:
+    """The per-example record of the perplexities: one record per metric length would not share
+    indices, so every metric keeps its own block list (the splits differ in length)."""
+    return {"kind": "ppl", "by_metric": {name: score_record("ppl", {name: b}) for name, b in blocks.items()}}
 
-register_suite("ppl", ppl_suite, tasks=("lm",), defaults=dict(_COMMON, batch_size=32),
-               description="Word-level perplexity, sliding-window and non-overlapping protocols", check=_check)
+
+@dataclass(frozen=True)
+class PplOptions(CommonOptions):
+    """``stride`` / ``context`` 0: the model's context and a quarter of it."""
+
+    splits: List[str] = list_option(["valid", "test"])
+    protocols: List[str] = list_option(["sliding", "plain"])
+    stride: int = 0
+    context: int = 0
+    batch_size: int = 32
+
+
+@dataclass(frozen=True)
+class WordSwapOptions(PplOptions):
+    rate: float = 0.015
+    token: str = "AAA"
+    min_one: bool = False
+    clean: bool = True
+
+
+_PPL = PplOptions()
+
+# The whole split is timed at once: seconds for the embedded corpus's test split (sliding window).
+_LM_COST = Cost(1, 0, full_split_s=9.5)
+_PPL_METRICS = tuple(ppl_metric(s, p) for s in _PPL.splits for p in _PPL.protocols)
+
+register_suite("ppl", ppl_suite, tasks=("lm",), options=PplOptions,
+               description="Word-level perplexity, sliding-window and non-overlapping protocols", check=_check,
+               metrics=_PPL_METRICS, cost=_LM_COST,
+               columns=(Column("lm", ppl_metric("valid", "sliding"), "valid PPL", higher=False, position=10),
+                        Column("lm", ppl_metric("test", "sliding"), "test PPL", higher=False, paper="lm_ppl",
+                               position=11)))
 register_suite("wordswap", wordswap_suite, tasks=("lm",),
-               defaults=dict(_COMMON, batch_size=32, rate=0.015, token="AAA", min_one=False, clean=True),
-               description="Perplexity under the word-swap attack (1.5% of non-stopwords -> 'AAA')", check=_check)
+               options=WordSwapOptions,
+               description="Perplexity under the word-swap attack (1.5% of non-stopwords -> 'AAA')", check=_check,
+               metrics=tuple(ppl_metric(s, p, attacked=True) for s in _PPL.splits for p in _PPL.protocols),
+               cost=_LM_COST,
+               columns=(Column("lm", ppl_metric("valid", "sliding", True), "word-swap valid PPL", higher=False,
+                               position=20),
+                        Column("lm", ppl_metric("test", "sliding", True), "word-swap test PPL", higher=False,
+                               paper="lm_wordswap", position=21)))

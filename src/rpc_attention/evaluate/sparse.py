@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import math
 import zlib
+from dataclasses import dataclass
 from typing import Any, Dict, List, Mapping, Tuple
 
 import torch
@@ -30,7 +31,9 @@ from .. import nn as rnn
 from .inputs import Normalized, data_name, eval_indices, load_eval_data, norm_stats
 from .per_example import PerExample
 from .predict import top1_hits
-from .suites import register_suite
+from .suites import Column, CommonOptions, Cost, StudyUse, list_option, register_suite
+
+MEAN_TOP1 = "mean_top1"  # mean top-1 (%) over the corrupted settings; each setting adds its own
 
 __all__ = ["salt_and_pepper", "occlude_patches", "KeyCorruption", "first_attention", "sparse_suite"]
 
@@ -112,7 +115,7 @@ class KeyCorruption:
             out[i, :, self.slot] = keys[i] + noise
         return out.reshape(b, n, width)
 
-    def __enter__(self) -> "KeyCorruption":
+    def __enter__(self) -> KeyCorruption:
         self._handle = self.module.qkv.register_forward_hook(self._hook)
         return self
 
@@ -177,10 +180,10 @@ def sparse_suite(model: nn.Module, cfg: Mapping[str, Any], run_dir, opts: Dict[s
     for kind, label, level in settings:
         name = _metric_name(kind, level)
         if kind == "salt-and-pepper":
-            acc = top1(lambda xb, start: salt_and_pepper(xb, level, seed, start), name)
+            acc = top1(lambda xb, start, p=level: salt_and_pepper(xb, p, seed, start), name)
         elif kind == "patch occlusion":
             fill = float(opts["occlusion_fill"])
-            acc = top1(lambda xb, start: occlude_patches(xb, int(level), patch, fill, seed, start), name)
+            acc = top1(lambda xb, start, n=int(level), f=fill: occlude_patches(xb, n, patch, f, seed, start), name)
         else:
             with KeyCorruption(model, level, float(opts["key_magnitude"]), seed) as kc:
                 def at(xb, start):
@@ -191,7 +194,7 @@ def sparse_suite(model: nn.Module, cfg: Mapping[str, Any], run_dir, opts: Dict[s
         record.metric(name, [name])
         rows.append({"corruption": kind, "level": label, "top1": acc, "drop": clean - acc})
     if len(rows) > 1:
-        metrics["mean_top1"] = sum(r["top1"] for r in rows[1:]) / (len(rows) - 1)
+        metrics[MEAN_TOP1] = sum(r["top1"] for r in rows[1:]) / (len(rows) - 1)
         record.metric("mean_top1", [_metric_name(kind, level) for kind, _, level in settings])
     return {"metrics": metrics, "rows": rows, "n_examples": n, "per_example": record.as_dict(),
             "data": {"dataset": data_name(cfg), "split": "test", "n_examples": n},
@@ -214,9 +217,21 @@ def _check(cfg: Mapping[str, Any], opts: Dict[str, Any]) -> None:
                          f"{kf}, {opts.get('key_magnitude')}")
 
 
+@dataclass(frozen=True)
+class SparseOptions(CommonOptions):
+    """Fractions of salt-and-pepper pixels, numbers of occluded patches (and their grey level), and the
+    share and size (in key standard deviations) of the corrupted block-1 keys (0: skipped)."""
+
+    salt_pepper: List[float] = list_option([0.02, 0.05, 0.10])
+    occlusion: List[float] = list_option([1.0, 2.0, 4.0])
+    occlusion_fill: float = 0.5
+    key_fraction: float = 0.05
+    key_magnitude: float = 5.0
+
+
 register_suite(
     "sparse", sparse_suite,
-    defaults={"salt_pepper": [0.02, 0.05, 0.10], "occlusion": [1.0, 2.0, 4.0], "occlusion_fill": 0.5,
-              "key_fraction": 0.05, "key_magnitude": 5.0},
+    options=SparseOptions,
     description="sparse corruption: salt-and-pepper pixels, patch occlusion, sparse key corruption in block 1",
-    check=_check)
+    check=_check, metrics=(MEAN_TOP1,), cost=Cost(8, 0),
+    columns=(Column("vision", MEAN_TOP1, "sparse corruption top-1, mean (%)", position=90),), study=StudyUse(limit="sparse_limit"))

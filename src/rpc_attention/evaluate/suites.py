@@ -23,21 +23,113 @@ from __future__ import annotations
 
 import os
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from fractions import Fraction
-from typing import Any, Callable, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
+from typing import (Any, Callable, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple, get_args, get_origin,
+                    get_type_hints)
 
 from ..files import atomic_write_json, atomic_write_text  # atomic_write_text: re-exported
 from ..markdown import markdown_table
-from ..overrides import parse_assignments, parse_number, unknown_key
+from ..overrides import parse_assignments, parse_number, typed_value, unknown_key
+from ..overrides import parse_value as read_value
 
 __all__ = [
     "Suite", "register_suite", "get_suite", "list_suites", "COMMON_DEFAULTS", "parse_eps_list",
-    "parse_sets", "parse_value", "resolve_options", "run_suite", "write_result", "render_markdown", "atomic_write_text",
+    "parse_sets", "option_value", "resolve_options", "run_suite", "write_result", "render_markdown", "atomic_write_text",
 ]
 
-# Options every suite receives (``--set batch_size=64`` or ``--limit N``).
-COMMON_DEFAULTS: Dict[str, Any] = {"limit": None, "batch_size": 128, "seed": 0, "device": "cpu"}
+@dataclass(frozen=True)
+class CommonOptions:
+    """Options every suite receives (``--set batch_size=64`` or ``--limit N``); a suite's options are a
+    frozen dataclass derived from this one (a field redeclared there changes that suite's default)."""
+
+    limit: Optional[int] = None
+    batch_size: int = 128
+    seed: int = 0
+    device: str = "cpu"
+
+    def __post_init__(self) -> None:
+        if self.limit is not None and int(self.limit) <= 0:
+            raise ValueError(f"--limit must be positive, got {self.limit}")
+        if int(self.batch_size or 0) <= 0:
+            raise ValueError(f"batch_size must be positive, got {self.batch_size}")
+
+
+def eps_option(sweep: str) -> Any:
+    """A field holding an eps list, with ``sweep`` (``"1:6/255"``) as its default."""
+    return field(default_factory=lambda: parse_eps_list(sweep))
+
+
+def list_option(items: Sequence[Any]) -> Any:
+    """A field holding a list, with a copy of ``items`` as its default."""
+    return field(default_factory=lambda: list(items))
+
+
+COMMON_DEFAULTS: Dict[str, Any] = {f.name: f.default for f in fields(CommonOptions)}
+
+
+@dataclass(frozen=True)
+class Cost:
+    """What one example costs the suite, for time estimates (``reproduce --dry-run``).
+
+    ``forward`` / ``backward`` count forward and forward+backward passes per example at the suite's
+    defaults. A sweep suite (``per_eps`` set) runs one clean pass plus ``per_eps`` gradient steps per
+    budget, so a study that sets the number of budgets or steps gets ``n_eps + 1`` forward and
+    ``n_eps * steps`` backward passes. ``corrupts``: every copy of an example is corrupted first (that
+    time is added). ``full_split_s``: the suite is timed as a whole (seconds for a split of 10,000
+    examples or more) instead of per pass.
+    """
+
+    forward: int = 2
+    backward: int = 0
+    per_eps: Optional[int] = None
+    corrupts: bool = False
+    full_split_s: Optional[float] = None
+
+    def passes(self, n_eps: Optional[int] = None, steps: Optional[int] = None) -> Tuple[int, int]:
+        """``(forward, backward)`` passes per example for ``n_eps`` budgets of ``steps`` steps each."""
+        if self.per_eps is None or (n_eps is None and steps is None):
+            return self.forward, self.backward
+        n = 6 if n_eps is None else int(n_eps)
+        per = int(steps) if steps is not None else self.per_eps
+        return n + 1, per * n
+
+
+@dataclass(frozen=True)
+class Column:
+    """One column of a report table: ``table`` (vision, fan, scaled, lm, seg), the suite's ``metric``,
+    its ``header``, whether higher is better, the paper's row it is compared with (if any) and its
+    ``position`` in the table (columns are sorted by it; a new suite's come last by default)."""
+
+    table: str
+    metric: str
+    header: str
+    higher: bool = True
+    paper: Optional[str] = None
+    position: int = 1000
+
+
+@dataclass(frozen=True)
+class StudyUse:
+    """How a reproduction study asks for the suite: which study settings feed it.
+
+    ``limit``: the study setting holding its number of examples (unset: the study's ``eval_limit``).
+    ``sweep``: it takes the study's ``eps`` sweep; ``steps``: ``<suite>.steps`` from the study setting
+    ``<suite>_steps`` when set. ``names``: a study setting listing what it runs (passed as
+    ``<suite>.names``); each name costs ``copies`` copies of an example (``all_names`` when the list is
+    empty). ``extra_sets``: a study setting of further ``--set`` items. ``baseline``: the metric it
+    normalises by the baseline model's run of the same seed (that model scores 100 on it by
+    definition), or None.
+    """
+
+    limit: str = "eval_limit"
+    sweep: bool = False
+    steps: bool = False
+    names: Optional[str] = None
+    all_names: int = 0
+    copies: int = 1
+    extra_sets: Optional[str] = None
+    baseline: Optional[str] = None
 
 
 @dataclass
@@ -45,10 +137,16 @@ class Suite:
     name: str
     fn: Callable[..., Dict[str, Any]]
     tasks: Tuple[str, ...] = ("classification",)
-    defaults: Optional[Dict[str, Any]] = None  # None: accept any option (no validation)
+    defaults: Dict[str, Any] = field(default_factory=dict)  # its own options' defaults (from ``options``)
     description: str = ""
     check: Optional[Callable[[Mapping[str, Any], Dict[str, Any]], None]] = None  # early validation
     module: str = field(default="")
+    metrics: Tuple[str, ...] = ()          # the names of its summary metrics (constants of its module)
+    cost: Cost = Cost()
+    columns: Tuple[Column, ...] = ()       # its columns in the report's task tables
+    curve: bool = False                    # plotted in the report's accuracy-vs-budget figure
+    study: StudyUse = StudyUse()
+    options: type = CommonOptions          # its options: a frozen dataclass derived from CommonOptions
 
 
 _SUITES: Dict[str, Suite] = {}
@@ -59,37 +157,58 @@ def register_suite(
     name: str,
     fn: Callable[..., Dict[str, Any]],
     tasks: Sequence[str] = ("classification",),
-    defaults: Optional[Mapping[str, Any]] = None,
+    options: type = CommonOptions,
     description: str = "",
     check: Optional[Callable[[Mapping[str, Any], Dict[str, Any]], None]] = None,
+    *,
+    metrics: Sequence[str] = (),
+    cost: Cost = Cost(),
+    columns: Sequence[Column] = (),
+    curve: bool = False,
+    study: StudyUse = StudyUse(),
 ) -> Suite:
     """Register suite ``name`` (re-registering the same name replaces it).
 
-    ``defaults`` declares the suite's options and their types (list of floats for eps sweeps, int,
-    float, bool, str, None for free-form); ``--set name.key=value`` then parses ``value`` like the
-    default and unknown keys are rejected.  ``check(cfg, opts)`` runs before any suite starts and
-    raises ``ValueError``/``FileNotFoundError`` for bad input (missing data, ...).
+    ``options`` is a frozen dataclass derived from :class:`CommonOptions` declaring the suite's options,
+    their types and defaults (``List[float]``: an eps list, ``List[str]``: a comma list, ``Optional[str]``:
+    a path or None); ``--set name.key=value`` then reads ``value`` as that type and unknown keys are
+    rejected.  ``check(cfg, opts)`` runs before any suite starts and
+    raises ``ValueError``/``FileNotFoundError`` for bad input (missing data, ...). ``metrics``,
+    ``cost``, ``columns``, ``curve`` and ``study`` are what the estimates, the report and the studies
+    read about the suite (:class:`Cost`, :class:`Column`, :class:`StudyUse`).
     """
     if not name or any(c in name for c in " ,=/"):
         raise ValueError(f"invalid suite name {name!r}")
-    suite = Suite(name, fn, tuple(tasks), dict(defaults) if defaults is not None else None, description,
-                  check, getattr(fn, "__module__", ""))
+    if not (isinstance(options, type) and issubclass(options, CommonOptions)):
+        raise TypeError(f"suite {name!r}: options must be a dataclass derived from CommonOptions")
+    base = options()
+    own = {f.name: getattr(base, f.name) for f in fields(options)
+           if f.name not in COMMON_DEFAULTS or getattr(base, f.name) != COMMON_DEFAULTS[f.name]}
+    suite = Suite(name, fn, tuple(tasks), own, description, check, getattr(fn, "__module__", ""), tuple(metrics),
+                  cost, tuple(columns), curve, study, options)
     _SUITES[name] = suite
     return suite
 
 
 def _register_builtin_suites() -> None:
-    """Import the built-in suite modules (each registers its suites on import); idempotent."""
+    """Import the built-in suite modules (each registers its suites on import); idempotent. The flag is set
+    after the imports, so a failing import is retried (and reported) at the next lookup."""
     global _BUILTINS_REGISTERED
     if _BUILTINS_REGISTERED:
         return
-    _BUILTINS_REGISTERED = True
     from . import classification, corruptions, lm, ood, segmentation, sparse  # noqa: F401
+    _BUILTINS_REGISTERED = True
 
 
 def list_suites(task: Optional[str] = None) -> List[str]:
     _register_builtin_suites()
     return sorted(n for n, s in _SUITES.items() if task is None or task in s.tasks)
+
+
+def all_suites() -> List[Suite]:
+    """Every registered suite, in the order of registration (the report's column order)."""
+    _register_builtin_suites()
+    return list(_SUITES.values())
 
 
 def get_suite(name: str) -> Suite:
@@ -156,90 +275,54 @@ def parse_sets(items: Optional[Iterable[str]]) -> Dict[str, Any]:
     return dict(parse_assignments(items, "--set"))
 
 
-def _typed_like(key: str, raw: Any, default: Any) -> Any:
-    """A YAML-parsed (non-string) ``raw`` checked against the type of ``default``."""
-    if raw is None or default is None:
-        return raw
-    if isinstance(default, bool) and not isinstance(raw, bool):
-        raise ValueError(f"{key}={raw}: expected true or false")
-    if isinstance(default, int) and not isinstance(default, bool) and (isinstance(raw, bool) or not isinstance(raw, int)):
-        raise ValueError(f"{key}={raw}: expected an integer")
-    if isinstance(default, float) and not isinstance(raw, bool) and isinstance(raw, (int, float)):
-        return float(raw)
-    if isinstance(default, list) and not isinstance(raw, list):
-        return parse_eps_list(raw) if not (default and isinstance(default[0], str)) else [raw]
-    return raw
+def option_value(key: str, raw: Any, kind: Any) -> Any:
+    """``raw`` (a ``--set`` value: text, or a value YAML already read) as the option type ``kind``.
 
-
-def parse_value(key: str, raw: Any, default: Any) -> Any:
-    """Parse ``raw`` (a ``--set`` value: a string, or a number/bool/list YAML already read) to the type of ``default``."""
-    if not isinstance(raw, str):
-        if key == "eps" or key.endswith("_eps"):
-            return raw if raw is None else parse_eps_list(raw)
-        return _typed_like(key, raw, default)
-    text = raw.strip()
-    try:
-        if key == "limit":
-            return None if text.lower() in ("", "none", "all") else int(text)
-        if key == "eps" or key.endswith("_eps") or isinstance(default, list):
-            if isinstance(default, list) and default and isinstance(default[0], str):
-                return [p.strip() for p in text.split(",") if p.strip()]
-            return parse_eps_list(text)
-        if isinstance(default, bool):
-            low = text.lower()
-            if low in ("1", "true", "yes", "on"):
-                return True
-            if low in ("0", "false", "no", "off"):
-                return False
-            raise ValueError(f"expected true/false, got {text!r}")
-        if isinstance(default, int):
-            if not text.lstrip("+-").isdigit():
-                raise ValueError(f"expected an integer, got {text!r}")
-            return int(text)
-        if isinstance(default, float):
-            return _parse_number(text)
-    except ValueError as exc:
-        raise ValueError(f"{key}={raw}: {exc}") from None
-    if text.lower() in ("none", "null"):
-        return None
-    return text
+    Text is read as YAML first (the one settings grammar); ``List[float]`` takes eps lists
+    (``1:6/255``, ``0.01,2/255``), ``List[str]`` comma lists, ``Optional[...]`` also ``none`` (and
+    ``all``, for ``limit``); the rest is checked by :func:`rpc_attention.overrides.typed_value`.
+    """
+    value = read_value(raw) if isinstance(raw, str) else raw
+    if get_origin(kind) is not None and type(None) in get_args(kind):
+        if value is None or (isinstance(value, str) and value.strip().lower() in ("none", "null", "all", "")):
+            return None
+        kind = next(a for a in get_args(kind) if a is not type(None))
+    if get_origin(kind) is list and get_args(kind) == (float,):
+        return parse_eps_list(value)
+    if get_origin(kind) is list and get_args(kind) == (str,):
+        if isinstance(value, str):
+            return [p.strip() for p in value.split(",") if p.strip()]
+        return [str(v) for v in value] if isinstance(value, (list, tuple)) else [str(value)]
+    return typed_value(key, value, kind)
 
 
 def resolve_options(suite: Suite, sets: Mapping[str, Any], limit: Optional[int] = None) -> Dict[str, Any]:
-    """Merge common defaults, the suite's defaults and the ``--set`` values that concern ``suite``.
+    """The suite's options (:attr:`Suite.options`) with the ``--set`` values that concern ``suite``.
 
     ``sets`` keys are ``option`` (applies to every selected suite that declares it, and to the common
-    options) or ``suite.option`` (this suite only).  Returns the resolved options.
+    options) or ``suite.option`` (this suite only).  Returns the resolved options as a dict, in the
+    order of the dataclass's fields.
     """
-    opts: Dict[str, Any] = dict(COMMON_DEFAULTS)
-    declared = dict(suite.defaults or {})
-    opts.update(declared)
+    kinds = get_type_hints(suite.options)
+    values: Dict[str, Any] = {}
     for key, raw in sets.items():
         target, dot, option = key.partition(".")
-        if dot:
-            if target != suite.name:
-                continue
-        else:
+        if not dot:
             option = key
-            if option not in opts and suite.defaults is not None:
+            if option not in kinds:
                 continue  # a global key another suite declares; validated by check_set_keys
-        if suite.defaults is not None and option not in opts:
-            raise unknown_key(key, [f"{suite.name}.{o}" for o in opts], f"option of suite {suite.name!r}")
+        elif target != suite.name:
+            continue
+        elif option not in kinds:
+            raise unknown_key(key, [f"{suite.name}.{o}" for o in kinds], f"option of suite {suite.name!r}")
         try:
-            opts[option] = parse_value(option, raw, opts.get(option))
+            values[option] = option_value(option, raw, kinds[option])
         except ValueError as exc:
             raise ValueError(f"--set {key}={raw}: {str(exc).split(': ', 1)[-1]}") from None
-    if "eps" in opts and opts["eps"] is not None:
-        opts["eps"] = parse_eps_list(opts["eps"])
-    if "space" in opts and opts["space"] not in ("pixel", "official"):
-        raise ValueError(f"--set space={opts['space']}: choose pixel or official")
     if limit is not None:
-        opts["limit"] = int(limit)
-    if opts.get("limit") is not None and int(opts["limit"]) <= 0:
-        raise ValueError(f"--limit must be positive, got {opts['limit']}")
-    if int(opts.get("batch_size") or 0) <= 0:
-        raise ValueError(f"batch_size must be positive, got {opts.get('batch_size')}")
-    return opts
+        values["limit"] = int(limit)
+    opts = suite.options(**values)
+    return {f.name: getattr(opts, f.name) for f in fields(opts)}
 
 
 def check_set_keys(suites: Iterable[Suite], sets: Mapping[str, Any]) -> None:
@@ -253,14 +336,14 @@ def check_set_keys(suites: Iterable[Suite], sets: Mapping[str, Any]) -> None:
                 # keys for suites that are not selected are an error too: almost surely a typo
                 raise ValueError(f"--set {key}: suite {target!r} is not selected (selected: {', '.join(names)})")
             suite = names[target]
-            if suite.defaults is not None and option not in suite.defaults and option not in COMMON_DEFAULTS:
+            if option not in suite.defaults and option not in COMMON_DEFAULTS:
                 known = [f"{target}.{o}" for o in list(COMMON_DEFAULTS) + list(suite.defaults)]
                 raise unknown_key(key, known, f"option of suite {target!r}")
             continue
         if key in COMMON_DEFAULTS:
             continue
-        if not any(s.defaults is None or key in s.defaults for s in suites):
-            known = set(COMMON_DEFAULTS).union(*(s.defaults or {} for s in suites))
+        if not any(key in s.defaults for s in suites):
+            known = set(COMMON_DEFAULTS).union(*(s.defaults for s in suites))
             raise unknown_key(key, known, "option (no selected suite has it)")
 
 

@@ -7,27 +7,29 @@ no second copy of the PAP algorithm anywhere. Tensors are shaped ``(batch, heads
 - :mod:`.pap`: PAP's definition (:func:`pap_loop`, the plain loop), its options, mu and tau,
   and the entry points :func:`pap_attention` and :func:`pap_decompose`.
 - :mod:`.pap_fused`: the fused fast path beside it, with its derivation and hand-written backward.
+- :mod:`.pap_cache`: cached decoding for causal PAP (:func:`pap_prefill`, :class:`PAPCache`).
 """
 
 from .attention import as_bool_mask, attention, scaled_attention_alpha, scaled_attention_s, symmetric_attention
 from .pap import (
     MU_MODES,
     THRESHOLDS,
-    PAPProblem,
     PAPState,
     check_pap_options,
     pap_attention,
     pap_decompose,
-    pap_loop,
-    prepare_pap,
     soft_shrink,
     sparse_activity,
-    sparse_term_activity,
 )
+from .pap_cache import PAPCache, append_rows, pap_prefill
 
+# The public kernels. The plumbing behind pap_attention (prepare_pap, PAPProblem, pap_loop,
+# sparse_term_activity) is imported from rpc_attention.functional.pap by the code that builds on it.
 __all__ = [
     "PAPState",
-    "PAPProblem",
+    "PAPCache",
+    "pap_prefill",
+    "append_rows",
     "THRESHOLDS",
     "MU_MODES",
     "as_bool_mask",
@@ -35,12 +37,9 @@ __all__ = [
     "symmetric_attention",
     "pap_attention",
     "pap_decompose",
-    "pap_loop",
-    "prepare_pap",
     "scaled_attention_s",
     "scaled_attention_alpha",
     "soft_shrink",
     "sparse_activity",
-    "sparse_term_activity",
     "check_pap_options",
 ]

@@ -16,11 +16,10 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-__all__ = ["as_bool_mask", "attention", "symmetric_attention", "scaled_attention_s", "scaled_attention_alpha"]
 
-
-def as_bool_mask(attn_mask: Optional[Tensor]) -> Optional[Tensor]:
-    """A bool mask (True = may attend) from a bool or an additive 0 / -inf float mask, same shape.
+def as_bool_mask(attn_mask: Optional[Tensor], ndim: int = 0) -> Optional[Tensor]:
+    """A bool mask (True = may attend) from a bool or an additive 0 / -inf float mask, same shape, with
+    leading singleton dimensions added up to ``ndim`` dimensions (``ndim=4``: ``(B?, H?, Nq, Nk)``).
 
     Additive masks with other values (attention biases such as ALiBi) are rejected: PAP and the
     cleaned-key attention need to know which keys take part, not how much each one is favoured.
@@ -29,6 +28,8 @@ def as_bool_mask(attn_mask: Optional[Tensor]) -> Optional[Tensor]:
         return None
     if not isinstance(attn_mask, Tensor):
         raise TypeError(f"attn_mask must be a tensor, got {type(attn_mask).__name__}")
+    if attn_mask.dim() < ndim:
+        attn_mask = attn_mask.reshape((1,) * (ndim - attn_mask.dim()) + tuple(attn_mask.shape))
     if attn_mask.dtype == torch.bool:
         return attn_mask
     if not attn_mask.is_floating_point():
@@ -55,7 +56,7 @@ def normalise_mask(attn_mask: Optional[Tensor], b: int, h: int, nq: int, nk: int
     for got, want in zip(shape, target):
         if got not in (1, want):
             raise ValueError(f"attn_mask of shape {tuple(attn_mask.shape)} does not broadcast to {target}")
-    return as_bool_mask(attn_mask).reshape(shape)
+    return as_bool_mask(attn_mask, ndim=4)
 
 
 def causal_mask(mask: Optional[Tensor], nq: int, nk: int, device) -> Tensor:
@@ -126,8 +127,8 @@ def attend(q: Tensor, k: Tensor, v: Tensor, mask: Optional[Tensor], is_causal: b
     return torch.matmul(weights, v)
 
 
-# The public kernels below share their keyword options (mask, causal, dropout, scale, fused): a
-# deliberate parallel, so that each signature is typed and documented where users read it.
+# The public kernels below share their keyword options (mask, causal, dropout, scale, fused); each
+# signature lists them, typed and documented where users read it.
 def attention(
     q: Tensor,
     k: Tensor,

@@ -26,17 +26,13 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Dict, Optional, Tuple, Union
+from typing import Dict, List, Optional, Tuple, Union
 
 import torch
 from torch import Tensor
 
 from .attention import attend, check_dropout, check_kv, normalise_mask, resolve_scale
 from .pap_fused import FusedPAPOptions, fused_pap, sparse_converged
-
-__all__ = ["PAPState", "PAPProblem", "THRESHOLDS", "MU_MODES", "soft_shrink", "check_pap_options",
-           "prepare_pap", "pap_loop", "pap_attention", "pap_decompose", "sparse_activity",
-           "sparse_term_activity"]
 
 # How tau is set (docs/method.md#threshold-rules):
 #   lambda_mu        tau = lambd * mu                        (the official code)
@@ -154,6 +150,12 @@ def _compute_mu(keys: Tensor, valid: Optional[Tensor], mu_mode: str, width: int)
         denom, count = abs_rows.cumsum(dim=-2), counts.cumsum(dim=-2)
     else:
         denom, count = abs_rows.sum(dim=-2, keepdim=True), counts.sum(dim=-2, keepdim=True)
+    return mu_from_sums(denom, count, width)
+
+
+def mu_from_sums(denom: Tensor, count: Tensor, width: int) -> Tuple[Tensor, Tensor]:
+    """mu = count * width / (4 * denom) from the (running) sum of valid |k| rows and their count.
+    Returns ``(mu, count)`` with the count floored at 1 (also the decoding cache's mu)."""
     count = count.clamp_min(1.0)
     return count * width / (4.0 * denom.clamp_min(_MU_DENOM_FLOOR)), count
 
@@ -174,7 +176,7 @@ def _quantile_threshold(keys: Tensor, valid: Optional[Tensor], fraction: float) 
         return ranked.gather(-1, idx.reshape(b, h, 1)).reshape(b, h, 1, 1).clamp_min(0.0)
 
 
-def _threshold(threshold: str, lambd: float, mu: Tensor, count: Tensor, keys: Tensor,
+def threshold_of(threshold: str, lambd: float, mu: Tensor, count: Tensor, keys: Tensor,
                valid: Optional[Tensor]) -> Tensor:
     """tau for the chosen rule (see THRESHOLDS)."""
     if math.isinf(lambd):
@@ -206,24 +208,39 @@ def prepare_pap(k: Tensor, v: Tensor, *, n_iter: int = 6, lambd: float = 4.0,
     # State and thresholds in float32 at least (bf16/fp16 inputs), float64 stays float64.
     keys = k.to(torch.promote_types(k.dtype, torch.float32))
     mu, count = _compute_mu(keys, valid, mu_mode, width)
-    tau = _threshold(threshold, lambd, mu, count, keys, valid)
+    tau = threshold_of(threshold, lambd, mu, count, keys, valid)
     return PAPProblem(keys=keys, mask=mask, mu=mu, tau=tau, scale=resolve_scale(scale, d))
+
+
+def pass_keys(k: Tensor, lowrank: Tensor, dual: Tensor, mu: Tensor, tau: Tensor) -> Tuple[Tensor, Tensor]:
+    """One pass's sparse term and cleaned keys, row by row (the definition's first two lines):
+    ``S = shrink(k - L + Y / mu, tau)``, ``K2 = k - S - Y / mu``. Returns ``(S, K2)``."""
+    inv_mu = 1.0 / mu
+    sparse = soft_shrink(k - lowrank + dual * inv_mu, tau)
+    return sparse, k - sparse - dual * inv_mu
+
+
+def pass_dual(k: Tensor, lowrank: Tensor, sparse: Tensor, dual: Tensor, mu: Tensor) -> Tensor:
+    """The dual update of one pass, row by row: ``Y + mu (k - L - S)``."""
+    return dual + mu * (k - lowrank - sparse)
 
 
 def pap_loop(problem: PAPProblem, v: Tensor, *, n_iter: int, is_causal: bool = False, dropout_p: float = 0.0,
              tol: Optional[float] = None, fused: bool = True, checkpoint_iters: bool = False,
-             final_attention: bool = True) -> Tuple[Optional[Tensor], PAPState]:
+             final_attention: bool = True, record_keys: Optional[List[Tensor]] = None
+             ) -> Tuple[Optional[Tensor], PAPState]:
     """The PAP loop in plain autograd operations (the definition). Returns ``(out, state)``;
-    ``final_attention=False`` stops after the final pass's K2 (``out`` is then None)."""
+    ``final_attention=False`` stops after the final pass's K2 (``out`` is then None). A list given
+    as ``record_keys`` receives the cleaned keys K2 of every pass, in order (the decoding cache)."""
     k, mask, mu, tau, scale = problem.keys, problem.mask, problem.mu, problem.tau, problem.scale
-    inv_mu = 1.0 / mu
 
     def admm_pass(lowrank: Tensor, dual: Tensor):
-        sparse = soft_shrink(k - lowrank + dual * inv_mu, tau)
-        k2 = (k - sparse - dual * inv_mu).to(v.dtype)
+        sparse, k2 = pass_keys(k, lowrank, dual, mu, tau)
+        k2 = k2.to(v.dtype)
+        if record_keys is not None:
+            record_keys.append(k2)
         lowrank = attend(k2, k2, v, mask, is_causal, 0.0, scale, fused).to(k.dtype)
-        dual = dual + mu * (k - lowrank - sparse)
-        return sparse, lowrank, dual
+        return sparse, lowrank, pass_dual(k, lowrank, sparse, dual, mu)
 
     if checkpoint_iters and torch.is_grad_enabled() and (k.requires_grad or v.requires_grad):
         from torch.utils.checkpoint import checkpoint
@@ -242,8 +259,10 @@ def pap_loop(problem: PAPProblem, v: Tensor, *, n_iter: int, is_causal: bool = F
         sparse = new_sparse
         if stop:
             break
-    sparse = soft_shrink(k - lowrank + dual * inv_mu, tau)
-    k2 = (k - sparse - dual * inv_mu).to(v.dtype)
+    sparse, k2 = pass_keys(k, lowrank, dual, mu, tau)
+    k2 = k2.to(v.dtype)
+    if record_keys is not None:
+        record_keys.append(k2)
     out = attend(k2, k2, v, mask, is_causal, dropout_p, scale, fused) if final_attention else None
     return out, PAPState(sparse, lowrank, dual, mu, tau, k2, n_run + 1)
 
@@ -318,9 +337,8 @@ def pap_attention(
         k, v: keys and values ``(B, H, N, d)``; PAP needs ``d_v == d_k``.
         n_iter: softmax evaluations in the layer (``n_iter - 1`` ADMM passes plus the final one).
             ``n_iter=1`` is symmetric attention on ``clamp(k, -tau, tau)``.
-        lambd: sparsity weight lambda (official experiments: 4). ``lambd=inf`` makes S = 0 (for
-            ``n_iter=1`` plain symmetric attention); 0 is degenerate (uniform attention) but allowed;
-            negative raises.
+        lambd: sparsity weight lambda (official experiments: 4). ``inf`` makes S = 0 (for ``n_iter=1``
+            plain symmetric attention); 0 is degenerate (uniform attention) but allowed; negative raises.
         attn_mask: bool (True = may attend) or additive float mask broadcastable to (B, H, N, N).
             Keys no query may attend to (padding) take no part in attention, in mu or in N.
         is_causal: apply a causal mask in every iteration (and default to the causal mu).
@@ -347,8 +365,7 @@ def pap_attention(
     """
     problem = prepare_pap(k, v, n_iter=n_iter, lambd=lambd, attn_mask=attn_mask, is_causal=is_causal,
                           scale=scale, model_dim=model_dim, threshold=threshold, mu_mode=mu_mode, tol=tol)
-    dropout_p = check_dropout(dropout_p)
-    tol = None if tol is None else float(tol)
+    dropout_p, tol = check_dropout(dropout_p), None if tol is None else float(tol)
     if fused and not return_state and not torch.compiler.is_compiling():
         options = FusedPAPOptions(n_iter=n_iter, is_causal=bool(is_causal), dropout_p=dropout_p,
                                   scale=problem.scale, tol=tol, checkpoint_iters=bool(checkpoint_iters))
@@ -358,8 +375,8 @@ def pap_attention(
     return (out, state) if return_state else out
 
 
-# pap_decompose repeats pap_attention's options on purpose (a deliberate parallel): the same
-# keywords mean the same thing in both, and both go through prepare_pap.
+# pap_decompose takes pap_attention's options: the same keywords mean the same thing in both, and
+# both go through prepare_pap.
 def pap_decompose(
     k: Tensor,
     v: Tensor,

@@ -33,8 +33,6 @@ from torch import Tensor
 
 from .attention import attend
 
-__all__ = ["FusedPAPOptions", "fused_pap", "sparse_converged"]
-
 
 @dataclass(frozen=True)
 class FusedPAPOptions:

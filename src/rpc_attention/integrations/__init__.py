@@ -9,6 +9,6 @@ Test-time RPC for evaluation (loading external models, its command-line options)
 in :mod:`rpc_attention.evaluate.external`.
 """
 
-from ._core import DEFAULT_OPTIONS, KEY_MODES, asymmetric_rpc_attention
+from ._core import DEFAULT_OPTIONS, KEY_MODES, asymmetric_rpc_attention, check_options
 
-__all__ = ["asymmetric_rpc_attention", "DEFAULT_OPTIONS", "KEY_MODES"]
+__all__ = ["asymmetric_rpc_attention", "check_options", "DEFAULT_OPTIONS", "KEY_MODES"]

@@ -23,15 +23,14 @@ iteration's attention output when S = 0).
 
 from __future__ import annotations
 
-from typing import Optional
+from dataclasses import dataclass
+from typing import Optional, Tuple
 
 import torch
 from torch import Tensor
 
 from .. import functional as RF
 from ..nn import parse_layers
-
-__all__ = ["asymmetric_rpc_attention", "KEY_MODES", "DEFAULT_OPTIONS", "resolve_layers", "layer_selected"]
 
 KEY_MODES = ("sparse", "pap")
 
@@ -80,16 +79,6 @@ def check_options(opts: dict) -> dict:
     return out
 
 
-def _bool_mask(mask: Optional[Tensor]) -> Optional[Tensor]:
-    """:func:`rpc_attention.functional.as_bool_mask` (bool, or additive 0/-inf; biases refused), made 4-D."""
-    mask = RF.as_bool_mask(mask)
-    if mask is None:
-        return None
-    while mask.dim() < 4:
-        mask = mask.unsqueeze(0)
-    return mask
-
-
 def _key_key_mask(mask: Optional[Tensor], nk: int, same_tokens: bool) -> Optional[Tensor]:
     """The (B?, H?, Nk, Nk) mask PAP runs under, derived from the (B?, H?, Nq, Nk) attention mask.
 
@@ -131,6 +120,26 @@ def _repeat_heads(x: Tensor, rep: int) -> Tensor:
     return x[:, :, None].expand(b, h, rep, n, d).reshape(b, h * rep, n, d)
 
 
+def _shared_heads(q: Tensor, k: Tensor, v: Tensor, key_mode: str) -> Tuple[Tensor, Tensor]:
+    """``k`` and ``v`` with their heads repeated to the query heads (grouped-query attention), after the
+    shape checks of :func:`asymmetric_rpc_attention`."""
+    if q.dim() != 4 or k.dim() != 4 or v.dim() != 4:
+        raise ValueError("q, k, v must be 4-D (batch, heads, tokens, head_dim)")
+    if key_mode not in KEY_MODES:
+        raise ValueError(f"key_mode must be one of {KEY_MODES}, got {key_mode!r}")
+    h, hkv = q.shape[1], k.shape[1]
+    if h % hkv != 0:
+        raise ValueError(f"query heads ({h}) must be a multiple of key/value heads ({hkv})")
+    if v.shape[-1] != k.shape[-1]:
+        raise ValueError(f"RPC attention needs d_v == d_k (PAP's L step lives in value space), got {v.shape[-1]} vs {k.shape[-1]}")
+    return _repeat_heads(k, h // hkv), _repeat_heads(v, h // hkv)
+
+
+def _clean_keys(k: Tensor, sparse: Tensor, keys2: Tensor, key_mode: str) -> Tensor:
+    """The keys the output attention uses: ``K - S`` (``"sparse"``) or PAP's final K2 (``"pap"``)."""
+    return k - sparse.to(k.dtype) if key_mode == "sparse" else keys2.to(k.dtype)
+
+
 def asymmetric_rpc_attention(
     q: Tensor,
     k: Tensor,
@@ -141,8 +150,7 @@ def asymmetric_rpc_attention(
     dropout_p: float = 0.0,
     scale: Optional[float] = None,
     same_tokens: bool = True,
-    # PAP options, spelled out in every public entry point (a deliberate parallel: typed and
-    # documented where users read them; functional.check_pap_options is their one validator)
+    # PAP options, typed and documented here; functional.check_pap_options is their one validator
     n_iter: int = 6,
     lambd: float = 4.0,
     threshold: str = "lambda_mu",
@@ -170,30 +178,17 @@ def asymmetric_rpc_attention(
             ``model_dim`` defaults to ``H * d`` (query heads times head width).
     Returns ``(B, H, Nq, d_v)`` and, with ``return_state``, the :class:`~rpc_attention.functional.PAPState`.
     """
-    if q.dim() != 4 or k.dim() != 4 or v.dim() != 4:
-        raise ValueError("q, k, v must be 4-D (batch, heads, tokens, head_dim)")
-    if key_mode not in KEY_MODES:
-        raise ValueError(f"key_mode must be one of {KEY_MODES}, got {key_mode!r}")
-    b, h, nq, d = q.shape
-    hkv, nk = k.shape[1], k.shape[2]
-    if h % hkv != 0:
-        raise ValueError(f"query heads ({h}) must be a multiple of key/value heads ({hkv})")
-    if v.shape[-1] != k.shape[-1]:
-        raise ValueError(f"RPC attention needs d_v == d_k (PAP's L step lives in value space), got {v.shape[-1]} vs {k.shape[-1]}")
-    rep = h // hkv
-    k = _repeat_heads(k, rep)
-    v = _repeat_heads(v, rep)
-    if model_dim is None:
-        model_dim = h * d
-    mask = _bool_mask(attn_mask)
+    k, v = _shared_heads(q, k, v, key_mode)
+    (_, h, nq, d), nk = q.shape, k.shape[2]
+    mask = RF.as_bool_mask(attn_mask, ndim=4)  # bool, or additive 0/-inf; attention biases are refused
     same = bool(same_tokens) and nq == nk
-    kk_mask = _key_key_mask(mask, nk, same)
     state = RF.pap_decompose(
-        k, v, n_iter=n_iter, lambd=lambd, attn_mask=kk_mask, is_causal=is_causal,
-        scale=scale, model_dim=model_dim, threshold=threshold, mu_mode=mu_mode, tol=tol, fused=fused,
+        k, v, n_iter=n_iter, lambd=lambd, attn_mask=_key_key_mask(mask, nk, same), is_causal=is_causal,
+        scale=scale, model_dim=h * d if model_dim is None else model_dim, threshold=threshold, mu_mode=mu_mode,
+        tol=tol, fused=fused,
     )
     sparse = state.sparse.to(k.dtype)
-    k_clean = k - sparse if key_mode == "sparse" else state.cleaned_keys.to(k.dtype)
+    k_clean = _clean_keys(k, sparse, state.cleaned_keys, key_mode)
     q_clean = q
     if clean_queries and same:
         q_clean = q - sparse
@@ -203,6 +198,73 @@ def asymmetric_rpc_attention(
     # nk - nq + i); a static cache's mask is stricter and wins in the intersection
     out = RF.attention(q_clean, k_clean, v, attn_mask=mask, is_causal=is_causal, dropout_p=dropout_p,
                        scale=scale, fused=fused)
-    if return_state:
-        return out, state
-    return out
+    return (out, state) if return_state else out
+
+
+@dataclass
+class AsymmetricRPCCache:
+    """What a causal self-attention layer keeps between decoding steps: the PAP cache of its
+    (head-repeated) keys (:class:`~rpc_attention.functional.PAPCache`, ``n_iter - 1`` cleaned-key
+    tensors, as no attention reads the final pass's K2) and the keys the output attention uses
+    (``K - S`` or K2, one more (B, H, T, d) tensor). The values stay in the model's own cache."""
+
+    pap: RF.PAPCache
+    clean_keys: Tensor
+
+    @property
+    def length(self) -> int:
+        return self.pap.length
+
+    def nbytes(self) -> int:
+        return self.pap.nbytes() + self.clean_keys.numel() * self.clean_keys.element_size()
+
+    def reorder(self, index: Tensor) -> None:
+        """Select batch rows in place (beam search)."""
+        self.clean_keys = self.clean_keys[..., :self.length, :].index_select(0, index.to(self.clean_keys.device))
+        self.pap.reorder(index)
+
+
+def _query_start(mask: Optional[Tensor], nq: int, nk: int) -> int:
+    """Key position of the first query (:func:`_query_rows`), as a Python int."""
+    return int(_query_rows(mask, nq, nk)[0])
+
+
+def cached_asymmetric_rpc_attention(
+    q: Tensor, k: Tensor, v: Tensor, cache: Optional[AsymmetricRPCCache], *, attn_mask: Optional[Tensor] = None,
+    scale: Optional[float] = None, n_iter: int = 6, lambd: float = 4.0, threshold: str = "lambda_mu",
+    mu_mode: Optional[str] = None, model_dim: Optional[int] = None, clean_queries: bool = True,
+    key_mode: str = "sparse", fused: bool = True,
+) -> Tuple[Tensor, AsymmetricRPCCache]:
+    """Causal self-attention RPC (:func:`asymmetric_rpc_attention` with ``is_causal``) over a cache.
+
+    ``k``, ``v`` hold every position of the model's cache (dynamic: the cached ones and the new
+    ones; static: also unfilled slots, which the mask excludes); ``q`` the new positions, the
+    first at key position ``p0`` (read from the mask as in :func:`_query_rows`). With ``cache``
+    None, or one that does not hold exactly the ``p0`` earlier positions, PAP runs over all
+    ``p0 + Nq`` positions and a new cache is made; otherwise only the new rows are computed.
+    Returns the output ``(B, H, Nq, d)`` and the cache. Equal to the uncached forward's rows.
+    """
+    b, h, nq, d = q.shape
+    rep = h // k.shape[1]
+    mask = RF.as_bool_mask(attn_mask, ndim=4)
+    p0 = _query_start(mask, nq, k.shape[2])
+    end = p0 + nq
+    k, v = _repeat_heads(k[:, :, :end], rep), _repeat_heads(v[:, :, :end], rep)
+    mask = None if mask is None else mask[..., :end]
+    opts = dict(n_iter=n_iter, lambd=lambd, scale=scale, model_dim=h * d if model_dim is None else model_dim,
+                threshold=threshold, mu_mode=mu_mode, fused=fused)
+    if cache is None or cache.length != p0:
+        _, state, pap = RF.pap_prefill(k, v, attn_mask=_key_key_mask(mask, end, nq == end), final_attention=False,
+                                       **opts)
+        sparse = state.sparse[..., p0:, :].to(k.dtype)
+        cache = AsymmetricRPCCache(pap, _clean_keys(k, state.sparse, state.cleaned_keys, key_mode))
+    else:
+        valid = None if mask is None else mask.any(dim=-2)[:, 0, p0:]
+        _, sparse, keys2 = cache.pap.step(k[:, :, p0:], v, key_valid=valid, fused=fused, final_attention=False)
+        sparse = sparse.to(k.dtype)
+        new_keys = _clean_keys(k[:, :, p0:], sparse, keys2, key_mode)
+        cache.clean_keys = RF.append_rows(cache.clean_keys, p0, new_keys)
+    q_clean = q - sparse if clean_queries else q
+    out = RF.attention(q_clean, cache.clean_keys[..., :end, :], v, attn_mask=mask, is_causal=True, scale=scale,
+                       fused=fused)
+    return out, cache

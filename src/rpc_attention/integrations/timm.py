@@ -152,8 +152,7 @@ def converted_layers(model: nn.Module):
 def convert(
     model: nn.Module,
     rpc_layers="all",
-    # PAP options, spelled out in every public entry point (a deliberate parallel: typed and
-    # documented where users read them; functional.check_pap_options is their one validator)
+    # PAP options, typed and documented here; functional.check_pap_options is their one validator
     n_iter: int = 6,
     lambd: float = 4.0,
     threshold: str = "lambda_mu",
@@ -191,26 +190,7 @@ def convert(
             _revert_module(attn)
         if type(attn) is RPCAttention:
             raise ValueError(f"block {i} already runs PAP (RPCAttention); nothing to convert")
-        state = {"orig_class": type(attn), "pap": dict(opts), "saved": {}}
-        if type(attn) is SymmetricAttention and symmetric == "rpc":
-            # Paper's symmetric PAP layer: same parameters, RPCAttention forward.
-            # Attributes an RPCAttention has beyond a SymmetricAttention (its PAP options and whatever
-            # else RPCAttention.__init__ sets), taken from a parameter-free prototype on "meta".
-            pap = {k: opts[k] for k in ("n_iter", "lambd", "threshold", "mu_mode", "model_dim", "tol")}
-            proto = RPCAttention(attn.dim, attn.num_heads, device="meta", **pap)
-            extra = {k: v for k, v in proto.__dict__.items()
-                     if not k.startswith("_") and (k not in attn.__dict__ or k in pap)}
-            for k in extra:
-                if k in attn.__dict__:
-                    state["saved"][k] = attn.__dict__[k]
-            attn.__class__ = RPCAttention
-            for k, v in extra.items():
-                setattr(attn, k, v)
-            state["added"] = tuple(extra)
-        else:
-            attn.__class__ = _rpc_subclass(type(attn))
-            state["added"] = ()
-        setattr(attn, _STATE, state)
+        _convert_module(attn, opts, symmetric)
     return model
 
 
@@ -225,6 +205,31 @@ def sparse_activity(model: nn.Module) -> Dict[int, List[dict]]:
         if isinstance(attn, nn.Module) and is_converted(attn) and "activity" in getattr(attn, _STATE):
             out[i] = list(getattr(attn, _STATE)["activity"])
     return out
+
+
+def _convert_module(attn: nn.Module, opts: dict, symmetric: str) -> None:
+    """Swap one attention module's class (and record how to undo it): RPCAttention for a symmetric layer
+    in ``"rpc"`` mode, else the module's own class with its SDPA calls routed through RPC attention."""
+    state = {"orig_class": type(attn), "pap": dict(opts), "saved": {}}
+    if type(attn) is SymmetricAttention and symmetric == "rpc":
+        # Paper's symmetric PAP layer: same parameters, RPCAttention forward.
+        # Attributes an RPCAttention has beyond a SymmetricAttention (its PAP options and whatever
+        # else RPCAttention.__init__ sets), taken from a parameter-free prototype on "meta".
+        pap = {k: opts[k] for k in ("n_iter", "lambd", "threshold", "mu_mode", "model_dim", "tol")}
+        proto = RPCAttention(attn.dim, attn.num_heads, device="meta", **pap)
+        extra = {k: v for k, v in proto.__dict__.items()
+                 if not k.startswith("_") and (k not in attn.__dict__ or k in pap)}
+        for k in extra:
+            if k in attn.__dict__:
+                state["saved"][k] = attn.__dict__[k]
+        attn.__class__ = RPCAttention
+        for k, v in extra.items():
+            setattr(attn, k, v)
+        state["added"] = tuple(extra)
+    else:
+        attn.__class__ = _rpc_subclass(type(attn))
+        state["added"] = ()
+    setattr(attn, _STATE, state)
 
 
 def _revert_module(attn: nn.Module) -> None:

@@ -32,15 +32,17 @@ from __future__ import annotations
 
 import difflib
 import functools
+import weakref
 from typing import Optional
 
 import torch
 
 from .. import functional as RF
-from ._core import DEFAULT_OPTIONS, asymmetric_rpc_attention, check_options, layer_selected
+from ._core import (DEFAULT_OPTIONS, AsymmetricRPCCache, asymmetric_rpc_attention, cached_asymmetric_rpc_attention,
+                    check_options, layer_selected)
 
 __all__ = ["NAME", "register", "unregister", "configure", "prepare", "rpc_attention_forward", "rpc_mask",
-           "is_registered", "TRANSFORMERS_RANGE"]
+           "is_registered", "decoding_cache_bytes", "TRANSFORMERS_RANGE"]
 
 NAME = "rpc"
 TRANSFORMERS_RANGE = (">=5.0", "<5.25")  # tested with 5.24; keep in sync with pyproject's [hf] extra
@@ -155,11 +157,105 @@ def rpc_attention_forward(
     causal = bool(causal) and not _is_cross(module)
     if causal and opts["tol"] is not None:
         raise _causal_tol_error(module)
+    decoding = getattr(module, "_rpc_decoding", None)
+    if causal and decoding is not None and dropout == 0.0:
+        out = _cached_forward(module, decoding, query, key, value, attention_mask, scaling, opts)
+        return out.transpose(1, 2).contiguous(), None
     out = asymmetric_rpc_attention(
         query, key, value, attn_mask=attention_mask, is_causal=causal, dropout_p=dropout, scale=scaling,
         same_tokens=not _is_cross(module), **opts,
     )
     return out.transpose(1, 2).contiguous(), None
+
+
+# Cached decoding. PAP's per-layer decoding state (functional.PAPCache and the cleaned keys) lives
+# beside the model's cache: keyed by the cache object, then by layer, together with the key tensor
+# the model's cache layer held after the step that made it. A forward pre-hook (added by prepare)
+# hands the attention function the model's cache and its layer's keys before the update; when those
+# keys are no longer the tensor of the last step (beam-search reordering, cropping, another cache),
+# PAP is run again over the whole prefix (exact, the cost of the uncached pass) and the state renewed.
+_DECODING: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+
+
+def _cache_layer_keys(cache, idx: Optional[int]):
+    """The keys the model's cache holds for layer ``idx`` before this forward's update, or None."""
+    cache = getattr(cache, "self_attention_cache", cache)
+    layers = getattr(cache, "layers", None)
+    if idx is None or layers is None or idx >= len(layers):
+        return None
+    return getattr(layers[idx], "keys", None)
+
+
+def _remember_cache(module, args, kwargs):
+    cache = kwargs.get("cache", kwargs.get("past_key_values"))
+    module._rpc_decoding = None if cache is None else (cache, _cache_layer_keys(cache, _layer_index(module)))
+
+
+def _forget_cache(module, args, kwargs, output):
+    module._rpc_decoding = None
+
+
+def _add_cache_hooks(module) -> None:
+    if getattr(module, "_rpc_cache_hooks", None) is None:
+        module._rpc_decoding = None
+        module._rpc_cache_hooks = (module.register_forward_pre_hook(_remember_cache, with_kwargs=True),
+                                   module.register_forward_hook(_forget_cache, with_kwargs=True, always_call=True))
+
+
+def _cached_forward(module, decoding, query, key, value, attention_mask, scaling, opts: dict) -> torch.Tensor:
+    """Causal self-attention RPC over the model's cache with the layer's decoding state."""
+    cache, keys_before = decoding
+    try:
+        states = _DECODING.setdefault(cache, {})
+    except TypeError:  # a cache object that cannot be weakly referenced: no state, full pass
+        states = {}
+    idx = _layer_index(module)
+    held = states.get(idx)
+    state = None
+    if held is not None and keys_before is not None:
+        state = held[1] if held[0] is keys_before else _reordered(held[0], keys_before, held[1])
+    pap_opts = {k: v for k, v in opts.items() if k != "tol"}
+    out, state = cached_asymmetric_rpc_attention(query, key, value, state, attn_mask=attention_mask, scale=scaling,
+                                                 **pap_opts)
+    states[idx] = (key, state)
+    return out
+
+
+_INT_VIEW = {1: torch.int8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
+
+
+def _row_checksums(keys: torch.Tensor, n: int) -> torch.Tensor:
+    """An integer checksum per batch row of the first ``n`` key positions: the keys' bits read as
+    integers, weighted by position, summed with wrap-around. Exact and independent of summation order."""
+    ints = keys[:, :, :n].contiguous().view(_INT_VIEW[keys.element_size()]).to(torch.int64)
+    pos = torch.arange(1, n + 1, device=keys.device).view(1, 1, n, 1)
+    return (ints * pos).flatten(1).sum(dim=1)
+
+
+def _reordered(old_keys: torch.Tensor, new_keys: torch.Tensor, state: AsymmetricRPCCache):
+    """The decoding state for the model cache's ``new_keys`` when they are ``old_keys`` with their
+    batch rows selected (beam search's ``reorder_cache``): the state with the same rows selected,
+    found by checksum and confirmed by exact comparison; None if the keys are anything else."""
+    n = state.length
+    if old_keys.shape[2] < n or new_keys.shape[2] < n or old_keys.shape[1:] != new_keys.shape[1:]:
+        return None
+    match = _row_checksums(new_keys, n)[:, None] == _row_checksums(old_keys, n)[None, :]
+    if not bool(match.any(dim=1).all()):
+        return None
+    index = match.int().argmax(dim=1)
+    if not torch.equal(new_keys[:, :, :n], old_keys[:, :, :n].index_select(0, index)):
+        return None
+    state.reorder(index)
+    return state
+
+
+def decoding_cache_bytes(cache) -> int:
+    """Bytes of the RPC decoding state kept beside the model's ``cache`` (0 if none)."""
+    try:
+        states = _DECODING.get(cache, {})
+    except TypeError:
+        return 0
+    return sum(state.nbytes() for _, state in states.values() if isinstance(state, AsymmetricRPCCache))
 
 
 def _sliding_window(module) -> Optional[int]:
@@ -244,6 +340,8 @@ def prepare(model: torch.nn.Module, *, every_config: bool = False) -> torch.nn.M
     """
     leaves = list(_attention_leaves(model))
     _number_unindexed(leaves)
+    for mod in leaves:
+        _add_cache_hooks(mod)
     groups: dict = {}
     for mod in leaves:
         cfg = getattr(mod, "config", None)

@@ -7,19 +7,24 @@
 * :mod:`.analysis` -- per-layer / model-level aggregation under the ``paper`` and ``exact`` protocols.
 * :mod:`.sources`, :mod:`.runner`, :mod:`.plots` -- probes (run / timm / HF); the analysis run (JSON,
   figures, summary.md).
-* :mod:`.jproj_callback` -- the ``jproj`` trainer callback (J_proj on a fixed probe batch every epoch),
-  registered with the trainer when this package is imported.
-* :mod:`.sparsity` -- what PAP's sparse step did (S activity per PAP block on a fixed probe) and the
-  ``sparsity`` trainer callback, registered to run in every run when this package is imported.
+* :mod:`.jproj_callback` -- the ``jproj`` trainer callback (J_proj on a fixed probe batch every epoch);
+  :func:`register_callbacks` registers it with the trainer (the ``train`` and ``reproduce`` commands call it).
+
+What PAP's sparse step did (S activity per PAP block on a fixed probe) is measured by
+:mod:`rpc_attention.train.sparsity`, the trainer's default ``sparsity`` callback; the analysis reports it too.
 
 Heavy dependencies (scipy, matplotlib, transformers) are imported lazily.
 """
 
-from . import jproj_callback  # noqa: F401  (registers the ``jproj`` trainer callback)
-from . import sparsity  # noqa: F401  (registers the always-on ``sparsity`` trainer callback)
+from ..train.callbacks import register_callback
 from .analysis import PROTOCOLS, analyze_captures, chance_baselines, pap_stats
 from .hooks import AttentionCapture, LayerCapture, find_attention_modules
-from .sparsity import measure_sparsity, probe_sparsity
+from .jproj_callback import jproj_callback
 
 __all__ = ["PROTOCOLS", "analyze_captures", "chance_baselines", "pap_stats", "AttentionCapture", "LayerCapture",
-           "find_attention_modules", "measure_sparsity", "probe_sparsity"]
+           "find_attention_modules", "register_callbacks"]
+
+
+def register_callbacks() -> None:
+    """Register the toolkit's trainer callbacks (``jproj``) so a run can list them in ``train.callbacks``."""
+    register_callback("jproj", jproj_callback, overwrite=True, config_keys=("train.jproj_examples",))

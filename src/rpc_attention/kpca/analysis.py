@@ -3,9 +3,14 @@
 :func:`analyze_captures` turns :class:`~rpc_attention.kpca.hooks.LayerCapture` records into
 per-layer and model-level statistics under one measurement protocol:
 
-* ``exact``: the definitions (docs/method.md#kernel-pca-view-of-attention) on the raw q, k;
-* ``paper``: q and k standardised per token over the head dim (the paper's undocumented detail),
-  the probe batch fixed, J_proj also reported as the log of its mean.
+* ``exact``: the definitions (docs/method.md#kernel-pca-view-of-attention) on the raw q, k, with the
+  reproduction study's conventions (its norms, relative reconstruction errors, gamma = K_c a / (a N)
+  with its noise-and-QR control, eigenvalues of K_c);
+* ``paper``: the official KPCA code's measurement: q and k standardised per token over the head dim
+  (unbiased std, no eps), the probe batch fixed, J_proj also as the log of its mean and in the
+  official code's form (``jproj_official``: exp(q.q) without the softmax scale, log of the mean).
+
+docs/analysis.md#protocols lists every formula and every remaining difference from the two codes.
 
 Records are (layer, head, example); a layer's numbers are mean and std over its records and the
 model level is the plain mean over all records. Failures (a layer or example where a stage raised)
@@ -23,11 +28,9 @@ from typing import Dict, Iterable, List, Optional
 import torch
 from torch import Tensor
 
-from ..functional import sparse_term_activity
+from ..functional.pap import sparse_term_activity
 from . import metrics as M
 from .hooks import LayerCapture
-
-__all__ = ["PROTOCOLS", "analyze_captures", "gram_not_applicable", "pap_stats", "chance_baselines", "summarise_values"]
 
 PROTOCOLS = ("paper", "exact")
 ALIGN_METRICS = ("direct_cosine", "optimal_cosine", "linear_cka", "rbf_cka")
@@ -52,12 +55,17 @@ def _prep(t: Tensor, protocol: str) -> Tensor:
     return M.standardize_tokens(t) if protocol == "paper" else t
 
 
+def perturbed_eigvecs(vecs: Tensor, perturb: float, gen: torch.Generator) -> Tensor:
+    """The reproduction study's control (``gammas.py``): the eigenvectors plus ``perturb`` x standard
+    Gaussian noise (absolute, per entry), re-orthonormalised by QR, the first Dv columns."""
+    noise = torch.randn(vecs.shape, generator=gen, dtype=torch.float64)
+    q, _ = torch.linalg.qr(vecs + perturb * noise)
+    return q[..., : vecs.shape[-1]]
+
+
 def _gamma_variants(k_c: Tensor, a_hat: Tensor, vecs: Tensor, perturb: float, gen: torch.Generator) -> Dict[str, Tensor]:
     """Per-head per-axis mean |gamma_i - gamma_j| for the learned a_hat and three controls."""
-    n = vecs.shape[-2]
-    noise = torch.randn(vecs.shape, generator=gen, dtype=torch.float64)
-    # perturbed control: true eigenvectors plus Gaussian noise of relative norm `perturb` per column
-    pert = vecs + perturb * noise / math.sqrt(n) * vecs.norm(dim=-2, keepdim=True)
+    pert = perturbed_eigvecs(vecs, perturb, gen)
     rnd = torch.randn(a_hat.shape, generator=gen, dtype=torch.float64)
     rnd = rnd - rnd.mean(dim=-2, keepdim=True)
     out = {}
@@ -67,14 +75,18 @@ def _gamma_variants(k_c: Tensor, a_hat: Tensor, vecs: Tensor, perturb: float, ge
 
 
 def _projection_records(cap: LayerCapture, b: int, q: Tensor, k: Tensor, v: Tensor, kv: Optional[Tensor],
-                        rec: Dict[str, List[float]]) -> None:
-    """J_proj and its two terms for example ``b``, appended to ``rec``."""
+                        rec: Dict[str, List[float]], official: bool = False) -> None:
+    """J_proj and its two terms for example ``b``, appended to ``rec``; ``official`` adds the official
+    code's form (``jproj_official``: mean over tokens of exp(q.q) / exp(2 q.k_0 - log attn_0^2) - ||h||^2)."""
     pl = M.projection_loss(q, k, v, cap.scale, causal=cap.causal, mask=cap.example_mask(b), query_valid=kv)
     for key in ("jproj", "phi2", "h2", "log_phi2", "log_h2"):
         rec.setdefault(key, []).extend(pl[key].tolist())
+    if official and not cap.causal and cap.example_mask(b) is None and kv is None:
+        lp = M.official_log_phi2(q, k, cap.scale)
+        rec.setdefault("jproj_official", []).extend((torch.exp(lp).mean(-1) - pl["h2"]).tolist())
 
 
-def _gram_records(cap: LayerCapture, b: int, k: Tensor, v: Tensor, kv: Optional[Tensor], acc: "_LayerRecords",
+def _gram_records(cap: LayerCapture, b: int, k: Tensor, v: Tensor, kv: Optional[Tensor], acc: _LayerRecords,
                   alignment: bool, perturb: float, gen: torch.Generator) -> None:
     """Gram eigen-analysis, gamma and alignment of example ``b`` over its valid tokens (the causal mask
     does not enter: kernel PCA is defined on the set of keys), appended to ``acc``."""
@@ -84,7 +96,7 @@ def _gram_records(cap: LayerCapture, b: int, k: Tensor, v: Tensor, kv: Optional[
         raise ValueError(f"KPCA needs Dv <= N, got Dv={dv} > N={n}")
     g = M.centred_gram(kk, cap.scale)
     eig = M.gram_eigen(g["k_c"], dv)
-    lam = eig["lam"].abs()
+    lam = eig["eig"].abs()  # the study's scale: eigenvalues of K_c (N lambda)
     for key, val in (("eig_max", lam.max(-1).values), ("eig_min", lam.min(-1).values),
                      ("eig_mean", lam.mean(-1)), ("eig_median", lam.median(-1).values)):
         acc.rec.setdefault(key, []).extend(val.tolist())
@@ -92,6 +104,7 @@ def _gram_records(cap: LayerCapture, b: int, k: Tensor, v: Tensor, kv: Optional[
     for key, st in _gamma_variants(g["k_c"], a_hat, eig["vecs"], perturb, gen).items():
         acc.gam[key].append(st["mean"])
         acc.gam_std[key].append(st["std"])
+        acc.gam_rel[key].append(st["rel_mean"])
         if st["n_nonfinite"]:
             acc.failures.append({"layer": cap.name, "example": b, "stage": f"gamma/{key}",
                                  "error": f"{st['n_nonfinite']} (head, axis) pairs with a zero entry in a (gamma not finite); excluded"})
@@ -108,6 +121,7 @@ class _LayerRecords:
         self.rec: Dict[str, List[float]] = {}
         self.gam: Dict[str, List[Tensor]] = {g: [] for g in GAMMA_VARIANTS}
         self.gam_std: Dict[str, List[Tensor]] = {g: [] for g in GAMMA_VARIANTS}
+        self.gam_rel: Dict[str, List[Tensor]] = {g: [] for g in GAMMA_VARIANTS}
         self.failures = failures
 
 
@@ -121,6 +135,9 @@ def _layer_summary(cap: LayerCapture, values: Tensor, n_ex: int, acc: _LayerReco
     for key, vals in acc.rec.items():
         layer[key] = summarise_values(vals)
     layer["log_mean_jproj"] = _log_mean(acc.rec.get("jproj", []))
+    if acc.rec.get("jproj_official"):
+        layer["log_mean_jproj_official"] = _log_mean(acc.rec["jproj_official"])
+    layer.update(_relative_errors(acc.rec))
     if acc.rec.get("jproj"):
         layer["frac_negative_jproj"] = sum(1 for x in acc.rec["jproj"] if x < 0) / len(acc.rec["jproj"])
     layer["gamma"] = {}
@@ -131,14 +148,32 @@ def _layer_summary(cap: LayerCapture, values: Tensor, n_ex: int, acc: _LayerReco
             layer["gamma"][key] = {
                 "per_axis_mean": _nanmean0(stacked).tolist(),
                 "per_axis_std": _nanmean0(stacked_std).tolist(),
+                "rel_mean": float(_nanmean0(torch.cat(acc.gam_rel[key], 0).flatten()[:, None])[0]),
                 **{k2: v2 for k2, v2 in summarise_values(stacked.flatten().tolist()).items()},
             }
     return layer
 
 
-def _model_summary(all_rec: Dict[str, List[float]], all_gamma: Dict[str, List[Tensor]]) -> Dict:
+def _relative_errors(rec: Dict[str, List[float]]) -> Dict[str, Optional[float]]:
+    """The study's relative reconstruction errors of one layer (``norms.py``): with the layer's means of
+    ||varphi(q)||^2 and ||h||^2, |phi2 - h2| / phi2 and |phi2 - h2| / h2."""
+    phi2 = summarise_values(rec.get("phi2", []))["mean"]
+    h2 = summarise_values(rec.get("h2", []))["mean"]
+    if phi2 is None or h2 is None:
+        return {}
+    err = abs(phi2 - h2)
+    return {"rel_error_wrt_phi2": err / phi2 if phi2 else None, "rel_error_wrt_h2": err / h2 if h2 else None}
+
+
+def _model_summary(all_rec: Dict[str, List[float]], all_gamma: Dict[str, List[Tensor]],
+                   layers: List[Dict]) -> Dict:
     model = {key: summarise_values(vals) for key, vals in all_rec.items()}
     model["log_mean_jproj"] = _log_mean(all_rec.get("jproj", []))
+    if all_rec.get("jproj_official"):
+        model["log_mean_jproj_official"] = _log_mean(all_rec["jproj_official"])
+    for key in ("rel_error_wrt_phi2", "rel_error_wrt_h2"):  # the study averages the layers' errors
+        vals = [L[key] for L in layers if L.get(key) is not None]
+        model[key] = sum(vals) / len(vals) if vals else None
     model["gamma"] = {}
     for key in GAMMA_VARIANTS:
         mats = all_gamma[key]
@@ -169,7 +204,7 @@ def analyze_captures(
     *,
     gram: bool = True,
     alignment: bool = True,
-    perturb: float = 0.01,
+    perturb: float = 0.1,
     seed: int = 0,
     max_examples: Optional[int] = None,
 ) -> Dict:
@@ -195,7 +230,7 @@ def analyze_captures(
                 q = k
             kv = cap.key_valid(b)
             try:
-                _projection_records(cap, b, q, k, v, kv, acc.rec)
+                _projection_records(cap, b, q, k, v, kv, acc.rec, official=protocol == "paper")
             except Exception as exc:
                 failures.append({"layer": cap.name, "example": b, "stage": "jproj", "error": f"{type(exc).__name__}: {exc}"})
             if not gram or cap.name in skip_gram:
@@ -214,7 +249,8 @@ def analyze_captures(
                 all_gamma[key].append(torch.cat(acc.gam[key], 0))
         layer["seconds"] = round(time.perf_counter() - t0, 3)
         layers.append(layer)
-    return {"protocol": protocol, "layers": layers, "model": _model_summary(all_rec, all_gamma), "failures": failures}
+    return {"protocol": protocol, "layers": layers, "model": _model_summary(all_rec, all_gamma, layers),
+            "failures": failures}
 
 
 def _nanmean0(t: Tensor) -> Tensor:

@@ -29,8 +29,6 @@ from torch import Tensor, nn
 from .. import functional as RF
 from .. import nn as rnn
 
-__all__ = ["LayerCapture", "AttentionCapture", "find_attention_modules", "attention_kind"]
-
 
 @dataclass
 class LayerCapture:
@@ -116,9 +114,7 @@ def _bool_mask(mask: Optional[Tensor], b: int, n: int) -> Optional[Tensor]:
     """
     if mask is None:
         return None
-    m = RF.as_bool_mask(mask.detach()).cpu()
-    while m.dim() < 4:
-        m = m.unsqueeze(0)
+    m = RF.as_bool_mask(mask.detach(), ndim=4).cpu()
     m = m.expand(m.shape[0], m.shape[1], n, n) if m.shape[-2] == 1 else m
     if bool(m.all()):
         return None
@@ -301,7 +297,7 @@ class AttentionCapture:
         self._handles: list = []
         self._saved_state: Dict[str, bool] = {}
 
-    def __enter__(self) -> "AttentionCapture":
+    def __enter__(self) -> AttentionCapture:
         for name, mod, kind in self.modules:
             if kind == "rpc":
                 self._saved_state[name] = mod.keep_state
@@ -313,7 +309,7 @@ class AttentionCapture:
         for hd in self._handles:
             hd.remove()
         self._handles.clear()
-        for name, mod, kind in self.modules:
+        for name, mod, _kind in self.modules:
             if name in self._saved_state:
                 mod.keep_state = self._saved_state[name]
                 mod.last_state = None

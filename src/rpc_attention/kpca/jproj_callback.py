@@ -1,6 +1,6 @@
 """Trainer callback ``jproj``: J_proj and its two terms on a fixed probe batch at every epoch end.
 
-Importing this module (``import rpc_attention.kpca`` does) registers it; enable it with
+:func:`rpc_attention.kpca.register_callbacks` registers it with the trainer; a run enables it with
 ``--set train.callbacks=[jproj]`` (``train.jproj_examples``, default 8, sets the probe size).
 Each call appends one record to ``DIR/metrics.jsonl``::
 
@@ -20,13 +20,10 @@ from typing import Any, Dict, List
 import torch
 
 from ..data.batch import to_device
-from ..train.callbacks import register_callback
+from ..train.probe import first_eval_batch
+from . import metrics as M
 from .analysis import PROTOCOLS
 from .hooks import AttentionCapture
-from .sources import first_eval_batch
-from . import metrics as M
-
-__all__ = ["jproj_callback", "jproj_record"]
 
 _PROBES: Dict[str, Any] = {}
 TERMS = ("jproj", "phi2", "h2", "log_phi2", "log_h2")
@@ -83,5 +80,3 @@ def jproj_callback(model, cfg, epoch, run_dir, logger) -> None:
         rec["jproj/errors"] = [e["layer"] + ": " + e["error"] for e in cap.errors]
     logger.log(rec)
 
-
-register_callback("jproj", jproj_callback, overwrite=True)

@@ -8,7 +8,7 @@ loop over examples (the Gram analysis is per example by definition). Conventions
 * ``||varphi(q_i)||^2 = exp(s q_i.q_i) / g(q_i)^2``, always handled as its logarithm
   ``s q_i.q_i - 2 logsumexp_j(s q_i.k_j)``;
 * ``K_phi[i, j] = k(k_i, k_j) / (g(k_i) g(k_j))``, centred ``K_c = H K_phi H`` with ``H = I - 1_N``;
-  ``K_c a_d = N lambda_d a_d``;
+  ``K_c a_d = N lambda_d a_d``; gamma = ``K_c a / (a N)`` (lambda_d for a true eigenvector);
 * the KPCA value matrix ``V_hat = G A - G 1_N A`` with ``G = diag(1 / g(k_j))`` and ``A`` the top-Dv
   eigenvectors of ``K_c``.
 """
@@ -22,35 +22,19 @@ import numpy as np
 import torch
 from torch import Tensor
 
-__all__ = [
-    "standardize_tokens",
-    "log_feature_norms",
-    "projection_loss",
-    "centred_gram",
-    "gram_eigen",
-    "kpca_values",
-    "recover_a_hat",
-    "gamma_ratios",
-    "pairwise_abs_diff_stats",
-    "gamma_stats",
-    "direct_cosine",
-    "optimal_cosine",
-    "linear_cka",
-    "rbf_cka",
-    "alignment_metrics",
-    "random_alignment_baseline",
-]
-
 _NEG_INF = float("-inf")
 
 
-def standardize_tokens(x: Tensor, eps: float = 1e-6) -> Tensor:
-    """Per-token standardisation over the head dimension: ``(x - mean) / std`` (population std).
+def standardize_tokens(x: Tensor, eps: float = 0.0) -> Tensor:
+    """Per-token standardisation over the head dimension: ``(x - mean) / (std + eps)`` with the
+    unbiased std (``torch.std``'s default, ddof = 1).
 
-    The paper's measurement protocol (docs/method.md#paper-protocol-and-exact-protocol) applies it to q and k inside attention.
+    The official KPCA code (``Reconstruction/softmax.py``) applies it to q and k inside attention with
+    no eps (the ``paper`` protocol, docs/analysis.md#protocols); the reproduction study's scripts use
+    ``eps = 1e-8`` where they standardise.
     """
     mean = x.mean(dim=-1, keepdim=True)
-    std = x.std(dim=-1, keepdim=True, unbiased=False)
+    std = x.std(dim=-1, keepdim=True, unbiased=True)
     return (x - mean) / (std + eps)
 
 
@@ -98,6 +82,17 @@ def log_feature_norms(
     h2 = (h * h).sum(-1)
     log_h2 = torch.log(h2)  # -inf for an exactly zero output, never overflows
     return {"log_phi2": log_phi2, "log_h2": log_h2, "h": h, "log_g": log_g}
+
+
+def official_log_phi2(q: Tensor, k: Tensor, scale: float) -> Tensor:
+    """Log of the official code's ``||varphi(q_i)||^2`` per token, ``(H, N)`` float64: it computes
+    ``exp(q.q) / exp(2 q.k_0 - log(attn_0^2))`` with the attention ``attn = softmax(s q.k)`` but the
+    numerator and ``q.k_0`` unscaled, i.e. ``q.q - 2 (1 - s) q.k_0 - 2 logsumexp_j(s q.k_j)`` (equal to
+    :func:`log_feature_norms`'s ``log_phi2`` only when s = 1). Key 0 must be visible to every query
+    (no causal mask; the official code is a ViT)."""
+    q, k = q.double(), k.double()
+    qk = torch.matmul(q, k.transpose(-2, -1))
+    return (q * q).sum(-1) - 2.0 * (1.0 - scale) * qk[..., 0] - 2.0 * torch.logsumexp(scale * qk, dim=-1)
 
 
 def _log_mean_exp(x: Tensor, dim: int) -> Tensor:
@@ -170,9 +165,11 @@ def recover_a_hat(log_g: Tensor, v: Tensor) -> Tensor:
 
 
 def gamma_ratios(k_c: Tensor, a: Tensor) -> Tensor:
-    """``gamma = (K_c a) / a`` elementwise per column: ``(H, N, Dv)`` (inf/NaN where a == 0)."""
+    """``gamma = (K_c a) / (a N)`` elementwise per column, the reproduction study's normalisation
+    (``gammas.py``): lambda_d for a true eigenvector, ``K_c a_d = N lambda_d a_d``. ``(H, N, Dv)``
+    (inf/NaN where a == 0)."""
     a = a.double()
-    return torch.matmul(k_c, a) / a
+    return torch.matmul(k_c, a) / (a * k_c.shape[-1])
 
 
 def pairwise_abs_diff_stats(x: Tensor) -> Dict[str, Tensor]:
@@ -193,8 +190,23 @@ def pairwise_abs_diff_stats(x: Tensor) -> Dict[str, Tensor]:
     # centre first for accuracy of the quadratic identity
     xc = x - x.mean(dim=-2, keepdim=True)
     sq = (n * (xc * xc).sum(-2) - xc.sum(-2) ** 2) / pairs
-    var = (sq - mean_abs ** 2).clamp_min(0.0)
+    var = (sq - mean_abs ** 2).clamp_min(0.0) * (pairs / (pairs - 1.0) if pairs > 1 else 0.0)
     return {"mean": mean_abs, "std": var.sqrt()}
+
+
+def pairwise_rel_diff_stats(x: Tensor, eps: float = 1e-10) -> Dict[str, Tensor]:
+    """Mean and std (ddof = 1) over pairs i < j of ``|x_i - x_j| / (max(|x_i|, |x_j|) + eps)`` along
+    dim -2, the reproduction study's relative gamma difference (``gammas.py``); ``(..., N, D)`` ->
+    ``(..., D)``. O(N^2) memory per column block."""
+    x = x.double()
+    n = x.shape[-2]
+    if n < 2:
+        raise ValueError("pairwise statistics need at least two tokens")
+    i, j = torch.triu_indices(n, n, offset=1, device=x.device)
+    xi, xj = x[..., i, :], x[..., j, :]
+    rel = (xi - xj).abs() / (torch.maximum(xi.abs(), xj.abs()) + eps)
+    std = rel.std(dim=-2) if rel.shape[-2] > 1 else torch.zeros_like(rel[..., 0, :])
+    return {"mean": rel.mean(dim=-2), "std": std}
 
 
 def gamma_stats(k_c: Tensor, a: Tensor) -> Dict[str, Tensor]:
@@ -202,11 +214,14 @@ def gamma_stats(k_c: Tensor, a: Tensor) -> Dict[str, Tensor]:
     (an exact zero in ``a``) come back as NaN and ``n_nonfinite`` counts them."""
     gam = gamma_ratios(k_c, a)
     finite = torch.isfinite(gam).all(dim=-2)
-    stats = pairwise_abs_diff_stats(torch.where(torch.isfinite(gam), gam, torch.zeros_like(gam)))
+    clean = torch.where(torch.isfinite(gam), gam, torch.zeros_like(gam))
+    stats = pairwise_abs_diff_stats(clean)
+    rel = pairwise_rel_diff_stats(clean)
     nan = torch.full_like(stats["mean"], float("nan"))
     return {
         "mean": torch.where(finite, stats["mean"], nan),
         "std": torch.where(finite, stats["std"], nan),
+        "rel_mean": torch.where(finite, rel["mean"], nan),
         "n_nonfinite": int((~finite).sum()),
     }
 

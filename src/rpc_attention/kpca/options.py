@@ -9,14 +9,14 @@ by :func:`options_from_settings`; :func:`analyze_run` is the analysis of one tra
 from __future__ import annotations
 
 import argparse
-from dataclasses import dataclass
+from dataclasses import dataclass, fields, replace
 from pathlib import Path
-from typing import Any, Dict, Optional, Sequence, Tuple
+from typing import Any, Dict, Optional, Sequence, Tuple, get_type_hints
 
-from ..overrides import parse_assignments, parse_number, unknown_key
+from ..overrides import parse_assignments, parse_number, typed_value, unknown_key
 
-__all__ = ["AnalysisOptions", "add_analysis_arguments", "options_from_namespace", "parse_analysis_args",
-           "options_from_settings", "analyze_run"]
+__all__ = ["AnalysisOptions", "add_analysis_arguments", "options_from_namespace", "options_from_settings",
+           "analyze_run"]
 
 
 @dataclass(frozen=True)
@@ -28,7 +28,7 @@ class AnalysisOptions:
     ema: bool = False
     fgsm_eps: float = 2.0 / 255
     noise_sigma: float = 0.1
-    perturb: float = 0.01
+    perturb: float = 0.1
     seed: int = 0
     figures: bool = True
     device: str = "cpu"
@@ -40,74 +40,69 @@ class AnalysisOptions:
                     noise_sigma=self.noise_sigma, seed=self.seed, figures=self.figures)
 
 
+_D = AnalysisOptions()  # the defaults, written once above
+
+
 def add_analysis_arguments(parser: argparse.ArgumentParser) -> None:
-    """The analysis flags (everything but the model source and ``--out``)."""
+    """The analysis flags (everything but the model source and ``--out``); defaults from :class:`AnalysisOptions`."""
     g = parser.add_argument_group("analysis")
     g.add_argument("--protocol", choices=("paper", "exact", "both"), default="both",
                    help="paper: per-token standardised q,k (the paper's measurement); exact: the definitions; "
                         "both (default)")
-    g.add_argument("--limit", type=int, default=8, metavar="N",
-                   help="number of examples (the probe batch; default 8)")
+    g.add_argument("--limit", type=int, default=_D.limit, metavar="N",
+                   help=f"number of examples (the probe batch; default {_D.limit})")
     g.add_argument("--ema", action="store_true", help="--run: use the EMA weights")
     g.add_argument("--fgsm-eps", default="2/255", metavar="EPS",
                    help="FGSM budget in pixel units, e.g. 2/255 (default) or 2.5/255 (RPC study)")
-    g.add_argument("--noise-sigma", type=float, default=0.1, help="Gaussian noise std in pixel units (RPC study)")
-    g.add_argument("--perturb", type=float, default=0.01, help="relative noise of the perturbed-eigenvector control")
-    g.add_argument("--seed", type=int, default=0, help="seed of the random probe inputs and perturbations (default 0)")
+    g.add_argument("--noise-sigma", type=float, default=_D.noise_sigma,
+                   help="Gaussian noise std in pixel units (RPC study)")
+    g.add_argument("--perturb", type=float, default=_D.perturb,
+                   help="noise (absolute, per entry) of the perturbed-eigenvector control before QR (the reproduction study's)")
+    g.add_argument("--seed", type=int, default=_D.seed,
+                   help=f"seed of the random probe inputs and perturbations (default {_D.seed})")
     g.add_argument("--no-figures", action="store_true", help="write kpca.json and summary.md only")
-    g.add_argument("--device", default="cpu", help="torch device: cpu (default), cuda, cuda:1, ...")
-    g.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
+    g.add_argument("--device", default=_D.device, help="torch device: cpu (default), cuda, cuda:1, ...")
+    g.add_argument("--threads", type=int, default=_D.threads, help="torch threads (default: torch's)")
+
+
+def _protocols(value: str) -> Tuple[str, ...]:
+    if value not in ("paper", "exact", "both"):
+        raise ValueError(f"protocol={value}: choose paper, exact or both")
+    return ("paper", "exact") if value == "both" else (value,)
+
+
+def _checked(options: AnalysisOptions) -> AnalysisOptions:
+    if options.limit < 1:
+        raise ValueError("--limit must be >= 1")
+    if not 0 <= options.fgsm_eps <= 1:
+        raise ValueError(f"--fgsm-eps is in pixel units [0, 1], got {options.fgsm_eps!r}; "
+                         f"did you mean {options.fgsm_eps:g}/255?")
+    return options
 
 
 def options_from_namespace(args: argparse.Namespace) -> AnalysisOptions:
     """The options parsed by a parser that :func:`add_analysis_arguments` set up; ValueError when bad."""
-    if args.limit < 1:
-        raise ValueError("--limit must be >= 1")
-    protocols = ("paper", "exact") if args.protocol == "both" else (args.protocol,)
-    return AnalysisOptions(protocols=protocols, limit=args.limit, ema=args.ema, fgsm_eps=_pixel_eps(args.fgsm_eps),
-                           noise_sigma=args.noise_sigma, perturb=args.perturb, seed=args.seed,
-                           figures=not args.no_figures, device=args.device, threads=args.threads)
-
-
-def _pixel_eps(value) -> float:
-    eps = parse_number(value, "--fgsm-eps")
-    if not 0 <= eps <= 1:
-        raise ValueError(f"--fgsm-eps is in pixel units [0, 1], got {value!r}; did you mean {value}/255?")
-    return eps
-
-
-_SETTING_FLAGS = {"protocol": "--protocol", "limit": "--limit", "ema": "--ema", "fgsm_eps": "--fgsm-eps",
-                  "noise_sigma": "--noise-sigma", "perturb": "--perturb", "seed": "--seed",
-                  "figures": "--no-figures", "device": "--device", "threads": "--threads"}
+    return _checked(AnalysisOptions(
+        protocols=_protocols(args.protocol), limit=args.limit, ema=args.ema,
+        fgsm_eps=parse_number(args.fgsm_eps, "--fgsm-eps"), noise_sigma=args.noise_sigma, perturb=args.perturb,
+        seed=args.seed, figures=not args.no_figures, device=args.device, threads=args.threads))
 
 
 def options_from_settings(items: Sequence[str]) -> AnalysisOptions:
     """Options from ``KEY=VALUE`` settings such as ``["limit=2", "protocol=exact", "fgsm_eps=2.5/255"]``
-    (the keys are the flags' names with underscores); ValueError naming an unknown key or a bad value."""
-    argv = []
+    (the fields of :class:`AnalysisOptions`, with ``protocol=paper|exact|both`` for ``protocols``);
+    ValueError naming an unknown key or a bad value."""
+    kinds = {f.name: f.type for f in fields(AnalysisOptions) if f.name != "protocols"}
+    hints = get_type_hints(AnalysisOptions)
+    values: Dict[str, Any] = {}
     for key, value in parse_assignments(items, "analysis setting"):
-        if key not in _SETTING_FLAGS:
-            raise unknown_key(key, _SETTING_FLAGS, "analysis setting", "analysis setting")
-        flag = _SETTING_FLAGS[key]
-        if key in ("ema", "figures"):
-            if not isinstance(value, bool):
-                raise ValueError(f"analysis setting {key}={value}: expected true or false")
-            argv += [flag] if value == (key == "ema") else []
+        if key == "protocol":
+            values["protocols"] = _protocols(str(value))
+        elif key in kinds:
+            values[key] = typed_value(key, value, hints[key], "analysis setting")
         else:
-            argv += [flag, str(value)]
-    return parse_analysis_args(argv)
-
-
-class _RaisingParser(argparse.ArgumentParser):
-    def error(self, message: str):
-        raise ValueError(f"analysis options: {message}")
-
-
-def parse_analysis_args(argv: Sequence[str]) -> AnalysisOptions:
-    """Options from an argument list such as ``["--limit", "2", "--protocol", "exact"]``."""
-    parser = _RaisingParser(prog="analyze", add_help=False)
-    add_analysis_arguments(parser)
-    return options_from_namespace(parser.parse_args(list(argv)))
+            raise unknown_key(key, list(kinds) + ["protocol"], "analysis setting", "analysis setting")
+    return _checked(replace(AnalysisOptions(), **values))
 
 
 def analyze_run(run_dir, out_dir, options: AnalysisOptions = AnalysisOptions()) -> Dict[str, Any]:

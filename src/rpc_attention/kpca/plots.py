@@ -5,22 +5,11 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Dict, List
 
-from ..files import atomic_savefig
-
-__all__ = ["make_figures", "plot_jproj_history"]
+from ..files import atomic_savefig, pyplot
 
 # mathtext labels: \varphi is the normalised feature map varphi(x) = phi(x) / g(x) of docs/method.md
 JPROJ_HISTORY_TERMS = (("jproj", r"$|J_{proj}|$", "k"), ("phi2", r"$\|\varphi(q)\|^2$", "C0"),
                        ("h2", r"$\|h\|^2$", "C1"))
-
-
-def _plt():
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    return plt
 
 
 def _save(fig, path: Path) -> str:
@@ -46,7 +35,7 @@ def _short(name: str) -> str:
 def make_figures(result: Dict[str, Any], out_dir: Path) -> List[str]:
     """Write the analysis figures into ``out_dir``; returns the file names written (a figure with
     nothing to show is skipped)."""
-    plt = _plt()
+    plt = pyplot()
     out_dir = Path(out_dir)
     protos = list(result["protocols"])
     files = []
@@ -96,7 +85,7 @@ def _gamma_axes(plt, result: Dict[str, Any], protos: List[str], out_dir: Path) -
     plotted = False
     for ax, proto in zip(axes[0], protos):
         g = result["protocols"][proto]["model"].get("gamma", {})
-        for key, color, label in (("learned", "C3", "learned a_hat"), ("perturbed", "C2", "eigvecs + 1% noise"),
+        for key, color, label in (("learned", "C3", "learned a_hat"), ("perturbed", "C2", "eigvecs + noise, QR"),
                                   ("random", "C7", "random vectors"), ("eigvec", "C0", "true eigenvectors")):
             pa = (g.get(key) or {}).get("per_axis_mean")
             if pa:

@@ -10,14 +10,13 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Dict, NamedTuple, Optional
+from typing import Any, Callable, Dict, Optional
 
 import torch
 from torch import Tensor, nn
 
 from ..data.batch import to_device
-
-__all__ = ["Probe", "probe_from_run", "probe_from_timm", "probe_from_hf", "HF_BUILTIN_CONFIGS", "image_probe"]
+from ..train.probe import first_eval_batch
 
 
 @dataclass
@@ -88,34 +87,6 @@ def probe_from_run(run_dir, limit: int = 8, device: str = "cpu", ema: bool = Fal
     return Probe(model=model, forward=lambda: t.loss(model, batch, cfg), description=desc, run_dir=run_dir, cfg=cfg)
 
 
-class EvalBatch(NamedTuple):
-    task: Any
-    batch: Any  # collated as the task collates, on the CPU
-    split: str  # "val", or "test" when the task has no validation set
-    examples: int
-
-
-def first_eval_batch(cfg: Dict[str, Any], n: int) -> EvalBatch:
-    """The first ``n`` examples of the task's validation set (its test set when there is none), for the
-    probes of ``analyze`` and the ``jproj`` / ``sparsity`` callbacks; ValueError when it has neither.
-    The loader has its own generator, so taking the batch leaves the training's random streams alone."""
-    from torch.utils.data import DataLoader
-
-    from ..train.tasks import get_task
-
-    name = cfg.get("task", "classification")
-    task = get_task(name)
-    datasets = task.build_datasets(cfg)
-    split = "val" if datasets.get("val") else "test"  # an empty validation set counts as none
-    dataset = datasets.get(split)
-    if not dataset:
-        raise ValueError(f"task {name!r} built no 'val' or 'test' data set to take a probe batch from")
-    collate = task.collate_fn(cfg) if callable(getattr(task, "collate_fn", None)) else None
-    loader = DataLoader(dataset, batch_size=n, shuffle=False, collate_fn=collate,
-                        generator=torch.Generator().manual_seed(0))
-    return EvalBatch(task, next(iter(loader)), split, min(n, len(dataset)))
-
-
 def _load_state(path: Path) -> Dict[str, Tensor]:
     if not path.is_file():
         raise FileNotFoundError(f"checkpoint not found: {path}")
@@ -134,12 +105,10 @@ def probe_from_timm(name: str, checkpoint: Optional[str] = None, limit: int = 8,
                     device: str = "cpu", **kwargs) -> Probe:
     """A timm model (``pretrained=False``, optionally a local checkpoint) on seeded random images
     (uniform [0, 1], normalised with the model's own mean/std)."""
-    import timm
-
-    from .. import models  # noqa: F401  (registers the SymViT family in timm)
+    from ..models.factory import create_model  # (importing models registers the SymViT family in timm)
 
     try:
-        model = timm.create_model(name, pretrained=False, **kwargs)
+        model = create_model(name, pretrained=False, **kwargs)
     except RuntimeError as exc:
         raise ValueError(f"unknown timm model {name!r}: {exc}") from None
     desc = {"source": "timm", "model": name, "checkpoint": checkpoint, "weights": "random init", "examples": limit,

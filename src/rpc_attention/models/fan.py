@@ -34,22 +34,16 @@ from functools import partial
 from typing import Any, Callable, Dict, Iterable, List, Optional, Tuple, Union
 
 import torch
-import torch.nn.functional as F
+from timm.layers import DropPath, Mlp, to_2tuple, trunc_normal_
+from timm.models import generate_default_cfgs, register_model
 from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint
 
-from timm.layers import DropPath, Mlp, to_2tuple, trunc_normal_
-from timm.models import generate_default_cfgs, register_model
-from timm.models._features import feature_take_indices
-
 from .. import functional as RF
-from ..nn import Attention, RPCAttention, SymmetricAttention, _softmax_attention, parse_layers
-from ._timm import build_timm_model
-from .vision import _unwrap_state_dict, read_checkpoint
-
-# the class attention calls the attention kernel through nn's FX/TorchScript leaf; torch.fx.wrap patches
-# a name in the calling module's globals, so it is registered here too
-torch.fx.wrap("_softmax_attention")
+from .. import nn as rnn
+from ..nn import Attention, RPCAttention, SymmetricAttention, parse_layers
+from .factory import build_timm_model, feature_take_indices
+from .vision import read_checkpoint, unwrap_state_dict
 
 __all__ = ["FAN", "FANBlock", "ChannelAttention", "ClassAttention", "SymmetricClassAttention",
            "ClassAttentionBlock", "FAN_MODEL_NAMES",
@@ -312,7 +306,7 @@ class ClassAttention(nn.Module):
         k = self.k(x).reshape(b, n, self.num_heads, self.head_dim).transpose(1, 2)
         v = self.v(x).reshape(b, n, self.num_heads, self.head_dim).transpose(1, 2)
         dropout_p = self.attn_drop.p if self.training else 0.0
-        out = _softmax_attention(q, k, v, None, False, dropout_p, self.scale, self.fused_attn)
+        out = rnn.softmax_attention(q, k, v, None, False, dropout_p, self.scale, self.fused_attn)
         return self.proj_drop(self.proj(out.transpose(1, 2).reshape(b, 1, c)))
 
 
@@ -380,6 +374,14 @@ def _pap_settings(token_mixing: str, rpc_layers: Union[None, str, int, Iterable[
     return layers, pap
 
 
+def _token_mixer(token_mixing: str, pap_layer: bool, pap: Dict[str, Any], attn_kwargs: Dict[str, Any]) -> nn.Module:
+    """A FAN block's token mixer: asymmetric attention (``"attn"``), else symmetric attention, PAP in the
+    blocks ``rpc_layers`` names."""
+    if token_mixing == "attn":
+        return Attention(**attn_kwargs)
+    return RPCAttention(**attn_kwargs, **pap) if pap_layer else SymmetricAttention(**attn_kwargs)
+
+
 class FAN(nn.Module):
     """Fully Attentional Network (FAN-ViT) with :mod:`rpc_attention.nn` token mixing.
 
@@ -416,8 +418,7 @@ class FAN(nn.Module):
         qkv_bias: bool = True,
         token_mixing: str = "attn",
         rpc_layers: Union[None, str, int, Iterable[int]] = None,
-        # PAP options, spelled out in every public entry point (a deliberate parallel: typed and
-        # documented where users read them; functional.check_pap_options is their one validator)
+        # PAP options, typed and documented here; functional.check_pap_options is their one validator
         n_iter: int = 4,
         lambd: float = 4.0,
         threshold: str = "lambda_mu",
@@ -438,42 +439,30 @@ class FAN(nn.Module):
             raise ValueError(f"global_pool must be 'token', 'avg' or '', got {global_pool!r}")
         layers, pap = _pap_settings(token_mixing, rpc_layers, depth, n_iter=n_iter, lambd=lambd,
                                     threshold=threshold, mu_mode=mu_mode, model_dim=model_dim, tol=tol)
-        self.num_classes = num_classes
-        self.global_pool = global_pool
+        self.num_classes, self.global_pool = num_classes, global_pool
         self.num_features = self.head_hidden_size = self.embed_dim = embed_dim
-        self.num_prefix_tokens = 1
-        self.grad_checkpointing = False
+        self.num_prefix_tokens, self.grad_checkpointing = 1, False
         norm_layer = partial(nn.LayerNorm, eps=1e-6)
-
         self.patch_embed = ConvPatchEmbed(img_size, patch_size, in_chans, embed_dim)
         self.pos_embed = FourierPositionalEncoding(dim=embed_dim) if use_pos_embed else None
         self.pos_drop = nn.Dropout(drop_rate)
-
-        def token_mixer(index: int) -> nn.Module:
-            akw = dict(dim=embed_dim, num_heads=num_heads, qkv_bias=qkv_bias, attn_drop=attn_drop_rate,
-                       proj_drop=drop_rate, fused_attn=fused_attn)
-            if token_mixing == "attn":
-                return Attention(**akw)
-            return RPCAttention(**akw, **pap) if index in layers else SymmetricAttention(**akw)
-
+        attn_kwargs = dict(dim=embed_dim, num_heads=num_heads, qkv_bias=qkv_bias, attn_drop=attn_drop_rate,
+                           proj_drop=drop_rate, fused_attn=fused_attn)
         self.blocks = nn.ModuleList([
-            FANBlock(embed_dim, num_heads, token_mixer(i), mlp_ratio=mlp_ratio, qkv_bias=qkv_bias, drop=drop_rate,
-                     attn_drop=attn_drop_rate, drop_path=drop_path_rate, eta=eta, norm_layer=norm_layer)
+            FANBlock(embed_dim, num_heads, _token_mixer(token_mixing, i in layers, pap, attn_kwargs),
+                     mlp_ratio=mlp_ratio, qkv_bias=qkv_bias, drop=drop_rate, attn_drop=attn_drop_rate,
+                     drop_path=drop_path_rate, eta=eta, norm_layer=norm_layer)
             for i in range(depth)])
-        self.feature_info = [dict(num_chs=embed_dim, reduction=patch_size, module=f"blocks.{i}")
-                             for i in range(depth)]
+        self.feature_info = [dict(num_chs=embed_dim, reduction=patch_size, module=f"blocks.{i}") for i in range(depth)]
         self.cls_token = nn.Parameter(torch.zeros(1, 1, embed_dim))
-        self.cls_attn_blocks = nn.ModuleList([
-            ClassAttentionBlock(embed_dim, num_heads, mlp_ratio=mlp_ratio, qkv_bias=qkv_bias, drop=drop_rate,
-                                attn_drop=attn_drop_rate, eta=eta, tokens_norm=tokens_norm,
-                                symmetric=token_mixing == "sym", norm_layer=norm_layer)
-            for _ in range(cls_attn_layers)])
+        cls_block = partial(ClassAttentionBlock, embed_dim, num_heads, mlp_ratio=mlp_ratio, qkv_bias=qkv_bias,
+                            drop=drop_rate, attn_drop=attn_drop_rate, eta=eta, tokens_norm=tokens_norm,
+                            symmetric=token_mixing == "sym", norm_layer=norm_layer)
+        self.cls_attn_blocks = nn.ModuleList([cls_block() for _ in range(cls_attn_layers)])
         self.norm = norm_layer(embed_dim)
         self.head = nn.Linear(embed_dim, num_classes) if num_classes > 0 else nn.Identity()
-
-        self.rpc_cfg: Dict[str, Any] = {"token_mixing": token_mixing, "rpc_layers": layers}
-        if layers:
-            self.rpc_cfg.update(pap, model_dim=model_dim or embed_dim)
+        self.rpc_cfg: Dict[str, Any] = {"token_mixing": token_mixing, "rpc_layers": layers,
+                                        **(dict(pap, model_dim=model_dim or embed_dim) if layers else {})}
         self._init_weights()
 
     def _init_weights(self) -> None:
@@ -631,7 +620,7 @@ def checkpoint_filter_fn(state_dict: Dict[str, Tensor], model: Optional[nn.Modul
     fused class-attention ``qkv`` split into ``q``/``k``/``v`` (``k``/``v`` only for symmetric models)."""
     out: Dict[str, Tensor] = {}
     symmetric = model is not None and model.rpc_cfg["token_mixing"] == "sym"
-    for key, value in _unwrap_state_dict(state_dict).items():
+    for key, value in unwrap_state_dict(state_dict).items():
         key = key.replace("pos_embeder.", "pos_embed.")
         if key.startswith("cls_attn_blocks.") and ".attn.qkv." in key:
             head, kind = key.split(".attn.qkv.")
@@ -656,7 +645,7 @@ _SMALL = dict(patch_size=16, embed_dim=384, depth=12, num_heads=8)
 _RPC = dict(token_mixing="sym", rpc_layers=[0], n_iter=4, lambd=4.0)
 
 
-# timm entry points: one small function per registered name (a deliberate parallel, as in timm).
+# timm entry points: one small function per registered name, as in timm.
 @register_model
 def fan_tiny_12_p16_224(pretrained: bool = False, **kwargs: Any) -> FAN:
     """FAN-tiny (NVlabs FAN-T-ViT): 192 wide, 12 blocks, 4 heads, asymmetric token mixing."""
@@ -707,7 +696,7 @@ def load_fan_checkpoint(model: FAN, checkpoint: Union[str, Dict[str, Any]], stri
     if not isinstance(model, FAN):
         raise ValueError(f"load_fan_checkpoint needs a FAN model (fan_*, symfan_*, rpc_fan_*), got {type(model).__name__}")
     if isinstance(checkpoint, dict):
-        sd = _unwrap_state_dict(checkpoint, prefer_ema)
+        sd = unwrap_state_dict(checkpoint, prefer_ema)
     else:
         sd = read_checkpoint(checkpoint, prefer_ema)
     sd = checkpoint_filter_fn(sd, model)

@@ -12,9 +12,10 @@ or ``"asymmetric"`` (:class:`rpc_attention.nn.Attention`); the blocks listed in 
 mu, so no output depends on a later token).
 
 Generation uses a key/value cache. Plain and symmetric layers cache K/V and attend with the new
-token only. RPC layers cache the raw keys/values of the prefix and re-run PAP over the whole cached
-prefix for every new token (exact, because causal PAP at position t only depends on positions <= t;
-cost O(n_iter * t^2 * d) per head and token instead of O(t * d)).
+token only. RPC layers cache the values and PAP's cleaned keys of every pass
+(:class:`rpc_attention.functional.PAPCache`): a new token runs PAP's passes on its own row, each
+pass one query against the cached cleaned keys (exact, because causal PAP at position t only depends
+on positions <= t; O(n_iter * t * d) per head and token).
 """
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ from ..nn import Attention, RPCAttention, SymmetricAttention, parse_layers
 
 __all__ = [
     "SymlmConfig", "Symlm", "AdaptiveLogSoftmax", "LM_CONFIGS", "build_lm", "lm_config",
-    "parse_rpc_layers", "generate",
+    "parse_rpc_layers", "generate", "cache_length", "reorder_cache",
 ]
 
 PAPER_CUTOFFS = (20000, 40000, 200000)
@@ -110,12 +111,16 @@ def lm_config(name: Optional[str] = None, **overrides) -> SymlmConfig:
     known = {f.name for f in fields(SymlmConfig)}
     unknown = sorted(set(overrides) - known)
     if unknown:
-        raise ValueError(f"unknown Symlm option(s) {unknown}; known: {sorted(known)}")
+        import difflib
+
+        close = difflib.get_close_matches(unknown[0], sorted(known), n=3)
+        hint = f"did you mean {', '.join(close)}?" if close else f"known: {', '.join(sorted(known))}"
+        raise ValueError(f"model.kwargs.{unknown[0]}: unknown Symlm option(s) {unknown}; {hint}")
     base.update(overrides)
     return SymlmConfig(**base)
 
 
-def build_lm(name: Optional[str] = "symlm-small", **overrides) -> "Symlm":
+def build_lm(name: Optional[str] = "symlm-small", **overrides) -> Symlm:
     return Symlm(lm_config(name, **overrides))
 
 
@@ -240,11 +245,12 @@ class Block(nn.Module):
         return self.ln2(x + self.ff(x))
 
 
-def _cached_attention(attn: nn.Module, x: Tensor, cache: Dict[str, Tensor]) -> Tensor:
+def _cached_attention(attn: nn.Module, x: Tensor, cache: Dict) -> Tensor:
     """Attention of the new tokens ``x`` over cached + new positions; updates ``cache`` in place.
 
     With an empty cache ``x`` is the whole prefix (prefill, causal); otherwise ``x`` must be one
-    token. RPC layers re-run PAP over the whole cached prefix and keep the new rows (exact).
+    token. RPC layers keep a :class:`~rpc_attention.functional.PAPCache` (``cache["pap"]``) and
+    the values; other layers keep keys and values.
     """
     parts = attn._split(x)
     if isinstance(attn, SymmetricAttention):  # includes RPCAttention: the keys are the queries
@@ -252,22 +258,36 @@ def _cached_attention(attn: nn.Module, x: Tensor, cache: Dict[str, Tensor]) -> T
         q = k
     else:
         q, k, v = parts
-    prefill = "k" not in cache
+    prefill = "v" not in cache
     if not prefill and x.shape[1] != 1:
         raise ValueError("a non-empty cache takes one new token at a time")
-    k_all = k if prefill else torch.cat([cache["k"], k], dim=2)
     v_all = v if prefill else torch.cat([cache["v"], v], dim=2)
-    cache["k"], cache["v"] = k_all, v_all
+    cache["v"] = v_all
     dropout_p = attn._dropout_p
     if isinstance(attn, RPCAttention):
-        opts = attn.pap_options()
-        out = RF.pap_attention(k_all, v_all, is_causal=True, dropout_p=dropout_p, scale=attn.scale,
-                               fused=attn.fused_attn, **opts)[:, :, -x.shape[1]:]
-    else:
-        # prefill: square causal attention; step: one query sees every cached key (no mask needed)
-        out = RF.attention(q, k_all, v_all, is_causal=prefill, dropout_p=dropout_p, scale=attn.scale,
-                           fused=attn.fused_attn)
+        return attn._merge(_cached_pap(attn, k, v_all, cache, dropout_p))
+    k_all = k if prefill else torch.cat([cache["k"], k], dim=2)
+    cache["k"] = k_all
+    # prefill: square causal attention; step: one query sees every cached key (no mask needed)
+    out = RF.attention(q, k_all, v_all, is_causal=prefill, dropout_p=dropout_p, scale=attn.scale,
+                       fused=attn.fused_attn)
     return attn._merge(out)
+
+
+def _cached_pap(attn: RPCAttention, k: Tensor, v_all: Tensor, cache: Dict, dropout_p: float) -> Tensor:
+    """PAP of the new keys ``k`` with the layer's :class:`~rpc_attention.functional.PAPCache`:
+    a prefill fills it, a step runs the passes for the new row only."""
+    opts = attn.pap_options()
+    if opts["tol"] is not None:
+        raise ValueError("cached decoding runs PAP position by position and cannot apply tol (a stopping rule "
+                         "over the whole sequence); build the model without tol or generate with use_cache=False")
+    if "pap" not in cache:
+        out, _, cache["pap"] = RF.pap_prefill(
+            k, v_all, n_iter=opts["n_iter"], lambd=opts["lambd"], scale=attn.scale, model_dim=opts["model_dim"],
+            threshold=opts["threshold"], mu_mode=opts["mu_mode"] or "causal", dropout_p=dropout_p,
+            fused=attn.fused_attn)
+        return out
+    return cache["pap"].step(k, v_all, dropout_p=dropout_p, fused=attn.fused_attn)[0]
 
 
 class Symlm(nn.Module):
@@ -319,9 +339,7 @@ class Symlm(nn.Module):
         if idx.dim() != 2:
             raise ValueError(f"idx must be (batch, tokens), got shape {tuple(idx.shape)}")
         b, t = idx.shape
-        offset = 0
-        if cache is not None and "k" in cache[0]:
-            offset = cache[0]["k"].shape[2]
+        offset = cache_length(cache)
         if offset + t > self.config.context:
             raise ValueError(f"sequence of {offset + t} tokens exceeds the model context {self.config.context}")
         x = self.tok_emb(idx) * self.emb_scale
@@ -331,7 +349,8 @@ class Symlm(nn.Module):
             x = block(x, None if cache is None else cache[i])
         return x
 
-    def new_cache(self) -> List[Dict[str, Tensor]]:
+    def new_cache(self) -> List[Dict]:
+        """An empty decoding cache: one dict per block (filled by the first forward that gets it)."""
         return [{} for _ in self.blocks]
 
     def target_logprob(self, idx: Tensor, targets: Tensor) -> Tensor:
@@ -348,6 +367,23 @@ class Symlm(nn.Module):
         return self.crit.full_logprob(h, self.out_weight)
 
 
+def cache_length(cache: Optional[List[Dict]]) -> int:
+    """Number of positions a :meth:`Symlm.new_cache` cache holds (0 for None or an empty cache)."""
+    if not cache or "v" not in cache[0]:
+        return 0
+    return cache[0]["v"].shape[2]
+
+
+def reorder_cache(cache: List[Dict], index: Tensor) -> None:
+    """Select batch rows of a Symlm cache in place (beam search: ``index`` names each new row's source)."""
+    for layer in cache:
+        for key, value in layer.items():
+            if key == "pap":
+                value.reorder(index)
+            else:
+                layer[key] = value.index_select(0, index.to(value.device))
+
+
 @torch.no_grad()
 def generate(
     model: Symlm,
@@ -362,8 +398,8 @@ def generate(
     """Continue ``idx`` (B, T) by ``max_new_tokens`` words; ``temperature=0`` is greedy decoding.
 
     With ``use_cache`` the prefix is encoded once and every new word costs one single-token pass
-    (RPC layers re-run PAP over the cached prefix). When the sequence outgrows the context, the
-    window is cropped to the last ``context`` words and re-encoded (exactly what the cache-free
+    (RPC layers run PAP's passes for the new word against their cached cleaned keys). When the
+    sequence outgrows the context, the window is cropped to the last ``context`` words and re-encoded (exactly what the cache-free
     path does at every step), so both paths produce the same words.
     """
     if max_new_tokens < 0:
@@ -375,7 +411,7 @@ def generate(
     for _ in range(max_new_tokens):
         if not use_cache:
             logp = model.next_logprob(idx[:, -ctx:])
-        elif cache is None or cache[0]["k"].shape[2] >= ctx:
+        elif cache is None or cache_length(cache) >= ctx:
             cache = model.new_cache()
             logp = model.next_logprob(idx[:, -ctx:], cache)
         else:

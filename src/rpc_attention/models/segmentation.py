@@ -188,6 +188,34 @@ class Segmenter(nn.Module):
 
 
 # ------------------------------------------------------------------------------------------ builders
+def _build_decoder(mcfg: Dict[str, Any], enc_dim: int, num_classes: int) -> nn.Module:
+    """The decoder a ``model`` config section names (see :func:`build_segmenter`); the decoder's PAP
+    options default to the encoder's (``n_iter``, ``lambd``, ...), else 4 / 4.0."""
+    kind = str(mcfg.get("decoder", "mask_transformer")).lower()
+    if kind == "linear":
+        if mcfg.get("decoder_rpc"):
+            raise ValueError("decoder_rpc needs decoder=mask_transformer (the linear decoder has no attention)")
+        return LinearDecoder(enc_dim, num_classes)
+    if kind not in ("mask_transformer", "mask-transformer", "mask"):
+        raise ValueError(f"model.decoder must be 'mask_transformer' or 'linear', got {kind!r}")
+
+    def pick(key, enc_key, default):
+        v = mcfg.get(key)
+        if v is None:
+            v = mcfg.get(enc_key)
+        return default if v is None else v
+
+    return MaskTransformerDecoder(
+        enc_dim, num_classes, dim=mcfg.get("decoder_dim"), depth=int(mcfg.get("decoder_layers", 2)),
+        num_heads=mcfg.get("decoder_heads"), mlp_ratio=float(mcfg.get("decoder_mlp_ratio", 4.0)),
+        drop_rate=float(mcfg.get("decoder_drop", 0.1)), drop_path_rate=float(mcfg.get("decoder_drop_path", 0.0)),
+        rpc_layers=mcfg.get("decoder_rpc"), n_iter=int(pick("decoder_n_iter", "n_iter", 4)),
+        lambd=float(pick("decoder_lambd", "lambd", 4.0)),
+        threshold=pick("decoder_threshold", "threshold", "lambda_mu"),
+        mu_mode=pick("decoder_mu_mode", "mu_mode", None),
+    )
+
+
 def build_segmenter(mcfg: Dict[str, Any]) -> Segmenter:
     """Build a :class:`Segmenter` from a ``model`` config section.
 
@@ -202,9 +230,7 @@ def build_segmenter(mcfg: Dict[str, Any]) -> Segmenter:
     n_iter, lambd, ...``), and every key of ``kwargs`` (a dict), is passed to
     ``timm.create_model(encoder, ...)``; ``None`` values are dropped.
     """
-    import timm
-
-    from . import vision  # noqa: F401  (registers the SymViT models)
+    from .factory import create_model  # (importing models registers the SymViT models)
 
     if "num_classes" not in mcfg:
         raise ValueError("model.num_classes is required for a Segmenter")
@@ -217,36 +243,13 @@ def build_segmenter(mcfg: Dict[str, Any]) -> Segmenter:
     enc_kwargs.pop("num_classes", None)
     enc_kwargs.setdefault("dynamic_img_size", True)
     try:
-        encoder = timm.create_model(enc_name, pretrained=False, num_classes=0, **enc_kwargs)
+        encoder = create_model(enc_name, pretrained=False, num_classes=0, **enc_kwargs)
     except RuntimeError as exc:
         if "Unknown model" in str(exc):
             raise ValueError(f"unknown encoder {enc_name!r}: expected a registered timm model such as "
                              f"symvit_tiny_patch16_224 or rpc_symvit_tiny_patch16_224") from None
         raise
-    enc_dim = int(encoder.embed_dim)
-    kind = str(mcfg.get("decoder", "mask_transformer")).lower()
-    if kind in ("linear",):
-        if mcfg.get("decoder_rpc"):
-            raise ValueError("decoder_rpc needs decoder=mask_transformer (the linear decoder has no attention)")
-        decoder = LinearDecoder(enc_dim, num_classes)
-    elif kind in ("mask_transformer", "mask-transformer", "mask"):
-        def pick(key, enc_key, default):
-            v = mcfg.get(key)
-            if v is None:
-                v = mcfg.get(enc_key)
-            return default if v is None else v
-
-        decoder = MaskTransformerDecoder(
-            enc_dim, num_classes, dim=mcfg.get("decoder_dim"), depth=int(mcfg.get("decoder_layers", 2)),
-            num_heads=mcfg.get("decoder_heads"), mlp_ratio=float(mcfg.get("decoder_mlp_ratio", 4.0)),
-            drop_rate=float(mcfg.get("decoder_drop", 0.1)), drop_path_rate=float(mcfg.get("decoder_drop_path", 0.0)),
-            rpc_layers=mcfg.get("decoder_rpc"), n_iter=int(pick("decoder_n_iter", "n_iter", 4)),
-            lambd=float(pick("decoder_lambd", "lambd", 4.0)),
-            threshold=pick("decoder_threshold", "threshold", "lambda_mu"),
-            mu_mode=pick("decoder_mu_mode", "mu_mode", None),
-        )
-    else:
-        raise ValueError(f"model.decoder must be 'mask_transformer' or 'linear', got {kind!r}")
+    decoder = _build_decoder(mcfg, int(encoder.embed_dim), num_classes)
     model = Segmenter(encoder, decoder, num_classes)
     if mcfg.get("encoder_init"):
         load_encoder_weights(model.encoder, mcfg["encoder_init"])

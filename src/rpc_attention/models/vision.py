@@ -23,7 +23,7 @@ State dicts have exactly the official SymViT / RPC-SymViT layout (timm ViT names
 wide): :func:`load_official_checkpoint` builds the model that fits a checkpoint's tensors and loads it.
 Through timm, ``pretrained=True, pretrained_cfg_overlay=dict(file=path)`` loads local weights into the
 named model; ``features_only``, FX tracing and ``torch.jit.script`` work as for timm's own ViTs
-(:mod:`rpc_attention.models._timm`).
+(:mod:`rpc_attention.models.factory`).
 """
 
 from __future__ import annotations
@@ -33,18 +33,17 @@ from functools import partial
 from typing import Any, Dict, Iterable, List, Optional, Union
 
 import torch
-from torch import nn
-
 from timm.layers import to_2tuple
 from timm.models import generate_default_cfgs, register_model
 from timm.models.vision_transformer import Block, VisionTransformer
+from torch import nn
 
 from .. import functional as RF
 from ..nn import Attention, RPCAttention, ScaledAttention, SymmetricAttention, parse_layers
-from ._timm import build_timm_model
+from .factory import build_timm_model
 
 __all__ = ["SymViT", "SymViTBlock", "MODEL_NAMES", "OFFICIAL_HEADS_BY_WIDTH", "resolve_rpc_layers", "load_official_checkpoint",
-           "checkpoint_model_kwargs", "read_checkpoint"]
+           "checkpoint_model_kwargs", "read_checkpoint", "unwrap_state_dict"]
 
 ATTENTION_TYPES = ("sym", "attn", "scaled_s", "scaled_alpha")
 
@@ -80,6 +79,18 @@ class SymViTBlock(Block):
                                  proj_drop=proj_drop, device=device, dtype=dtype)
 
 
+def _scaled_s_tokens(kwargs: Dict[str, Any]) -> int:
+    """The fixed token count N of ``scaled_s`` attention (its N x N weight), from the ViT's keyword arguments."""
+    if kwargs.get("dynamic_img_size"):
+        raise ValueError("scaled_s attention has a fixed N x N matrix and cannot use dynamic_img_size")
+    img = to_2tuple(kwargs.get("img_size", 224))
+    patch = to_2tuple(kwargs.get("patch_size", 16))
+    if img[0] % patch[0] or img[1] % patch[1]:
+        raise ValueError(f"img_size {img} must be divisible by patch_size {patch} for scaled_s attention")
+    prefix = (1 if kwargs.get("class_token", True) else 0) + int(kwargs.get("reg_tokens", 0))
+    return (img[0] // patch[0]) * (img[1] // patch[1]) + prefix
+
+
 class SymViT(VisionTransformer):
     """A timm VisionTransformer with :mod:`rpc_attention.nn` attention in every block.
 
@@ -99,8 +110,7 @@ class SymViT(VisionTransformer):
         *,
         attention: str = "sym",
         rpc_layers: Union[None, str, int, Iterable[int]] = None,
-        # PAP options, spelled out in every public entry point (a deliberate parallel: typed and
-        # documented where users read them; functional.check_pap_options is their one validator)
+        # PAP options, typed and documented here; functional.check_pap_options is their one validator
         n_iter: int = 6,
         lambd: float = 4.0,
         threshold: str = "lambda_mu",
@@ -124,16 +134,7 @@ class SymViT(VisionTransformer):
         for name in ("block_fn", "attn_layer"):
             if name in kwargs:
                 raise ValueError(f"SymViT chooses its own {name}; use attention=/rpc_layers= instead")
-        num_tokens = None
-        if attention == "scaled_s":
-            if kwargs.get("dynamic_img_size"):
-                raise ValueError("scaled_s attention has a fixed N x N matrix and cannot use dynamic_img_size")
-            img = to_2tuple(kwargs.get("img_size", 224))
-            patch = to_2tuple(kwargs.get("patch_size", 16))
-            if img[0] % patch[0] or img[1] % patch[1]:
-                raise ValueError(f"img_size {img} must be divisible by patch_size {patch} for scaled_s attention")
-            prefix = (1 if kwargs.get("class_token", True) else 0) + int(kwargs.get("reg_tokens", 0))
-            num_tokens = (img[0] // patch[0]) * (img[1] // patch[1]) + prefix
+        num_tokens = _scaled_s_tokens(kwargs) if attention == "scaled_s" else None
         pap = {"n_iter": n_iter, "lambd": float(lambd), "threshold": threshold, "mu_mode": mu_mode,
                "model_dim": model_dim, "tol": tol}
         rpc_set = set(layers)
@@ -256,7 +257,9 @@ _SIZE_BY_WIDTH = {192: "tiny", 348: "small", 384: "small", 768: "base"}
 _HEADS_BY_SIZE_WORD = {"tiny": 3, "small": 6, "base": 12}
 
 
-def _unwrap_state_dict(obj: Any, prefer_ema: bool = False) -> Dict[str, torch.Tensor]:
+def unwrap_state_dict(obj: Any, prefer_ema: bool = False) -> Dict[str, torch.Tensor]:
+    """The tensors of a loaded checkpoint object: the model (or EMA, ``prefer_ema``) state dict inside a
+    training checkpoint's dict, with ``module.`` / ``_orig_mod.`` prefixes (DDP, torch.compile) removed."""
     if not isinstance(obj, dict):
         raise ValueError(f"checkpoint holds a {type(obj).__name__}, expected a state dict")
     keys = ("model_ema", "state_dict_ema", "model", "state_dict") if prefer_ema else (
@@ -290,7 +293,7 @@ def _read_checkpoint_object(path: str) -> Any:
     try:
         with torch.serialization.safe_globals([argparse.Namespace]):
             return torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as exc:  # noqa: BLE001
+    except Exception as exc:
         raise ValueError(f"cannot read checkpoint {path}: {str(exc).splitlines()[0]}") from None
 
 
@@ -301,7 +304,7 @@ def read_checkpoint(path: str, prefer_ema: bool = False) -> Dict[str, torch.Tens
     ``argparse.Namespace`` is allow-listed for the safe unpickler. ``"model"`` is preferred over
     ``"model_ema"`` unless ``prefer_ema``.
     """
-    return _unwrap_state_dict(_read_checkpoint_object(path), prefer_ema)
+    return unwrap_state_dict(_read_checkpoint_object(path), prefer_ema)
 
 
 def _checkpoint_args(obj: Any) -> Dict[str, Any]:
@@ -397,7 +400,7 @@ def _resample_pos_embed(model: nn.Module, sd: Dict[str, torch.Tensor]) -> Dict[s
 
 def _checkpoint_filter(state_dict: Dict[str, Any], model: nn.Module) -> Dict[str, torch.Tensor]:
     """timm's ``pretrained_filter_fn`` for ``pretrained=True``: official layout, pos_embed resampled."""
-    sd = _unwrap_state_dict(state_dict)
+    sd = unwrap_state_dict(state_dict)
     sd = _resample_pos_embed(model, sd)
     # timm itself adapts the classifier (other num_classes) and the patch conv (other in_chans) next
     _check_fits(model, sd, skip=("head.", "patch_embed.proj."))
@@ -428,7 +431,7 @@ def load_official_checkpoint(checkpoint: Union[str, Dict[str, Any], nn.Module],
     if checkpoint is None:
         raise ValueError("load_official_checkpoint needs a checkpoint path or state dict")
     obj = checkpoint if isinstance(checkpoint, dict) else _read_checkpoint_object(str(checkpoint))
-    sd = _unwrap_state_dict(obj, prefer_ema)
+    sd = unwrap_state_dict(obj, prefer_ema)
     if model is None:
         import timm
 

@@ -1,5 +1,5 @@
 """Study reports: ``results.json`` (every number), ``report.md`` and ``report.html`` (same content,
-figures inlined), figures under ``figures/``; verdicts per claim by the rules in
+figures inlined), figures under ``figures/``; verdicts per claim by the one rule in
 :mod:`rpc_attention.report.verdict`.
 
 >>> from rpc_attention.report import build_report     # called by the study's "report" stage
@@ -10,9 +10,10 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Dict
 
-from .verdict import INCONCLUSIVE, NOT_MEASURED, NOT_REPRODUCED, REPRODUCED, RULES_TEXT, verdict
+from .verdict import CONTRADICTED, INCONCLUSIVE, NOT_MEASURED, REPRODUCED, RULES_TEXT, UNRESOLVED, claim_verdict
 
-__all__ = ["build_report", "verdict", "RULES_TEXT", "REPRODUCED", "NOT_REPRODUCED", "INCONCLUSIVE", "NOT_MEASURED"]
+__all__ = ["build_report", "claim_verdict", "RULES_TEXT", "REPRODUCED", "CONTRADICTED", "INCONCLUSIVE", "UNRESOLVED",
+           "NOT_MEASURED"]
 
 
 def build_report(out_dir, study, pipeline) -> Dict[str, Path]:

@@ -12,84 +12,43 @@ import os
 import platform
 import time
 from pathlib import Path
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Optional, Tuple
 
-from .intervals import paired_comparison
+from ..evaluate.classification import MEAN_TOP1, TOP1
+from ..evaluate.corruptions import MEAN_CORRUPTION_ERROR
+from ..evaluate.lm import ppl_metric
+from ..evaluate.suites import Column, all_suites, get_suite
+from .intervals import holm, min_detectable, paired_comparison
 from .lead import LEAD_RULE, lead_paragraph
 from .paper import PAPER_LABEL, PAPER_ROWS
 from .sparsity import collect_sparsity
-from .verdict import RULES_TEXT, interval_verdict, verdict
+from .verdict import NOT_MEASURED, RULES_TEXT, claim_verdict, effect
 
-__all__ = ["collect_results", "setup_info", "metric_value", "TABLES", "LEAD_METRICS"]
+__all__ = ["collect_results", "setup_info", "metric_value", "TABLES"]
 
-# Columns of the task tables, in the layout of the paper's tables: (suite, metric, header, higher, paper id)
+# The task tables, in the layout of the paper's tables; each suite contributes its own columns
+# (``Suite.columns``), placed by their ``position``.
 TABLES: Dict[str, Dict[str, Any]] = {
-    "vision": {"title": "Image classification and robustness", "paper_scale": "ImageNet-scale", "columns": [
-        ("clean", "top1", "clean top-1 (%)", True, "clean"),
-        ("clean", "top5", "clean top-5 (%)", True, None),
-        ("fgsm", "mean_top1", "FGSM top-1, mean over eps (%)", True, "fgsm"),
-        ("pgd", "mean_top1", "PGD top-1, mean over eps (%)", True, "pgd"),
-        ("autoattack", "top1@1/255", "AutoAttack top-1 (%)", True, "autoattack"),
-        ("square", "top1@1/255", "Square top-1 (%)", True, "square"),
-        ("noise", "mean_top1", "uniform noise top-1 (%)", True, None),
-        ("corruptions", "mCE", "mCE, SymViT = 100 (lower better)", False, "mce"),
-        ("corruptions", "mean_corruption_error", "corruption error (%, lower better)", False, None),
-        ("ood", "AUPR", "OOD AUPR (%)", True, "ood_aupr"),
-        ("sparse", "mean_top1", "sparse corruption top-1, mean (%)", True, None),
-        ("imagenet-a", "top1", "ImageNet-A top-1 (%)", True, None),
-        ("imagenet-r", "top1", "ImageNet-R top-1 (%)", True, None),
-    ]},
+    "vision": {"title": "Image classification and robustness", "paper_scale": "ImageNet-scale"},
     "fan": {"title": "FAN: RPC-FAN (4iter/layer1) vs the symmetric FAN (asymmetric FAN for reference)",
-            "paper_scale": "ImageNet-scale", "columns": [
-        ("clean", "top1", "clean top-1 (%)", True, "fan_clean"),
-        ("clean", "top5", "clean top-5 (%)", True, None),
-        ("fgsm", "mean_top1", "FGSM top-1, mean over eps (%)", True, None),
-        ("pgd", "mean_top1", "PGD top-1, mean over eps (%)", True, None),
-        ("corruptions", "mCE", "mCE, SymFAN = 100 (lower better)", False, "fan_mce"),
-        ("corruptions", "mean_corruption_error", "corruption error (%, lower better)", False, None),
-        ("imagenet-a", "top1", "ImageNet-A top-1 (%)", True, "fan_imagenet_a"),
-        ("imagenet-r", "top1", "ImageNet-R top-1 (%)", True, "fan_imagenet_r"),
-    ]},
-    "scaled": {"title": "Scaled Attention vs the asymmetric softmax baseline", "columns": [
-        ("clean", "top1", "clean top-1 (%)", True, None),
-        ("clean", "top5", "clean top-5 (%)", True, None),
-    ]},
-    "lm": {"title": "Language modelling (word-level perplexity, lower is better)", "paper_scale": "WikiText-103",
-           "columns": [
-        ("ppl", "valid_ppl_sliding", "valid PPL", False, None),
-        ("ppl", "test_ppl_sliding", "test PPL", False, "lm_ppl"),
-        ("wordswap", "valid_attacked_ppl_sliding", "word-swap valid PPL", False, None),
-        ("wordswap", "test_attacked_ppl_sliding", "word-swap test PPL", False, "lm_wordswap"),
-    ]},
-    "seg": {"title": "Segmentation (composed Fashion-MNIST scenes)", "paper_scale": "ADE20K", "columns": [
-        ("seg", "pixel_acc", "pixel acc (%)", True, None),
-        ("seg", "mean_acc", "mean acc (%)", True, None),
-        ("seg", "miou", "mIoU (%)", True, "seg_miou"),
-        ("seg-corruptions", "corrupted_miou", "corrupted mIoU (%)", True, "seg_corrupt_miou"),
-    ]},
+            "paper_scale": "ImageNet-scale"},
+    "scaled": {"title": "Scaled Attention vs the asymmetric softmax baseline"},
+    "lm": {"title": "Language modelling (word-level perplexity, lower is better)", "paper_scale": "WikiText-103"},
+    "seg": {"title": "Segmentation (composed Fashion-MNIST scenes)", "paper_scale": "ADE20K"},
 }
 
-# What the lead paragraph compares for every RPC model against its family's baseline:
-# (family, suite, metric, what it is, higher is better)
-LEAD_METRICS = [
-    ("vision", "clean", "top1", "clean accuracy", True),
-    ("vision", "fgsm", "mean_top1", "FGSM accuracy", True),
-    ("vision", "pgd", "mean_top1", "PGD accuracy", True),
-    ("vision", "corruptions", "mean_corruption_error", "corruption error", False),
-    ("vision", "sparse", "mean_top1", "sparse-corruption accuracy", True),
-    ("lm", "ppl", "test_ppl_sliding", "test perplexity", False),
-]
 
-# metric aliases, so the report survives small renames in the suites' outputs
-ALIASES = {"mIoU": ["miou"], "miou": ["mIoU"], "aupr": ["AUPR"], "AUPR": ["aupr"],
-           "ppl": ["test_ppl_sliding", "test_ppl"], "corrupted_miou": ["corrupted_mIoU"]}
+def table_columns(table: str) -> List[Tuple[str, Column]]:
+    """``(suite name, column)`` of every registered suite's columns in ``table``, by position."""
+    return sorted([(s.name, c) for s in all_suites() for c in s.columns if c.table == table],
+                  key=lambda sc: sc[1].position)
 
 
 def metric_value(metrics: Dict[str, Any], name: str) -> Optional[float]:
-    for k in [name] + ALIASES.get(name, []):
-        v = metrics.get(k)
-        if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(float(v)):
-            return float(v)
+    """The finite number a suite recorded as ``name``, or None."""
+    v = metrics.get(name)
+    if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(float(v)):
+        return float(v)
     return None
 
 
@@ -107,13 +66,13 @@ def _versions() -> Dict[str, str]:
             from importlib.metadata import version
 
             out[mod] = version(mod)
-        except Exception:  # noqa: BLE001
+        except Exception:
             pass
     try:
         from .. import __version__
 
         out["rpc_attention"] = __version__
-    except Exception:  # noqa: BLE001
+    except Exception:
         pass
     return out
 
@@ -197,7 +156,6 @@ def collect_results(out_dir, study, pipeline) -> Dict[str, Any]:
     per_example = _collect_evals(res, study, status, out_dir)
     _collect_tables(res, study)
     _collect_claims(res, study, per_example)
-    res["comparisons"] = _collect_comparisons(res, study, per_example)
     res["sparsity"] = collect_sparsity(out_dir, study)  # S activity of every RPC model's runs
     _collect_analyses(res, study, status, out_dir)
     res["lead"] = {"text": lead_paragraph(res), "rule": LEAD_RULE}
@@ -233,13 +191,32 @@ def _collect_evals(res: Dict[str, Any], study, status: Dict[str, Any], out_dir: 
                     entry.update({"metrics": rec.get("metrics", {}), "rows": rec.get("rows", []),
                                   "protocol": rec.get("protocol"), "settings": rec.get("settings", {}),
                                   "n_examples": rec.get("n_examples"), "data": rec.get("data", {})})
+                    normalised = get_suite(ev.suite).study.baseline
+                    if ev.baseline_model == key and normalised and normalised not in entry["metrics"]:
+                        # the normalising model, by definition
+                        entry["metrics"] = dict(entry["metrics"], **{normalised: 100.0})
+                        entry["note"] = f"{normalised} = 100 by definition (the errors are normalised by this model's)"
+                        _self_normalised_mce(rec)
                     if isinstance(rec.get("per_example"), dict):
                         per_example.setdefault(ev.suite, {}).setdefault(key, {})[str(seed)] = rec["per_example"]
-                    if ev.suite == "corruptions" and ev.baseline_model == key and "mCE" not in entry["metrics"]:
-                        entry["metrics"] = dict(entry["metrics"], mCE=100.0)  # the normalising model, by definition
-                        entry["note"] = "mCE = 100 by definition (the errors are normalised by this model's)"
                 res["evals"].setdefault(ev.suite, {}).setdefault(key, {})[str(seed)] = entry
     return per_example
+
+
+def _self_normalised_mce(rec: Dict[str, Any]) -> None:
+    """Declare the normalising model's own per-example mCE (its errors over its own mean errors, mean
+    100), the same weights the other models' mCE records carry for this baseline run."""
+    from ..evaluate.corruptions import declare_mce
+    from ..evaluate.per_example import PerExample
+
+    pe, errors = rec.get("per_example"), rec.get("errors") or {}
+    if not isinstance(pe, dict) or "mCE" in (pe.get("metrics") or {}) or not errors:
+        return
+    if any(float(sum(v)) <= 0.0 for v in errors.values()):
+        return  # a corruption with no error cannot normalise
+    holder = PerExample([])
+    declare_mce(holder, list(errors), {c: sum(map(float, v)) / len(v) for c, v in errors.items()})
+    pe["metrics"] = dict(pe.get("metrics") or {}, mCE=holder.as_dict()["metrics"]["mCE"])
 
 
 def _collect_tables(res: Dict[str, Any], study) -> None:
@@ -248,13 +225,13 @@ def _collect_tables(res: Dict[str, Any], study) -> None:
         keys = [m.key for m in study.models if m.family == tname]
         if not keys:
             continue
-        cols = [c for c in spec["columns"] if c[0] in res["evals"]]
+        cols = [(s, c.metric, c.header, c.higher, c.paper) for s, c in table_columns(tname) if s in res["evals"]]
         if not cols:
             continue
         rows = []
         for key in keys:
             cells = {}
-            for suite, metric, header, higher, pid in cols:
+            for suite, metric, _header, _higher, _pid in cols:
                 per = res["evals"][suite].get(key, {})
                 vals = [metric_value(e.get("metrics", {}), metric) for e in per.values()]
                 c = _cell(vals)
@@ -271,7 +248,7 @@ def _collect_tables(res: Dict[str, Any], study) -> None:
             r["cells"] = {k: v for k, v in r["cells"].items() if any(k == f"{c[0]}:{c[1]}" for c in keep)}
         cols = keep
         paper = {"baseline": {}, "rpc": {}}
-        for suite, metric, header, higher, pid in cols:
+        for suite, metric, _header, _higher, pid in cols:
             if pid and pid in PAPER_ROWS:
                 pr = PAPER_ROWS[pid]
                 paper["baseline"][f"{suite}:{metric}"] = {"value": pr["baseline"], "setting": pr["setting"]}
@@ -290,14 +267,14 @@ def _seed_values(res: Dict[str, Any], suite: str, key: str, metric: str) -> Dict
 
 
 def _seed_scores(per_example: Dict[str, Any], suite: str, key: str, metric: str) -> Dict[str, Any]:
-    """``{seed: (example indices, per-example scores)}`` of one model's metric, where recorded."""
-    from ..evaluate.per_example import decode_indices, example_scores
+    """``{seed: ExampleData}`` of one model's metric, where recorded."""
+    from ..evaluate.per_example import example_data
 
     out = {}
     for seed, rec in per_example.get(suite, {}).get(key, {}).items():
-        scores = example_scores(rec, metric)
-        if scores is not None:
-            out[seed] = (decode_indices(rec["indices"]), scores)
+        data = example_data(rec, metric)
+        if data is not None:
+            out[seed] = data
     return out
 
 
@@ -309,49 +286,37 @@ def compare_models(res: Dict[str, Any], per_example: Dict[str, Any], suite: str,
                              _seed_scores(per_example, suite, rpc, metric))
 
 
-def _collect_comparisons(res: Dict[str, Any], study, per_example: Dict[str, Any]) -> List[Dict[str, Any]]:
-    """Every RPC model against its family's baseline on :data:`LEAD_METRICS` (the lead paragraph's numbers)."""
-    out = []
-    for family, suite, metric, what, higher in LEAD_METRICS:
-        base = next((m.key for m in study.models if m.family == family and m.role == "baseline"), None)
-        for m in study.models:
-            if base is None or m.family != family or m.role != "rpc" or suite not in res["evals"]:
-                continue
-            cmp = compare_models(res, per_example, suite, metric, base, m.key)
-            if cmp["seeds"]:
-                out.append({"rpc": m.key, "baseline": base, "suite": suite, "metric": metric, "what": what,
-                            "higher": higher, **cmp})
-    return out
-
-
 def _collect_claims(res: Dict[str, Any], study, per_example: Dict[str, Any]) -> None:
-    """Each claim's verdict from the baseline's and the RPC model's values: by the interval rules where
-    both models have per-example records, else by the margin rules (RULES_TEXT)."""
+    """Each claim's verdict by the one rule of RULES_TEXT: paired seed interval, example interval where
+    both models have per-example records, margin, and the paired t test's p Holm-adjusted over the
+    study's claims; with the smallest difference the seeds could have resolved."""
+    rows = []
     for c in study.claims:
         b = res["evals"].get(c.suite, {}).get(c.baseline, {})
         r = res["evals"].get(c.suite, {}).get(c.rpc, {})
         bv = [v for v in (metric_value(e.get("metrics", {}), c.metric) for e in b.values()) if v is not None]
         rv = [v for v in (metric_value(e.get("metrics", {}), c.metric) for e in r.values()) if v is not None]
-        v = verdict(bv, rv, c.higher, c.margin, c.relative)
-        intervals = compare_models(res, per_example, c.suite, c.metric, c.baseline, c.rpc)
-        pooled = (intervals.get("bootstrap") or {}).get("pooled")
-        rule = "margin"
-        if v["verdict"] != "not measured" and pooled is not None:
-            v.update(interval_verdict(intervals["seed_ci"], pooled, c.higher, v["effect"]["margin"]))
-            rule = "intervals"
+        rows.append((c, b, r, bv, rv, effect(bv, rv, c.higher, c.margin, c.relative),
+                     compare_models(res, per_example, c.suite, c.metric, c.baseline, c.rpc)))
+    raw_p = [(iv.get("t_test") or {}).get("p") for *_, iv in rows]
+    family = sum(p is not None for p in raw_p)
+    for (c, b, r, bv, rv, e, iv), p_holm in zip(rows, holm(raw_p)):
+        iv["p_holm"], iv["family"] = p_holm, family
+        iv["min_detectable"] = min_detectable(list(iv["per_seed_diff"].values()), family)
+        v = claim_verdict(iv, c.higher, e.margin, p_holm)
         reason = v["reason"]
         if not bv or not rv:
-            why = [e.get("reason") or e.get("status") for e in list(b.values()) + list(r.values())
-                   if e.get("status") != "done"]
+            why = [x.get("reason") or x.get("status") for x in list(b.values()) + list(r.values())
+                   if x.get("status") != "done"]
             if why:
                 reason += f" ({why[0]})"
         res["claims"].append({
             "id": c.id, "title": c.title, "table": c.table, "suite": c.suite, "metric": c.metric,
             "baseline": c.baseline, "baseline_label": res["models"].get(c.baseline, {}).get("label", c.baseline),
             "rpc": c.rpc, "rpc_label": res["models"].get(c.rpc, {}).get("label", c.rpc), "higher": c.higher,
-            "margin": v["effect"]["margin"] if v["effect"]["margin"] is not None else c.margin,
+            "margin": e.margin if e.margin is not None else c.margin,
             "relative_margin": c.relative, "baseline_values": bv, "rpc_values": rv,
-            "verdict": v["verdict"], "reason": reason, "effect": v["effect"], "rule": rule, "intervals": intervals,
+            "verdict": v["verdict"], "reason": reason, "effect": e.as_dict(), "intervals": iv,
             "paper": PAPER_ROWS.get(getattr(c, "paper_id", None) or c.id),
         })
 
@@ -377,6 +342,7 @@ def _analysis_summary(kp: Dict[str, Any], run: str) -> Dict[str, Any]:
         mo = pr.get("model") or {}
         entry["protocols"][proto] = {
             "model": {k: mo.get(k) for k in ("jproj", "phi2", "h2", "log_phi2", "log_h2", "log_mean_jproj",
+                                              "log_mean_jproj_official", "rel_error_wrt_phi2", "rel_error_wrt_h2",
                                               "optimal_cosine", "direct_cosine", "linear_cka", "rbf_cka",
                                               "eig_max", "eig_min", "eig_mean", "eig_median")},
             "gamma": {k: {kk: vv for kk, vv in (g or {}).items() if kk in ("mean", "std", "n")}

@@ -6,28 +6,20 @@ figures it wrote (nothing when the numbers it needs are absent).
 
 from __future__ import annotations
 
-import math
 import os
 import re
 from pathlib import Path
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Optional, Tuple
 
-from ..files import atomic_savefig
+from ..evaluate.suites import all_suites
+from ..files import atomic_savefig, pyplot
+from .verdict import mean_std
 
 __all__ = ["make_figures"]
 
 
-def _plt():
-    import matplotlib
-
-    matplotlib.use("Agg", force=True)
-    import matplotlib.pyplot as plt
-
-    return plt
-
-
 def _save(fig, out_dir: Path, name: str) -> str:
-    plt = _plt()
+    plt = pyplot()
     try:
         atomic_savefig(fig, out_dir / "figures" / name, dpi=100, bbox_inches="tight")
     finally:
@@ -55,14 +47,14 @@ def _eps_value(label) -> Optional[float]:
         return None
 
 
-def _mean_std(vals: List[float]):
-    m = sum(vals) / len(vals)
-    sd = math.sqrt(sum((v - m) ** 2 for v in vals) / (len(vals) - 1)) if len(vals) > 1 else 0.0
-    return m, sd
+def _mean_and_bar(vals: List[float]) -> Tuple[float, float]:
+    """Mean and error bar (sample std; none, i.e. 0, for one seed)."""
+    _, m, sd = mean_std(vals)
+    return m, sd or 0.0
 
 
 def attack_curves(res: Dict[str, Any], out_dir: Path) -> List[dict]:
-    suites = [s for s in ("fgsm", "pgd", "noise") if s in res["evals"]]
+    suites = [s.name for s in all_suites() if s.curve and s.name in res["evals"]]
     curves = {}
     for suite in suites:
         for key, per_seed in res["evals"][suite].items():
@@ -79,12 +71,12 @@ def attack_curves(res: Dict[str, Any], out_dir: Path) -> List[dict]:
                 curves.setdefault(suite, {})[key] = pts
     if not curves:
         return []
-    plt = _plt()
+    plt = pyplot()
     fig, axes = plt.subplots(1, len(curves), figsize=(5.2 * len(curves), 3.8), squeeze=False)
     for ax, (suite, per_model) in zip(axes[0], curves.items()):
         for key, pts in per_model.items():
             xs = sorted(pts)
-            ms = [_mean_std(pts[x]) for x in xs]
+            ms = [_mean_and_bar(pts[x]) for x in xs]
             label = res["models"].get(key, {}).get("label", key)
             ax.errorbar(xs, [m for m, _ in ms], yerr=[s for _, s in ms], marker="o", capsize=3, label=label)
         ax.set_title(f"{suite.upper()} (white-box through PAP)")
@@ -119,7 +111,7 @@ def corruption_bars(res: Dict[str, Any], out_dir: Path) -> List[dict]:
                 data.setdefault(key, {}).setdefault(c, []).append([float(row["mean_error"])] + sev)
     if not data:
         return []
-    plt = _plt()
+    plt = pyplot()
     import numpy as np
 
     keys = list(data)
@@ -135,7 +127,7 @@ def corruption_bars(res: Dict[str, Any], out_dir: Path) -> List[dict]:
                 means.append(np.nan), lo.append(0), hi.append(0)
                 continue
             vals = [r[0] for r in recs]
-            m, sd = _mean_std(vals)
+            m, sd = _mean_and_bar(vals)
             means.append(m)
             if multi_seed:
                 lo.append(sd), hi.append(sd)
@@ -241,13 +233,13 @@ def training_curves(res: Dict[str, Any], out_dir: Path) -> List[dict]:
     One colour per model (its seeds share it) and one legend under the panels."""
     figs = []
     by_family: Dict[str, List[str]] = {}
-    for key, m in res["models"].items():
+    for m in res["models"].values():
         for run in m["runs"]:
             if res["training"].get(run, {}).get("curve"):
                 by_family.setdefault(m["family"], []).append(run)
     if not by_family:
         return []
-    plt = _plt()
+    plt = pyplot()
     for fam, runs in by_family.items():
         fig = _training_figure(plt, res, runs)
         if fig is None:
@@ -267,7 +259,7 @@ def _stat(d, key="mean"):
 def kpca_figures(res: Dict[str, Any], out_dir: Path) -> List[dict]:
     """Per analysed run: J_proj terms per layer, alignment next to chance, J_proj over training."""
     figs = []
-    plt = _plt()
+    plt = pyplot()
     for run, a in res.get("analysis", {}).items():
         if not a.get("protocols"):
             continue
@@ -395,7 +387,7 @@ def verdict_intervals(res: Dict[str, Any], out_dir: Path) -> List[dict]:
             rows.append((c, sign, ivs))
     if not rows:
         return []
-    plt = _plt()
+    plt = pyplot()
     fig, ax = plt.subplots(figsize=(7.5, 0.45 * len(rows) + 1.2))
     labelled = set()
     for y, (c, sign, ivs) in enumerate(reversed(rows)):

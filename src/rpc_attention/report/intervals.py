@@ -1,26 +1,36 @@
-"""95 % intervals for the difference RPC - baseline of one metric: paired by seed (a t interval over
-the per-seed differences) and paired over test examples (a bootstrap that resamples example indices,
-the same resample for both models).
+"""95 % intervals and tests for the difference RPC - baseline of one metric: paired by seed (a t
+interval and a two-sided paired t test over the per-seed differences, Holm's adjustment across a
+study's claims, and the smallest difference the seeds could resolve) and paired over test examples (a
+bootstrap that resamples example indices, the same resample for both models, and recomputes the metric).
 
-The bootstrap works on per-example scores (``evaluate.per_example``): for accuracy, 100 x the share
-of a metric's settings at which the example was classified correctly, so the mean over examples is
-the metric itself. With several seeds it is pooled: each resample draws one set of example positions,
-applies it to every seed, and averages the per-seed differences (examples are the random unit, seeds
-are fixed), which is the mean over seeds of the per-seed bootstrap statistic.
+The bootstrap works on per-example records (``evaluate.per_example``): each model and seed gives an
+:class:`~rpc_attention.evaluate.per_example.ExampleData` (example indices, one row of values per
+example, the statistic that turns rows into the metric, optional strata). For accuracy the statistic
+is the mean of 100 x correctness; for AUPR it is the average precision of the resampled scores (in-
+distribution and OOD examples resampled separately); for perplexity exp(sum NLL / sum tokens) over
+resampled blocks of tokens. With several seeds the bootstrap is pooled: each resample draws one set of
+example positions, applies it to every seed, and averages the per-seed differences (examples are the
+random unit, seeds are fixed).
 """
 
 from __future__ import annotations
 
 import math
-from typing import Any, Dict, Mapping, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Mapping, Optional, Sequence
 
 import numpy as np
 
-__all__ = ["LEVEL", "RESAMPLES", "t_interval", "paired_bootstrap", "paired_comparison"]
+__all__ = ["LEVEL", "ALPHA", "RESAMPLES", "t_interval", "paired_t", "holm", "min_detectable",
+           "paired_bootstrap", "paired_comparison"]
 
 LEVEL = 0.95
+ALPHA = 0.05
 RESAMPLES = 2000
 _CHUNK = 100  # resamples drawn at once (memory: _CHUNK x examples indices)
+
+
+def _diffs(diffs: Sequence[float]) -> np.ndarray:
+    return np.asarray([float(x) for x in diffs], dtype=np.float64)
 
 
 def t_interval(diffs: Sequence[float], level: float = LEVEL) -> Optional[Dict[str, Any]]:
@@ -28,7 +38,7 @@ def t_interval(diffs: Sequence[float], level: float = LEVEL) -> Optional[Dict[st
     None with fewer than 2 differences."""
     from scipy import stats
 
-    d = np.asarray([float(x) for x in diffs], dtype=np.float64)
+    d = _diffs(diffs)
     if len(d) < 2:
         return None
     mean = float(d.mean())
@@ -36,59 +46,143 @@ def t_interval(diffs: Sequence[float], level: float = LEVEL) -> Optional[Dict[st
     return {"diff": mean, "lo": mean - half, "hi": mean + half, "n": int(len(d)), "level": level}
 
 
+def paired_t(diffs: Sequence[float]) -> Optional[Dict[str, Any]]:
+    """Two-sided paired t test of mean(diffs) = 0: ``{"t", "df", "p"}``; None with fewer than 2
+    differences. Differences without spread give p = 0 (mean != 0) or 1 (mean = 0)."""
+    from scipy import stats
+
+    d = _diffs(diffs)
+    if len(d) < 2:
+        return None
+    mean, sd, df = float(d.mean()), float(d.std(ddof=1)), len(d) - 1
+    if sd == 0.0:
+        return {"t": math.copysign(math.inf, mean) if mean else 0.0, "df": df, "p": 0.0 if mean else 1.0}
+    t = mean / (sd / math.sqrt(len(d)))
+    return {"t": t, "df": df, "p": float(2.0 * stats.t.sf(abs(t), df))}
+
+
+def holm(pvalues: Sequence[Optional[float]]) -> List[Optional[float]]:
+    """Holm's step-down adjusted p-values, in the order given (None stays None and is not counted):
+    the k-th smallest of m p-values becomes max over j <= k of min(1, (m - j + 1) p_(j))."""
+    present = [(p, i) for i, p in enumerate(pvalues) if p is not None]
+    m = len(present)
+    out: List[Optional[float]] = [None] * len(pvalues)
+    running = 0.0
+    for rank, (p, i) in enumerate(sorted(present)):
+        running = max(running, min(1.0, (m - rank) * float(p)))
+        out[i] = running
+    return out
+
+
+def min_detectable(diffs: Sequence[float], family: int, alpha: float = ALPHA) -> Optional[float]:
+    """``t_{1 - alpha/(2 family), n-1} * sd / sqrt(n)`` of the per-seed differences: the smallest |mean|
+    whose two-sided paired t test stays below Holm's strictest threshold alpha / family; None with
+    fewer than 2 differences."""
+    from scipy import stats
+
+    d = _diffs(diffs)
+    if len(d) < 2 or family < 1:
+        return None
+    return float(stats.t.ppf(1.0 - alpha / (2 * family), len(d) - 1)) * float(d.std(ddof=1)) / math.sqrt(len(d))
+
+
+def _mean_statistic(values: np.ndarray, strata: Optional[np.ndarray]) -> np.ndarray:
+    return values[..., 0].mean(axis=-1)
+
+
+def _draw(rng: np.random.Generator, count: int, n: int, strata: Optional[np.ndarray]) -> np.ndarray:
+    """``count`` rows of ``n`` example positions drawn with replacement (within each stratum)."""
+    if strata is None:
+        return rng.integers(0, n, size=(count, n))
+    parts = []
+    for g in np.unique(strata):
+        pos = np.flatnonzero(strata == g)
+        parts.append(pos[rng.integers(0, len(pos), size=(count, len(pos)))])
+    return np.concatenate(parts, axis=1)
+
+
+def _as_rows(x) -> np.ndarray:
+    a = np.asarray(x, dtype=np.float64)
+    return a[:, None] if a.ndim == 1 else a
+
+
 def paired_bootstrap(baseline: Sequence[np.ndarray], rpc: Sequence[np.ndarray], resamples: int = RESAMPLES,
-                     seed: int = 0, level: float = LEVEL) -> Dict[str, Any]:
-    """Percentile interval of mean(rpc - baseline) over examples (averaged over seeds when several
-    pairs are given). ``baseline[s]`` and ``rpc[s]`` hold the per-example scores of seed ``s`` on the
-    same examples in the same order; every seed must have the same number of examples."""
+                     seed: int = 0, level: float = LEVEL, statistic=None,
+                     strata: Optional[np.ndarray] = None) -> Dict[str, Any]:
+    """Percentile interval of statistic(rpc) - statistic(baseline) over resampled examples (averaged
+    over seeds when several pairs are given). ``baseline[s]`` and ``rpc[s]`` hold the per-example values
+    (``(n,)`` or ``(n, k)``) of seed ``s`` on the same examples in the same order; ``statistic`` maps
+    values ``(..., n, k)`` and strata ``(..., n)`` to the metric ``(...)`` (default: the mean of column 0);
+    ``strata`` (``(n,)``) makes each resample keep every stratum's size."""
     if not baseline or len(baseline) != len(rpc):
-        raise ValueError("paired_bootstrap needs one baseline and one RPC score array per seed")
-    diffs = [np.asarray(r, dtype=np.float64) - np.asarray(b, dtype=np.float64) for b, r in zip(baseline, rpc)]
-    sizes = {len(d) for d in diffs} | {len(b) for b in baseline}
+        raise ValueError("paired_bootstrap needs one baseline and one RPC value array per seed")
+    base = [_as_rows(b) for b in baseline]
+    rp = [_as_rows(r) for r in rpc]
+    sizes = {len(a) for a in base + rp} | ({len(strata)} if strata is not None else set())
     if len(sizes) != 1 or 0 in sizes:
         raise ValueError(f"paired_bootstrap: every seed and model needs the same examples, got sizes {sorted(sizes)}")
-    per_example = np.mean(np.stack(diffs), axis=0)  # the same draw for every seed: average seeds first
-    n = len(per_example)
+    stat = statistic or _mean_statistic
+    strata = None if strata is None else np.asarray(strata)
+    n = sizes.pop()
+    diff = float(np.mean([stat(r, strata) - stat(b, strata) for b, r in zip(base, rp)]))
+    with np.errstate(divide="ignore", invalid="ignore"):
+        ratio = float(np.mean([stat(r, strata) / stat(b, strata) for b, r in zip(base, rp)]))
     rng = np.random.default_rng(seed)
-    stats = []
+    boot, boot_ratio = [], []
     for start in range(0, int(resamples), _CHUNK):
-        idx = rng.integers(0, n, size=(min(_CHUNK, int(resamples) - start), n))
-        stats.append(per_example[idx].mean(axis=1))
-    boot = np.concatenate(stats)
-    lo, hi = np.quantile(boot, [0.5 - level / 2, 0.5 + level / 2])
-    return {"diff": float(per_example.mean()), "lo": float(lo), "hi": float(hi), "n_examples": int(n),
-            "n_seeds": len(diffs), "resamples": int(resamples), "seed": int(seed), "level": level}
+        idx = _draw(rng, min(_CHUNK, int(resamples) - start), n, strata)
+        st = None if strata is None else strata[idx]
+        pairs = [(stat(b[idx], st), stat(r[idx], st)) for b, r in zip(base, rp)]
+        boot.append(np.mean([sr - sb for sb, sr in pairs], axis=0))
+        with np.errstate(divide="ignore", invalid="ignore"):
+            boot_ratio.append(np.mean([sr / sb for sb, sr in pairs], axis=0))
+    q = [0.5 - level / 2, 0.5 + level / 2]
+    lo, hi = np.quantile(np.concatenate(boot), q)
+    # the ratio RPC / baseline of the metric (the perplexity ratio for language models), the same resamples;
+    # None where a resample's baseline metric is 0
+    ratios = np.concatenate(boot_ratio)
+    rlo, rhi = (float(x) for x in np.quantile(ratios, q)) if np.isfinite(ratios).all() else (None, None)
+    return {"diff": diff, "lo": float(lo), "hi": float(hi), "ratio": ratio if math.isfinite(ratio) else None,
+            "ratio_lo": rlo, "ratio_hi": rhi, "n_examples": int(n), "n_seeds": len(base),
+            "resamples": int(resamples), "seed": int(seed), "level": level}
 
 
-def _aligned(b: Tuple[np.ndarray, np.ndarray], r: Tuple[np.ndarray, np.ndarray]) -> Tuple[np.ndarray, np.ndarray]:
-    """The two models' scores on the examples both were evaluated on, in index order."""
-    (bi, bs), (ri, rs) = b, r
-    common, b_at, r_at = np.intersect1d(bi, ri, assume_unique=True, return_indices=True)
+def _aligned(b, r):
+    """The two models' values (and strata) on the examples both were evaluated on, in index order."""
+    common, b_at, r_at = np.intersect1d(b.indices, r.indices, assume_unique=True, return_indices=True)
     if len(common) == 0:
         raise ValueError("the two models were evaluated on disjoint examples")
-    return bs[b_at], rs[r_at]
+    strata = None if b.strata is None else np.asarray(b.strata)[b_at]
+    return common, _as_rows(b.values)[b_at], _as_rows(r.values)[r_at], strata
+
+
+def _bootstraps(base_scores: Mapping[str, Any], rpc_scores: Mapping[str, Any], seeds: List[str],
+                resamples: int, seed: int) -> Dict[str, Any]:
+    pairs = {s: _aligned(base_scores[s], rpc_scores[s]) for s in seeds}
+    stat = base_scores[seeds[0]].statistic
+    per_seed = {s: paired_bootstrap([b], [r], resamples, seed, statistic=stat, strata=st)
+                for s, (_, b, r, st) in pairs.items()}
+    same = len({tuple(ix) for ix, _, _, _ in pairs.values()}) == 1
+    pooled = None
+    if same:
+        st = next(iter(pairs.values()))[3]
+        pooled = paired_bootstrap([b for _, b, _, _ in pairs.values()], [r for _, _, r, _ in pairs.values()],
+                                  resamples, seed, statistic=stat, strata=st)
+    return {"per_seed": per_seed, "pooled": pooled}
 
 
 def paired_comparison(base_values: Mapping[str, float], rpc_values: Mapping[str, float],
-                      base_scores: Mapping[str, Tuple[np.ndarray, np.ndarray]],
-                      rpc_scores: Mapping[str, Tuple[np.ndarray, np.ndarray]],
+                      base_scores: Mapping[str, Any], rpc_scores: Mapping[str, Any],
                       resamples: int = RESAMPLES, seed: int = 0) -> Dict[str, Any]:
-    """RPC - baseline for one metric: the seeds both models have, the t interval over their
-    per-seed metric differences (``seed_ci``, None with one seed) and, where both models have
-    per-example scores ``{seed: (indices, scores)}`` for those seeds, the paired bootstrap per seed and
-    pooled (``bootstrap``, None without per-example data)."""
+    """RPC - baseline for one metric: the seeds both models have, the per-seed differences, the t
+    interval over them (``seed_ci``) and the paired t test (``t_test``), both None with one seed, and,
+    where both models have per-example data (``{seed: ExampleData}``) for those seeds, the paired
+    bootstrap per seed and pooled (``bootstrap``, None without per-example data)."""
     seeds = [s for s in base_values if s in rpc_values]
-    out: Dict[str, Any] = {"seeds": seeds, "per_seed_diff": {s: rpc_values[s] - base_values[s] for s in seeds},
-                           "seed_ci": t_interval([rpc_values[s] - base_values[s] for s in seeds]),
-                           "bootstrap": None}
+    diffs = [rpc_values[s] - base_values[s] for s in seeds]
+    out: Dict[str, Any] = {"seeds": seeds, "per_seed_diff": dict(zip(seeds, diffs)), "seed_ci": t_interval(diffs),
+                           "t_test": paired_t(diffs), "bootstrap": None}
     scored = [s for s in seeds if s in base_scores and s in rpc_scores]
-    if not scored or len(scored) != len(seeds):
-        return out
-    pairs = {s: _aligned(base_scores[s], rpc_scores[s]) for s in scored}
-    per_seed = {s: paired_bootstrap([b], [r], resamples, seed) for s, (b, r) in pairs.items()}
-    if len({len(b) for b, _ in pairs.values()}) == 1:
-        pooled = paired_bootstrap([b for b, _ in pairs.values()], [r for _, r in pairs.values()], resamples, seed)
-    else:
-        pooled = None
-    out["bootstrap"] = {"per_seed": per_seed, "pooled": pooled}
+    if scored and len(scored) == len(seeds):
+        out["bootstrap"] = _bootstraps(base_scores, rpc_scores, scored, resamples, seed)
     return out

@@ -7,25 +7,13 @@ import html
 import math
 import re
 from pathlib import Path
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List
 
-from ..markdown import markdown_table
+from ..markdown import format_seconds, markdown_table
 from .rows import gather_rows
 from .sparsity import render_sparse_corruption, render_sparsity
 
 __all__ = ["render_markdown", "render_html", "fmt", "format_seconds"]
-
-
-def format_seconds(s: Optional[float]) -> str:
-    """``42s``, ``3m05s``, ``2h07m``; ``-`` for None (stage timings in plans and reports)."""
-    if s is None:
-        return "-"
-    s = float(s)
-    if s < 60:
-        return f"{s:.0f}s"
-    if s < 3600:
-        return f"{int(s // 60)}m{int(round(s % 60)):02d}s"
-    return f"{int(s // 3600)}h{int(round((s % 3600) / 60)):02d}m"
 
 
 def fmt(x: Any, digits: int = 2) -> str:
@@ -125,17 +113,28 @@ def _claim_row(c: Dict[str, Any]) -> List[Any]:
             return "—"
         return fmt(mean) + (f" ± {fmt(sd)}" if sd is not None else "") + (f" (n={len(vals)})" if len(vals) > 1 else "")
 
-    delta = "—" if e.get("delta") is None else fmt(e["delta"]) + (f" (2σ = {fmt(2 * e['sigma'])})" if e.get("sigma") is not None else "")
     iv = c.get("intervals") or {}
+    diffs = list((iv.get("per_seed_diff") or {}).values())
+    delta = fmt((1.0 if c["higher"] else -1.0) * sum(diffs) / len(diffs)) if diffs else "—"
     seed_ci = _ci(iv.get("seed_ci")) if iv.get("seed_ci") else ("n/a, one seed" if iv.get("seeds") else "—")
     pooled = (iv.get("bootstrap") or {}).get("pooled")
+    t = iv.get("t_test")
+    p_text = f"{fmt(t['p'], 3)} / {fmt(iv['p_holm'], 3)}" if t and iv.get("p_holm") is not None else "—"
     p = c.get("paper")
     paper = f"{fmt(p['baseline'])} → {fmt(p['rpc'])} ({p['setting']}, {p['change']})" if p else "—"
     return [c["title"], f"{c['suite']}: {c['metric']} ({'higher' if c['higher'] else 'lower'} better)",
             ms(c["baseline_values"], e.get("baseline_mean"), e.get("baseline_std")) + f" [{c['baseline_label']}]",
             ms(c["rpc_values"], e.get("rpc_mean"), e.get("rpc_std")) + f" [{c['rpc_label']}]",
-            delta, seed_ci, _ci(pooled) if pooled else "—", fmt(c["margin"]), paper,
-            f"**{c['verdict']}**" + (" (intervals)" if c.get("rule") == "intervals" else "")]
+            delta, seed_ci, (_ci(pooled) + _ratio(pooled, c["metric"])) if pooled else "—", p_text,
+            fmt(iv.get("min_detectable")),
+            fmt(c["margin"]), paper, f"**{c['verdict']}**"]
+
+
+def _ratio(ci: Dict[str, Any], metric: str) -> str:
+    """`` (ratio 0.95 [0.93, 0.97])`` for perplexities (RPC / baseline on the same resamples), else ``""``."""
+    if "ppl" not in metric or ci.get("ratio_lo") is None:
+        return ""
+    return f" (ratio {ci['ratio']:.3f} [{ci['ratio_lo']:.3f}, {ci['ratio_hi']:.3f}])"
 
 
 def _ci(ci: Dict[str, Any]) -> str:
@@ -146,15 +145,19 @@ def _ci(ci: Dict[str, Any]) -> str:
 def _verdicts_section(res: Dict[str, Any], claims: List[Dict[str, Any]]) -> List[str]:
     if not claims:
         return []
+    family = max((c.get("intervals") or {}).get("family") or 0 for c in claims)
     L = ["## Verdicts", ""]
     L += _table(["claim (paper)", "metric", "baseline (ours)", "RPC (ours)", "delta, RPC better > 0",
-                 "RPC − baseline, 95 % seed interval", "RPC − baseline, 95 % example interval", "margin",
-                 "paper: baseline → RPC (its data set)", "verdict"], [_claim_row(c) for c in claims])
+                 "RPC − baseline, 95 % seed interval", "RPC − baseline, 95 % example interval", "p / p (Holm)",
+                 "smallest resolvable |delta|", "margin", "paper: baseline → RPC (its data set)", "verdict"],
+                [_claim_row(c) for c in claims])
     L += ["Intervals: RPC − baseline in the metric's units (not oriented). Seed interval: t interval over the "
           "per-seed differences (seeds paired). Example interval: paired bootstrap over test examples (the same "
           "resampled examples for both models and every seed, seeds pooled); per-seed intervals are in "
-          "`results.json`. A verdict marked (intervals) follows the interval rules, the others the margin rules "
-          "(see Verdict rules).", ""]
+          f"`results.json`. p: two-sided paired t test over the seeds; p (Holm): adjusted over the {family} claims "
+          f"of this study that have a p. Smallest resolvable |delta|: t_(1-0.05/(2 x {family})),n-1 x sd / sqrt(n) "
+          "of the per-seed differences, the difference these seeds could have resolved at Holm's strictest "
+          "threshold. Every verdict follows the one rule in Verdict rules.", ""]
     L += _figs(res, "verdicts")
     L += ["Reasons:", ""]
     return L + [f"- {c['title']}: {c['verdict']} — {c['reason']}." for c in claims] + [""]
@@ -274,7 +277,7 @@ def _kpca_rows(run: str, a: Dict[str, Any]) -> List[List[str]]:
         mo = pr["model"]
         g = (mo.get("jproj") or {})
 
-        def m(k, d=3):
+        def m(k, d=3, mo=mo):
             x = mo.get(k)
             return fmt(x.get("mean"), d) if isinstance(x, dict) else "—"
 

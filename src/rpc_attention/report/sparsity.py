@@ -13,12 +13,13 @@ import math
 from pathlib import Path
 from typing import Any, Dict, List
 
+from ..markdown import NOT_MEASURED, markdown_table
 from .rows import gather_rows
 
 __all__ = ["FIRED_RULE", "collect_sparsity", "model_sparsity_verdict", "render_sparsity",
            "render_sparse_corruption"]
 
-# Stated here as well as in kpca.sparsity (the report floor sits above kpca, but reads only files).
+# The rule of rpc_attention.train.sparsity.FIRED_RULE, worded for the report (runs and models).
 FIRED_RULE = ("A PAP block's sparse step *fired* when the share of non-zero entries of S (the sparse part of "
               "the keys, in PAP's final pass) is above 0 on the probe; at 0, S = 0 everywhere and the block "
               "*acted as iterated attention* (each pass attends with the previous pass's output as keys). A run "
@@ -40,7 +41,7 @@ def model_sparsity_verdict(runs: Dict[str, Dict[str, Any]]) -> str:
     """The model's verdict from its runs' records (:data:`FIRED_RULE`); "not measured" without any."""
     blocks = [b for r in runs.values() for b in (r.get("blocks") or [])]
     if not blocks:
-        return "not measured"
+        return NOT_MEASURED
     return FIRED if any(float(b.get("frac_nonzero") or 0.0) > 0 for b in blocks) else ITERATED
 
 
@@ -74,9 +75,7 @@ def _num(x: Any) -> str:
 
 
 def _table(header: List[str], rows: List[List[str]]) -> List[str]:
-    esc = lambda s: str(s).replace("|", "\\|")  # noqa: E731
-    return (["| " + " | ".join(esc(h) for h in header) + " |", "|" + "|".join("---" for _ in header) + "|"]
-            + ["| " + " | ".join(esc(c) for c in r) + " |" for r in rows] + [""])
+    return markdown_table(header, rows) + [""]
 
 
 def render_sparsity(res: Dict[str, Any]) -> List[str]:
@@ -86,12 +85,12 @@ def render_sparsity(res: Dict[str, Any]) -> List[str]:
     if not models:
         return []
     rows: List[List[str]] = []
-    for key, m in models.items():
+    for m in models.values():
         for run, rec in m["runs"].items():
             probe = rec.get("probe") or {}
             where = f"{probe.get('examples')} {probe.get('split')}" if probe else "—"
             if not rec.get("blocks"):
-                rows.append([m["label"], run, "—", "—", where] + ["—"] * 6 + [rec.get("note", "not measured")])
+                rows.append([m["label"], run, "—", "—", where] + ["—"] * 6 + [rec.get("note", NOT_MEASURED)])
             for b in rec.get("blocks") or []:
                 rule = f"{b.get('threshold')} λ={_num(b.get('lambd'))}" + (", causal" if b.get("causal") else "")
                 rows.append([m["label"], run, str(b.get("block")), rule, where, _pct(b.get("frac_nonzero")),

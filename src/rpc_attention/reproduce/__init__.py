@@ -10,15 +10,24 @@ Layout of a study directory::
     DIR/runs/<model>-s<seed>/      trainer run directories (config, weights, checkpoints, eval/*.json)
     DIR/analysis/<run>/            KPCA analysis outputs
     DIR/report.md, report.html, results.json, figures/*.png
+
+A directory holds one study with one set of settings: running another study (or the same study with
+other settings) in it is refused with a :class:`StudyError`, since its stages would retrain runs
+and replace the report in place. ``force=True`` accepts it: another study's outputs are removed
+first (the directory restarts cleanly), and the selected stages rerun.
 """
 
 from __future__ import annotations
 
+import json
 import os
+import shutil
 import time
+from pathlib import Path
 from typing import Callable, Iterable, List, Optional, Sequence
 
-from .pipeline import Pipeline, Stage, StageContext, StageSelectionError, StageSkipped, atomic_write_json
+from ..files import json_default
+from .pipeline import Pipeline, Stage, StageContext, StageSelectionError, StageSkipped, atomic_write_json, read_json
 from .studies import STUDIES, Study, StudyError, build_stages, get_study
 
 __all__ = ["run_study", "make_pipeline", "Pipeline", "Stage", "StageContext", "StageSkipped", "Study",
@@ -51,6 +60,47 @@ def _write_study_file(pipe: Pipeline, study: Study) -> None:
                     "estimate_s": s.estimate_s} for s in pipe.stages]})
 
 
+# What a study writes in its directory (the layout above); --force on another study removes these.
+STUDY_OUTPUTS = ("study.json", "stages", "runs", "analysis", "logs", "figures", "report.md", "report.html",
+                 "results.json")
+
+
+def _plain(value):
+    return json.loads(json.dumps(value, default=json_default))
+
+
+def directory_conflict(study: Study, out_dir) -> Optional[str]:
+    """Why ``out_dir`` cannot take ``study`` without --force (it holds another study, or other settings); else None."""
+    old = read_json(Path(out_dir) / "study.json")
+    if not old:
+        return None
+    if old.get("study") != study.name:
+        return (f"{out_dir} holds the study {old.get('study')!r}; running {study.name!r} there would retrain its "
+                f"runs and replace its report: choose another --out, or add --force to remove that study from "
+                f"{out_dir} and start {study.name!r} there from scratch")
+    before, now = _plain(old.get("settings") or {}), _plain(study.settings)
+    changed = [k for k in sorted(set(before) | set(now)) if before.get(k) != now.get(k)]
+    if not changed:
+        return None
+    diff = "; ".join(f"{k}: {before.get(k)!r} -> {now.get(k)!r}" for k in changed[:4])
+    more = f" and {len(changed) - 4} more" if len(changed) > 4 else ""
+    return (f"{out_dir} holds the study {study.name!r} with other settings ({diff}{more}); running it with these "
+            f"would replace finished results: give the settings in {Path(out_dir) / 'study.json'}, another --out, "
+            f"or add --force to rerun the selected stages with the new settings")
+
+
+def _remove_other_study(out_dir, log: Callable[[str], None]) -> None:
+    """Delete the outputs of the study in ``out_dir`` (only the names a study writes)."""
+    old = (read_json(Path(out_dir) / "study.json") or {}).get("study")
+    for name in STUDY_OUTPUTS:
+        path = Path(out_dir) / name
+        if path.is_dir() and not path.is_symlink():
+            shutil.rmtree(path)
+        elif path.exists() or path.is_symlink():
+            path.unlink()
+    log(f"--force: removed the study {old!r} from {out_dir}")
+
+
 def run_study(preset: str, out_dir, settings: Optional[Sequence[str]] = None, selection: Optional[Iterable[str]] = None,
               force: bool = False, dry_run: bool = False, keep_going: bool = True, device: Optional[str] = None,
               log: Optional[Callable[[str], None]] = None, threads: Optional[int] = None) -> dict:
@@ -59,6 +109,9 @@ def run_study(preset: str, out_dir, settings: Optional[Sequence[str]] = None, se
     Returns the pipeline summary (``ok``, ``cached``, ``skipped``, ``failed``, ``blocked`` stage lists,
     plus ``plan`` text for a dry run)."""
     study = get_study(preset, settings)
+    conflict = directory_conflict(study, out_dir)
+    if conflict and not force:
+        raise StudyError(conflict)
     pipe = make_pipeline(study, out_dir, device=device, log=log)
     pipe.threads = threads  # type: ignore[attr-defined]  (train stages pass it to the trainer)
     world = int(os.environ.get("WORLD_SIZE", "1") or 1)
@@ -73,5 +126,8 @@ def run_study(preset: str, out_dir, settings: Optional[Sequence[str]] = None, se
     if dry_run:
         return {"plan": pipe.format_plan(pipe.plan(selection, force=force)), "device": device or study.device}
     with pipe.lock():
+        old = (read_json(Path(out_dir) / "study.json") or {}).get("study")
+        if conflict and pipe.is_writer and old not in (None, study.name):
+            _remove_other_study(out_dir, pipe.log)
         _write_study_file(pipe, study)
         return pipe.run(selection, force=force, keep_going=keep_going)

@@ -35,7 +35,7 @@ from pathlib import Path
 from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence
 
 from ..files import atomic_write_bytes, atomic_write_json, atomic_write_text, json_default  # re-exported for stages
-from ..report.render import format_seconds
+from ..markdown import format_seconds
 
 logger = logging.getLogger(__name__)
 
@@ -57,7 +57,7 @@ class StageSelectionError(ValueError):
 
 def read_json(path) -> Optional[dict]:
     try:
-        with open(path, "r", encoding="utf-8") as f:
+        with open(path, encoding="utf-8") as f:
             return json.load(f)
     except (FileNotFoundError, json.JSONDecodeError):
         return None
@@ -71,7 +71,7 @@ class Stage:
 
     name: str
     kind: str
-    fn: Callable[["StageContext"], Optional[dict]]
+    fn: Callable[[StageContext], Optional[dict]]
     deps: Sequence[str] = ()
     after: Sequence[str] = ()
     params: Dict[str, Any] = field(default_factory=dict)
@@ -87,7 +87,7 @@ class Stage:
 class StageContext:
     out_dir: Path
     stage: Stage
-    pipeline: "Pipeline"
+    pipeline: Pipeline
     resuming: bool = False   # an earlier run of this stage was interrupted
     fresh: bool = False      # parameters changed or --force: discard earlier outputs of this stage
 
@@ -346,7 +346,7 @@ class Pipeline:
             return "skipped", str(exc)
         except KeyboardInterrupt:
             raise  # leave the running marker: the next run resumes this stage
-        except Exception as exc:  # noqa: BLE001 - recorded, reported, the study goes on
+        except Exception as exc:  # recorded and reported; the study goes on
             tb = traceback.format_exc()
             if self.is_writer:
                 self._clear_markers(s.name)

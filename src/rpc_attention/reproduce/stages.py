@@ -50,11 +50,12 @@ def _log_path(ctx: StageContext) -> Path:
 # ------------------------------------------------------------------------------------------- train
 def train_stage(ctx: StageContext) -> dict:
     """params: run, preset, overrides (list of "a.b=v"), seed, task (vision/lm/seg), label."""
-    from .. import kpca  # noqa: F401  (registers the jproj epoch-end callback the studies ask for)
     from .. import train
+    from ..kpca import register_callbacks
     from ..train.config import resolve_config
     from ..train.rundir import RunDir
 
+    register_callbacks()
     p = ctx.params
     overrides = list(p.get("overrides", [])) + [f"train.seed={int(p['seed'])}"]
     cfg = resolve_config(p["preset"], overrides)
@@ -114,7 +115,8 @@ def eval_stage(ctx: StageContext) -> dict:
             + "".join(f" --set {k}={v}" for k, v in sets.items()))
     with output_to_log(_log_path(ctx), f"eval {p['suite']} on {run_dir}"):
         evaluate_model([p["suite"]], run_loader(run_dir), sets, limit, str(run_dir / "eval"),
-                       log=logger.info, on_result=lambda record, path: logger.info(S.render_markdown(record)))
+                       log=logger.info, on_result=lambda record, path: logger.info(S.render_markdown(record)),
+                       replace=True)  # the pipeline's fingerprints decide when a result is stale
     rec = read_json(out)
     if rec is None:
         raise RuntimeError(f"the evaluation finished but {out} is missing or unreadable")

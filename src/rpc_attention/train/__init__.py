@@ -7,17 +7,19 @@ Public API::
     run_dir = run_training(cfg, "runs/x")            # resume=True / force=True as on the CLI
     model, cfg = load_run(run_dir)                    # eval mode
 
-Tasks plug in through :func:`rpc_attention.train.tasks.register_task`; epoch-end callbacks through
-:func:`rpc_attention.train.callbacks.register_callback`.
+Tasks plug in through :func:`rpc_attention.train.tasks.register_task`; epoch-end callbacks are given to
+``run_training(..., callbacks=[(name, fn), ...])`` (default :func:`default_callbacks`: the S-activity
+record of :mod:`rpc_attention.train.sparsity`) or registered by name with
+:func:`rpc_attention.train.callbacks.register_callback` for ``train.callbacks`` to list.
 """
 
+from .callbacks import default_callbacks, register_callback
 from .config import list_presets, load_preset, resolve_config
-from .rundir import RunDir, load_run, run_loader
+from .rundir import RunDir, RunExistsError, load_run, run_loader
 from .tasks import get_task, list_tasks, register_task
-from .callbacks import register_callback
-from .trainer import RunExistsError, TrainingDiverged, run_training
+from .trainer import TrainingDiverged, run_training
 
 __all__ = [
     "resolve_config", "list_presets", "load_preset", "run_training", "RunDir", "load_run", "run_loader", "register_task", "get_task",
-    "list_tasks", "register_callback", "RunExistsError", "TrainingDiverged",
+    "list_tasks", "register_callback", "default_callbacks", "RunExistsError", "TrainingDiverged",
 ]

@@ -31,11 +31,6 @@ import torch
 
 from ..files import atomic_write_bytes
 
-__all__ = [
-    "atomic_write_bytes", "save_safetensors_atomic", "save_checkpoint", "verify_checkpoint", "list_checkpoints",
-    "latest_checkpoint", "load_checkpoint", "rng_state", "set_rng_state", "CheckpointError",
-]
-
 
 class CheckpointError(ValueError):
     """A checkpoint that cannot be used (missing file, hash mismatch, unreadable)."""
@@ -215,6 +210,6 @@ def load_checkpoint(path: os.PathLike) -> Tuple[Dict[str, torch.Tensor], Optiona
         model_sd = load_file(str(path / "model.safetensors"))
         ema_sd = load_file(str(path / "model_ema.safetensors")) if (path / "model_ema.safetensors").is_file() else None
         state = torch.load(path / "state.pt", map_location="cpu", weights_only=True)
-    except Exception as exc:  # noqa: BLE001
+    except Exception as exc:
         raise CheckpointError(f"checkpoint {path} cannot be read: {str(exc).splitlines()[0]}") from None
     return model_sd, ema_sd, state

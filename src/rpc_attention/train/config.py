@@ -10,7 +10,10 @@ Overrides use the package's one settings grammar (:mod:`rpc_attention.overrides`
 after the merge, except below the open sections :data:`OPEN_SECTIONS` (``model.kwargs`` takes any
 model keyword); an unknown key is a ``ValueError`` naming it and its closest known neighbours.
 Keys a task adds to a section (``data.val_size``, ``train.mixup``, ...) are kept in that section's
-``extra`` dict of the typed view; the task owns and reads them.
+``extra`` dict of the typed view; the task owns and reads them. Every key of a resolved config must be
+one the defaults or the task declare (its ``default_config()``, or ``optional_keys`` for keys read
+without a default): a key nobody reads, in a preset, a run's ``config.yaml`` or an override, is a
+``ValueError`` naming it and its closest known neighbours, so a setting is never silently ignored.
 """
 
 from __future__ import annotations
@@ -27,18 +30,20 @@ from typing import Any, Dict, Iterable, List, Optional, Tuple, Union
 import yaml
 
 from ..files import read_yaml_mapping
-from ..overrides import apply_assignments, parse_assignments, parse_number
+from ..overrides import apply_assignments, flatten_keys, parse_assignments, parse_number, unknown_key
 
 __all__ = [
     "TrainConfig", "ModelConfig", "DataConfig", "OptimConfig", "ScheduleConfig", "LoopConfig", "EMAConfig",
     "EvalConfig", "DEFAULTS", "OPEN_SECTIONS", "PRESET_DIR", "list_presets", "load_preset", "parse_overrides",
-    "apply_overrides", "resolve_config", "deep_merge", "dump_config", "load_config_file",
+    "apply_overrides", "resolve_config", "deep_merge", "dump_config", "load_config_file", "check_known_keys",
 ]
 
 PRESET_DIR = Path(__file__).resolve().parent.parent / "presets"
 
-# Sections whose children may be created by overrides (free-form keyword dicts).
-OPEN_SECTIONS = ("model.kwargs", "data.augment", "data.kwargs")
+# Sections whose children may be created by overrides (keyword dicts). Only ``model.kwargs`` is free
+# (the model's constructor checks it); ``data.augment`` keys must be ones the task declares.
+OPEN_SECTIONS = ("model.kwargs", "data.augment")
+FREE_SECTIONS = ("model.kwargs",)
 
 
 @dataclass(frozen=True)
@@ -143,7 +148,7 @@ class TrainConfig:
     eval: EvalConfig = field(default_factory=EvalConfig)
 
     @classmethod
-    def from_dict(cls, cfg: Dict[str, Any]) -> "TrainConfig":
+    def from_dict(cls, cfg: Dict[str, Any]) -> TrainConfig:
         """The typed view of a config dict; a ValueError names the first key whose value has the wrong type."""
         return _from_dict(cls, cfg, "")
 
@@ -279,12 +284,115 @@ def apply_overrides(cfg: Dict[str, Any], overrides: Iterable[Tuple[str, Any]]) -
     return apply_assignments(cfg, overrides, OPEN_SECTIONS)
 
 
+# Saved run configs written before a setting was renamed: old dotted key -> its name today.
+_RENAMED_IN_RUN_CONFIGS = {"train.steps": "train.max_steps"}
+
+
+def _migrate_run_config(cfg: Dict[str, Any]) -> Dict[str, Any]:
+    """``cfg`` (a run's ``config.yaml``) with renamed settings under their current names."""
+    for old, new in _RENAMED_IN_RUN_CONFIGS.items():
+        (osec, okey), (nsec, nkey) = old.split("."), new.split(".")
+        section = cfg.get(osec)
+        if isinstance(section, dict) and okey in section:
+            value = section.pop(okey)
+            if value is not None:
+                cfg.setdefault(nsec, {})[nkey] = value
+    return cfg
+
+
+def _declared_keys(task: Any) -> set:
+    """The dotted keys :data:`DEFAULTS` and ``task`` declare (its ``default_config()`` and ``optional_keys``)."""
+    from .callbacks import callback_config_keys
+
+    defaults = getattr(task, "default_config", None)
+    known = set(flatten_keys(deep_merge(DEFAULTS, defaults() or {} if callable(defaults) else {})))
+    return known | set(getattr(task, "optional_keys", ())) | set(callback_config_keys())
+
+
+def _undeclared(key: str, known: set) -> bool:
+    parent = key.rpartition(".")[0]
+    return key not in known and not any(parent == s or parent.startswith(s + ".") for s in FREE_SECTIONS)
+
+
+def check_known_keys(cfg: Dict[str, Any], task: Any, source: str = "config:") -> None:
+    """ValueError naming the first key of ``cfg`` that neither the defaults nor ``task`` declare.
+
+    Declared: the keys of :data:`DEFAULTS`, of ``task.default_config()`` and ``task.optional_keys``;
+    anything below ``model.kwargs`` (:data:`FREE_SECTIONS`) is the model constructor's to check.
+    """
+    known = _declared_keys(task)
+    for key in flatten_keys(cfg):
+        if _undeclared(key, known):
+            raise unknown_key(key, known, "config key", source, " (no code reads it)")
+
+
+def _check_callback_keys(cfg: Dict[str, Any]) -> None:
+    """ValueError naming a key of a callback that the run (``cfg``, resolved) does not run."""
+    from .callbacks import callback_config_keys, resolve_callbacks
+
+    listed = (cfg.get("train") or {}).get("callbacks")
+    running = {name for name, _ in resolve_callbacks(listed if isinstance(listed, list) else [])}
+    for key, name in callback_config_keys().items():
+        if name not in running and _get(cfg, key) is not None:
+            raise ValueError(f"{key} is read by the {name} callback, which this run does not run "
+                             f"(--set train.callbacks=[{name}])")
+
+
+def _check_override_keys(keys: Iterable[str], task: Any) -> None:
+    """ValueError naming the first ``--set`` key (as written) that is not declared, or lies in an undeclared section."""
+    known = _declared_keys(task)
+    for key in keys:
+        parts = key.split(".")
+        if any(_undeclared(".".join(parts[:i]), known) for i in range(1, len(parts) + 1)):
+            raise unknown_key(key, known, "config key", "--set", " (no code reads it)")
+
+
+# timm's schedulers that read schedule.decay_rate / schedule.decay_epochs (create_scheduler_v2)
+_DECAY_RATE_SCHEDULES = ("step", "multistep", "plateau", "poly")
+_DECAY_EPOCHS_SCHEDULES = ("step", "multistep")
+
+
+def check_effective(cfg: Dict[str, Any], task: Any, task_name: str) -> None:
+    """ValueError naming a setting that would have no effect: one the task lists in ``ignored_keys``
+    (typed keys it does not read) set away from its default, or a decay option the scheduler ignores."""
+    for key in getattr(task, "ignored_keys", ()):
+        value, default = _get(cfg, key), _get(DEFAULTS, key)
+        if value != default:
+            raise ValueError(f"{key}={value!r}: the {task_name} task does not read it (leave it at {default!r})")
+    sched = cfg.get("schedule") or {}
+    name = str(sched.get("name") or "").lower()
+    for key, names in (("decay_rate", _DECAY_RATE_SCHEDULES), ("decay_epochs", _DECAY_EPOCHS_SCHEDULES)):
+        if sched.get(key) is not None and name not in names:
+            raise ValueError(f"schedule.{key}={sched[key]!r} has no effect with schedule.name={name!r} "
+                             f"(it is read by {', '.join(names)})")
+
+
+def _get(tree: Dict[str, Any], key: str) -> Any:
+    for part in key.split("."):
+        tree = tree.get(part) if isinstance(tree, dict) else None
+    return tree
+
+
+def _with_optional_keys(cfg: Dict[str, Any], keys: Iterable[str], task: Any) -> Dict[str, Any]:
+    """``cfg`` with a null entry for each of ``keys`` the task declares without a default, so --set can set it."""
+    from .callbacks import callback_config_keys
+
+    for key in keys:
+        if key in getattr(task, "optional_keys", ()) or key in callback_config_keys():
+            section, _, leaf = key.rpartition(".")
+            node = cfg
+            for part in section.split("."):
+                node = node.setdefault(part, {})
+            node.setdefault(leaf, None)
+    return cfg
+
+
 def resolve_config(preset: Optional[str] = None, overrides: Iterable[str] = (),
                    base: Optional[Dict[str, Any]] = None) -> Dict[str, Any]:
     """Defaults + task defaults + preset (or ``base``) + ``--set`` overrides -> a full config dict."""
     from .tasks import get_task
 
-    raw = load_preset(preset) if preset else copy.deepcopy(base or {})
+    raw = load_preset(preset) if preset else _migrate_run_config(copy.deepcopy(base or {}))
     unknown_top = set(raw) - set(DEFAULTS)
     if unknown_top:
         raise ValueError(f"unknown top-level config section(s) {sorted(unknown_top)}; expected {sorted(DEFAULTS)}")
@@ -298,12 +406,17 @@ def resolve_config(preset: Optional[str] = None, overrides: Iterable[str] = (),
     task_defaults = getattr(task, "default_config", None)
     if callable(task_defaults):
         cfg = deep_merge(cfg, task_defaults() or {})
+    check_known_keys(raw, task, f"preset {preset}:" if preset else "run config:")
+    _check_override_keys([k for k, _ in pairs], task)
     cfg = deep_merge(cfg, raw)
-    cfg = apply_overrides(cfg, pairs)
+    cfg = apply_overrides(_with_optional_keys(cfg, [k for k, _ in pairs], task), pairs)
     TrainConfig.from_dict(cfg)  # type errors name the key before the task reads it
     finalize = getattr(task, "finalize_config", None)
     if callable(finalize):
         cfg = finalize(cfg) or cfg
+    check_known_keys(cfg, task, "config:")
+    _check_callback_keys(cfg)
+    check_effective(cfg, task, task_name)
     TrainConfig.from_dict(cfg)
     return cfg
 

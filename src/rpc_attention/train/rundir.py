@@ -32,8 +32,6 @@ from ..files import atomic_write_bytes, atomic_write_text
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["RunDir", "RunExistsError", "MetricsLogger", "RUN_FILES", "load_run", "run_loader"]
-
 CONFIG = "config.yaml"
 METRICS = "metrics.jsonl"
 WEIGHTS = "model.safetensors"
@@ -176,7 +174,7 @@ class MetricsLogger:
             try:
                 from torch.utils.tensorboard import SummaryWriter  # lazy: tensorboard is heavy
                 self._tb = SummaryWriter(log_dir=str(self.run.tensorboard))
-            except Exception as exc:  # noqa: BLE001
+            except Exception as exc:
                 logger.warning("TensorBoard logging disabled (%s)", exc)
                 self._tb_wanted = False
         return self._tb
@@ -234,7 +232,7 @@ def load_run(run_dir: os.PathLike, device: Any = "cpu", ema: bool = False) -> Tu
     model = task.build_model(cfg)
     try:
         sd = load_file(str(path))
-    except Exception as exc:  # noqa: BLE001
+    except Exception as exc:
         raise ValueError(f"cannot read {path}: {str(exc).splitlines()[0]}") from None
     try:
         model.load_state_dict(sd, strict=True)

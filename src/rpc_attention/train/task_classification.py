@@ -8,19 +8,43 @@ CutMix / label smoothing). Metrics: ``loss``, ``acc1``, ``acc5`` (percent).
 
 from __future__ import annotations
 
-from typing import Any, Dict
+from dataclasses import asdict, dataclass, fields
+from typing import Any, Dict, Mapping, Optional
 
 import torch
 import torch.nn.functional as F
 
-from .tasks import register_task
+from ..overrides import unknown_key
 
-__all__ = ["ClassificationTask"]
+
+@dataclass(frozen=True)
+class MixupConfig:
+    """``train.mixup``: timm Mixup / CutMix alphas (both 0: off), the probability of mixing a batch and
+    of CutMix over Mixup, and label smoothing (applied with or without mixing)."""
+
+    mixup: float = 0.0
+    cutmix: float = 0.0
+    prob: float = 1.0
+    switch_prob: float = 0.5
+    label_smoothing: float = 0.0
+
+    @classmethod
+    def from_config(cls, section: Optional[Mapping[str, Any]]) -> "MixupConfig":
+        section = dict(section or {})
+        unknown = sorted(set(section) - {f.name for f in fields(cls)})
+        if unknown:
+            raise unknown_key(f"train.mixup.{unknown[0]}", [f"train.mixup.{f.name}" for f in fields(cls)],
+                              "mixup setting")
+        return cls(**{k: float(v) for k, v in section.items() if v is not None})
 
 
 class ClassificationTask:
     throughput_unit = "images"
     primary_metric = "acc1"
+    # read by rpc_attention.data.images with a per-data-set default (mnist5k, imagefolder)
+    optional_keys = ("data.test_size", "data.train_dir", "data.val_dir", "data.eval_interpolation") + tuple(
+        f"data.augment.{k}" for k in ("enabled", "padding", "flip",  # small images: crop and flip
+                                      "auto_augment", "interpolation", "reprob", "remode", "recount", "color_jitter"))
 
     def __init__(self) -> None:
         self._mixup = None
@@ -28,11 +52,13 @@ class ClassificationTask:
 
     # ------------------------------------------------------------------ config
     def default_config(self) -> Dict[str, Any]:
+        from ..data.images import ImageData
+
+        data = ImageData()
         return {
-            "data": {"name": "fashion_mnist", "val_size": 0, "train_subset": None, "test_subset": None,
-                     "subset_seed": 0, "crop_pct": 0.875},
-            "train": {"mixup": {"mixup": 0.0, "cutmix": 0.0, "prob": 1.0, "switch_prob": 0.5,
-                                "label_smoothing": 0.0}},
+            "data": {k: getattr(data, k) for k in ("name", "val_size", "train_subset", "test_subset", "subset_seed",
+                                                   "crop_pct")},
+            "train": {"mixup": asdict(MixupConfig())},
         }
 
     def finalize_config(self, cfg: Dict[str, Any]) -> Dict[str, Any]:
@@ -55,12 +81,11 @@ class ClassificationTask:
 
     # ------------------------------------------------------------------ build
     def build_model(self, cfg: Dict[str, Any]) -> torch.nn.Module:
-        import timm
-        import rpc_attention.models  # noqa: F401  (registers the SymViT family)
+        from ..models.factory import create_model
 
         name = cfg["model"]["name"]
         try:
-            return timm.create_model(name, **(cfg["model"].get("kwargs") or {}))
+            return create_model(name, **(cfg["model"].get("kwargs") or {}))
         except RuntimeError as exc:
             if "Unknown model" in str(exc):
                 raise ValueError(f"unknown model {name!r} (not in timm's registry)") from None
@@ -75,16 +100,14 @@ class ClassificationTask:
         return None
 
     def setup(self, cfg: Dict[str, Any], device) -> None:
-        m = cfg["train"].get("mixup") or {}
+        m = MixupConfig.from_config(cfg["train"].get("mixup"))
         self._mixup = None
-        if float(m.get("mixup", 0)) > 0 or float(m.get("cutmix", 0)) > 0:
+        if m.mixup > 0 or m.cutmix > 0:
             from timm.data import Mixup
 
             self._mixup = Mixup(
-                mixup_alpha=float(m.get("mixup", 0)), cutmix_alpha=float(m.get("cutmix", 0)),
-                prob=float(m.get("prob", 1.0)), switch_prob=float(m.get("switch_prob", 0.5)),
-                label_smoothing=float(m.get("label_smoothing", 0.0)),
-                num_classes=int(cfg["model"]["kwargs"]["num_classes"]))
+                mixup_alpha=m.mixup, cutmix_alpha=m.cutmix, prob=m.prob, switch_prob=m.switch_prob,
+                label_smoothing=m.label_smoothing, num_classes=int(cfg["model"]["kwargs"]["num_classes"]))
 
     def count(self, batch) -> int:
         return int(batch[0].shape[0])
@@ -92,7 +115,7 @@ class ClassificationTask:
     # ------------------------------------------------------------------ train / eval
     def loss(self, model, batch, cfg: Dict[str, Any]):
         x, y = batch
-        smoothing = float((cfg["train"].get("mixup") or {}).get("label_smoothing", 0.0))
+        smoothing = MixupConfig.from_config(cfg["train"].get("mixup")).label_smoothing
         if self._mixup is not None and model.training:
             x, soft = self._mixup(x, y)
             logits = model(x)
@@ -124,4 +147,4 @@ class ClassificationTask:
         return {"loss": loss_sum / n, "acc1": 100.0 * c1 / n, "acc5": 100.0 * c5 / n, "n": n}
 
 
-register_task("classification", ClassificationTask())
+TASK = ClassificationTask()  # registered as "classification" by rpc_attention.train.tasks

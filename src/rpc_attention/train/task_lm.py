@@ -11,9 +11,10 @@ Config keys it reads:
   ``data.split_seed``; ``data.cache_dir`` (encoded corpus cache; default: a ``text-cache/<hash>``
   directory in ``runs/`` next to the run directories, see :func:`rpc_attention.data.text.text_cache_dir`).
 
-``train.steps`` (optional) sets the number of optimizer steps (``train.epochs`` and
-``train.max_steps`` are derived) and ``schedule.warmup_steps`` the warm-up length in steps
-(``schedule.warmup_epochs`` is derived), as the paper's recipe is given in steps.
+``train.max_steps`` (optional) sets the number of optimizer steps (``train.epochs`` is derived: the
+whole epochs the cosine schedule spans) and ``schedule.warmup_steps`` the warm-up length in steps
+(``schedule.warmup_epochs`` is derived), as the paper's recipe is given in steps. Giving both a step
+count and a different epoch count is an error (one of them would be ignored).
 
 Train items are non-overlapping windows of ``context`` tokens of the training stream (shuffled by
 the trainer); validation uses non-overlapping windows of the valid stream. Metrics: ``loss`` (nats
@@ -29,9 +30,7 @@ from typing import Any, Dict, Optional
 import torch
 
 from ..data.text import text_cache_dir
-from .tasks import register_task
-
-__all__ = ["LMTask"]
+from .config import DEFAULTS
 
 
 def _run_dir_of(cfg: Dict[str, Any]) -> Optional[str]:
@@ -42,10 +41,25 @@ def _run_dir_of(cfg: Dict[str, Any]) -> Optional[str]:
     return None
 
 
+def _derived(cfg: Dict[str, Any], key: str, value: Any, default: Any, source: str) -> Any:
+    """``value`` for ``key`` (derived from ``source``); ValueError if ``key`` was set to something else."""
+    section, name = key.split(".")
+    given = cfg[section].get(name)
+    if given not in (default, value) and not (isinstance(value, float) and math.isclose(given, value)):
+        ssec, sname = source.split(".")
+        value = f"{value:.4g}" if isinstance(value, float) else value
+        raise ValueError(f"{key}={given} and {source}={cfg[ssec][sname]} are both set, and the lm task derives "
+                         f"{key} from {source} ({value} here): leave {key} unset or set it to {value}, or "
+                         f"--set {source}=null to use {key}")
+    return value
+
+
 class LMTask:
     throughput_unit = "tokens"
     primary_metric = "ppl"
     lower_is_better = True
+    # image settings of the shared data section that a language model has no use for
+    ignored_keys = ("data.mean", "data.std", "data.num_classes", "data.in_chans", "data.img_size", "data.augment")
 
     def __init__(self) -> None:
         self._corpus = None
@@ -58,7 +72,6 @@ class LMTask:
             "data": {"source": "embedded", "root": None, "min_freq": None, "split_seed": 0, "cache_dir": None},
             "optim": {"name": "adam", "lr": 2.5e-4, "weight_decay": 0.0, "clip_grad": 0.25},
             "schedule": {"warmup_steps": None},
-            "train": {"steps": None},
         }
 
     def corpus(self, cfg: Dict[str, Any], run_dir: Optional[os.PathLike] = None):
@@ -91,13 +104,14 @@ class LMTask:
         if spe < 1:
             raise ValueError(f"the training stream ({len(corpus.train)} tokens) holds fewer than one batch of "
                              f"{batch} windows of {mcfg.context} tokens")
-        steps = cfg["train"].get("steps")
+        steps = cfg["train"].get("max_steps")
         if steps:
-            cfg["train"]["epochs"] = max(1, math.ceil(int(steps) / spe))
-            cfg["train"]["max_steps"] = int(steps)
+            cfg["train"]["epochs"] = _derived(cfg, "train.epochs", max(1, math.ceil(int(steps) / spe)),
+                                              DEFAULTS["train"]["epochs"], "train.max_steps")
         warm = cfg["schedule"].get("warmup_steps")
         if warm:
-            cfg["schedule"]["warmup_epochs"] = float(warm) / spe
+            cfg["schedule"]["warmup_epochs"] = _derived(cfg, "schedule.warmup_epochs", float(warm) / spe,
+                                                        DEFAULTS["schedule"]["warmup_epochs"], "schedule.warmup_steps")
         return cfg
 
     # ------------------------------------------------------------------ build
@@ -152,4 +166,4 @@ class LMTask:
         return {"loss": loss, "ppl": math.exp(min(loss, 700.0)), "n": n}
 
 
-register_task("lm", LMTask())
+TASK = LMTask()  # registered as "lm" by rpc_attention.train.tasks

@@ -27,11 +27,7 @@ from typing import Any, Dict
 import torch
 import torch.nn.functional as F
 
-from .tasks import register_task
-
 logger = logging.getLogger(__name__)
-
-__all__ = ["SegmentationTask"]
 
 IGNORE_INDEX = 255
 
@@ -39,6 +35,8 @@ IGNORE_INDEX = 255
 class SegmentationTask:
     throughput_unit = "images"
     primary_metric = "miou"
+    # read by rpc_attention.data.segmentation with its defaults (the synthetic data set's rendering)
+    optional_keys = ("data.threshold", "data.background_max", "data.noise_std")
 
     # ------------------------------------------------------------------ config
     def default_config(self) -> Dict[str, Any]:
@@ -137,11 +135,11 @@ class SegmentationTask:
 
     @torch.no_grad()
     def evaluate(self, model, loader, cfg: Dict[str, Any]) -> Dict[str, float]:
-        from ..evaluate.segmentation import window_of, evaluate_loader
+        from ..evaluate.segmentation import evaluate_loader, window_of
 
         res = evaluate_loader(model, loader, int(cfg["model"]["num_classes"]), window_of(cfg))
         return {"loss": res["loss"], "pixel_acc": res["pixel_acc"], "mean_acc": res["mean_acc"],
                 "miou": res["miou"], "n": res["n"]}
 
 
-register_task("segmentation", SegmentationTask())
+TASK = SegmentationTask()  # registered as "segmentation" by rpc_attention.train.tasks

@@ -16,7 +16,11 @@ A task is any object with
 and optionally
 
 * ``count(batch) -> int``: units (images/tokens) in a batch, for the throughput (default ``len(batch[0])``)
-* ``default_config() -> dict``: task defaults merged below the preset
+* ``default_config() -> dict``: task defaults merged below the preset; with ``optional_keys`` (dotted
+  keys read without a default) they declare every key the task reads: any other key in a config is
+  an error (:func:`rpc_attention.train.config.check_known_keys`)
+* ``ignored_keys``: dotted keys of the shared sections the task does not read (an error unless at
+  their defaults)
 * ``finalize_config(cfg) -> cfg``: fill derived values (e.g. ``data.mean``) after overrides
 * ``setup(cfg, device)``: called once per run before training (e.g. to build Mixup)
 * ``primary_metric``: name of the metric shown in the progress bar / summary (default
@@ -25,15 +29,13 @@ and optionally
 Register with :func:`register_task`. The built-in tasks (``classification``, ``lm``, ``segmentation``)
 are listed in :func:`_register_builtin_tasks` and imported on first lookup (their modules import models
 and data sets, which ``import rpc_attention.train`` should not pay for). A new built-in task is a module
-``task_<name>.py`` that calls ``register_task`` plus one line in that list; a task of your own is a
+``task_<name>.py`` that defines ``TASK`` plus one line in that list; a task of your own is a
 ``register_task`` call before training.
 """
 
 from __future__ import annotations
 
 from typing import Any, Dict, List
-
-__all__ = ["register_task", "get_task", "list_tasks", "primary_metric", "DEFAULT_PRIMARY_METRIC"]
 
 DEFAULT_PRIMARY_METRIC = "acc1"  # top-1 accuracy, what the classification task's evaluate reports
 
@@ -57,12 +59,18 @@ def register_task(name: str, task: Any, overwrite: bool = False) -> Any:
 
 
 def _register_builtin_tasks() -> None:
-    """Import the built-in task modules (each registers its task on import); idempotent."""
+    """Import the built-in task modules and register the ``TASK`` each defines; idempotent. The imports come
+    first and the flag last, so a failing import registers nothing and the next lookup tries again."""
     global _BUILTINS_REGISTERED
     if _BUILTINS_REGISTERED:
         return
+    from . import task_classification, task_lm, task_segmentation
+
+    builtins = {"classification": task_classification.TASK, "lm": task_lm.TASK,
+                "segmentation": task_segmentation.TASK}
+    for name, task in builtins.items():
+        register_task(name, task)
     _BUILTINS_REGISTERED = True
-    from . import task_classification, task_lm, task_segmentation  # noqa: F401
 
 
 def get_task(name: str) -> Any:

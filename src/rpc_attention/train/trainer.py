@@ -29,7 +29,7 @@ import sys
 import time
 from contextlib import nullcontext
 from pathlib import Path
-from typing import Any, Dict, Iterator, List, Optional, Tuple
+from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple
 
 import numpy as np
 import torch
@@ -37,16 +37,23 @@ import torch.distributed as dist
 from torch.utils.data import DataLoader, Sampler
 
 from ..data.batch import to_device
-from .checkpoint import (CheckpointError, latest_checkpoint, list_checkpoints, load_checkpoint, rng_state,
-                         save_checkpoint, save_safetensors_atomic, set_rng_state)
+from ..markdown import format_seconds
+from .callbacks import Callback, resolve_callbacks
+from .checkpoint import (
+    CheckpointError,
+    latest_checkpoint,
+    list_checkpoints,
+    load_checkpoint,
+    rng_state,
+    save_checkpoint,
+    save_safetensors_atomic,
+    set_rng_state,
+)
 from .config import OptimConfig, ScheduleConfig, TrainConfig, dump_config, resolve_config
-from .rundir import RUN_FILES, MetricsLogger, RunDir, RunExistsError
+from .rundir import MetricsLogger, RunDir
 from .tasks import primary_metric
 
 _log = logging.getLogger(__name__)  # messages; metrics go to the run directory (self.logger)
-
-__all__ = ["run_training", "Trainer", "TrainingDiverged", "RunExistsError", "StepSampler",
-           "MetricsLogger", "RUN_FILES"]
 
 
 class TrainingDiverged(RuntimeError):
@@ -138,11 +145,6 @@ def _amp_context(amp: Any, device: torch.device):
     return (lambda: torch.autocast(device_type=device.type, dtype=dtype)), scaler
 
 
-def _fmt_time(s: float) -> str:
-    s = int(max(0, s))
-    return f"{s // 3600}:{s % 3600 // 60:02d}:{s % 60:02d}" if s >= 3600 else f"{s // 60}:{s % 60:02d}"
-
-
 def _build_optimizer(model: torch.nn.Module, o: OptimConfig, global_batch: int):
     from timm.optim import create_optimizer_v2
 
@@ -181,7 +183,6 @@ def _gather_objects(obj: Any, world: int) -> List[Any]:
     return out
 
 
-
 def _barrier(world: int) -> None:
     if world > 1:
         dist.barrier()
@@ -189,13 +190,17 @@ def _barrier(world: int) -> None:
 
 # ------------------------------------------------------------------------------------------ train
 def run_training(cfg: Optional[Dict[str, Any]], out_dir: os.PathLike, resume: bool = False, force: bool = False,
-                 overrides: Optional[List[str]] = None) -> Path:
+                 overrides: Optional[List[str]] = None,
+                 callbacks: Optional[Sequence[Tuple[str, Callback]]] = None) -> Path:
     """Train ``cfg`` (a preset dict, resolved or not) into ``out_dir``; returns the run directory.
 
     ``resume=True`` continues the run in ``out_dir`` from its newest good checkpoint using the saved
     ``config.yaml`` (``cfg`` is then ignored; ``overrides`` still apply, e.g. ``train.epochs=20``).
     ``force=True`` deletes an existing run in ``out_dir`` first. Raises :class:`RunExistsError`,
     ``FileNotFoundError``/``ValueError`` (bad config or data) and :class:`TrainingDiverged`.
+    ``callbacks``: the ``(name, fn)`` epoch-end callbacks of the run, default
+    :func:`~rpc_attention.train.callbacks.default_callbacks` (the ``sparsity`` record); the names
+    ``train.callbacks`` lists are added from the registry (:mod:`rpc_attention.train.callbacks`).
     """
     from .tasks import get_task
 
@@ -217,7 +222,7 @@ def run_training(cfg: Optional[Dict[str, Any]], out_dir: os.PathLike, resume: bo
     try:
         if not resume:
             _prepare_on_rank0(run, force, rank, world)
-        trainer = Trainer(cfg, run, get_task(cfg["task"]), device, rank, world)
+        trainer = Trainer(cfg, run, get_task(cfg["task"]), device, rank, world, callbacks=callbacks)
         if resume:
             trainer.restore()
         else:
@@ -234,7 +239,7 @@ def _prepare_on_rank0(run: RunDir, force: bool, rank: int, world: int) -> None:
     if rank == 0:
         try:
             run.prepare(force=force)
-        except BaseException as exc:  # noqa: BLE001
+        except BaseException as exc:
             err = exc
     if world > 1:
         flags = _gather_objects(None if err is None else repr(err), world)
@@ -281,8 +286,9 @@ class Trainer:
     """
 
     def __init__(self, cfg: Dict[str, Any], run: RunDir, task: Any, device: torch.device, rank: int = 0,
-                 world: int = 1) -> None:
+                 world: int = 1, callbacks: Optional[Sequence[Tuple[str, Callback]]] = None) -> None:
         self.cfg, self.run, self.task = cfg, run, task
+        self._given_callbacks = None if callbacks is None else list(callbacks)
         self.config = TrainConfig.from_dict(cfg)  # the typed view; tasks and callbacks get the dict
         self.loop = loop = self.config.train
         self.device, self.rank, self.world, self.is_main = device, rank, world, rank == 0
@@ -314,7 +320,7 @@ class Trainer:
         self.global_step, self.elapsed_before = 0, 0.0
         self.last_checkpoint: Optional[Path] = None
         self.train_model: torch.nn.Module = self.model  # DDP / compiled wrapper, set by fit
-        self.callbacks: List[Tuple[str, Any]] = []  # (name, fn), looked up by fit
+        self.callbacks: List[Tuple[str, Callback]] = []  # (name, fn), resolved by fit
         self.callback_final: Dict[str, Any] = {}  # the last dict each callback returned, for final_metrics.json
         self.window = _Window(1)
         self._t_start = time.time()
@@ -390,9 +396,7 @@ class Trainer:
         setup = getattr(self.task, "setup", None)
         if callable(setup):
             setup(self.cfg, self.device)
-        from .callbacks import resolve_callbacks
-
-        self.callbacks = resolve_callbacks(self.loop.callbacks)
+        self.callbacks = resolve_callbacks(self.loop.callbacks, self._given_callbacks)
 
     # ------------------------------------------------------------------------------------- loop
     def fit(self) -> Path:
@@ -511,7 +515,7 @@ class Trainer:
         if self.is_main and bar.disable:  # no progress bar (not a terminal): one log line per log step
             eta = (self.total_steps - step) * dt / n_steps
             _log.info("step %d/%d ep %.2f %s eta %s", step, self.total_steps, step / spe,
-                      " ".join(f"{k} {v}" for k, v in post.items()), _fmt_time(eta))
+                      " ".join(f"{k} {v}" for k, v in post.items()), format_seconds(max(0.0, eta)))
         self.window = _Window(step + 1)
 
     # ---------------------------------------------------------------------- evaluation, callbacks

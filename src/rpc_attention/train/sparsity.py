@@ -12,9 +12,11 @@ The rule (:data:`FIRED_RULE`): a block's sparse step **fired** when ``frac_nonze
 otherwise S = 0 everywhere, every pass attends with the previous pass's output as keys, and the
 block **acted as iterated attention** (docs/analysis.md#pap-sparse-step-activity).
 
-The ``sparsity`` trainer callback (registered with ``always=True`` when :mod:`rpc_attention.kpca` is
-imported) logs the record at every epoch end of every run with PAP layers and returns it, so the
-last one lands in ``final_metrics.json`` under ``"sparsity"``; models without PAP layers are skipped.
+The ``sparsity`` trainer callback is one of the trainer's default callbacks
+(:func:`rpc_attention.train.callbacks.default_callbacks`): it logs the record at every epoch end of every run
+with PAP layers and returns it, so the last one lands in ``final_metrics.json`` under ``"sparsity"``; models
+without PAP layers are skipped. It lives in the trainer's floor, so a library user who calls
+:func:`rpc_attention.train.run_training` gets the record without importing the analysis toolkit.
 """
 
 from __future__ import annotations
@@ -28,11 +30,10 @@ import torch
 from torch import Tensor, nn
 
 from .. import functional as RF
-from ..functional.attention import normalise_mask
 from .. import nn as rnn
 from ..data.batch import to_device
-from ..train.callbacks import register_callback
-from .sources import first_eval_batch
+from ..functional.attention import normalise_mask
+from .probe import first_eval_batch
 
 __all__ = ["ACTIVITY_KEYS", "FIRED_RULE", "PROBE_EXAMPLES", "pap_blocks", "measure_sparsity", "probe_sparsity",
            "sparsity_verdict", "sparsity_summary", "sparsity_callback"]
@@ -184,6 +185,3 @@ def sparsity_callback(model, cfg, epoch, run_dir, logger) -> Optional[Dict[str, 
     rec["sparsity/max_frac_nonzero"] = max(b["frac_nonzero"] for b in result["blocks"])
     logger.log(rec)
     return {"epoch": epoch, **result}
-
-
-register_callback("sparsity", sparsity_callback, overwrite=True, always=True)

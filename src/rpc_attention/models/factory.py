@@ -12,18 +12,29 @@ behaves like timm's own models without hub weights:
   timm does; with no source at all it raises timm's ``RuntimeError``, saying how to load local weights;
 * model attributes named in ``cfg_attrs`` (``rpc_cfg``) are recorded in ``pretrained_cfg`` /
   ``default_cfg`` of the model and, with ``features_only``, of the feature wrapper too.
+
+:func:`create_model` is :func:`timm.create_model` whose misspelt keyword is one clear line: a model
+keyword no constructor takes (``--set model.kwargs.n_iters=2``) surfaces in timm as a ``TypeError`` deep
+inside the factory, and :func:`create_model` turns it into a ``ValueError`` naming the setting
+(``model.kwargs.n_iters``), the model and the closest keywords its constructors accept, so every command
+that builds a timm model from user settings (train, eval-external, analyze) reports it the same way.
 """
 
 from __future__ import annotations
 
 import copy
-from typing import Any, Callable, Dict, Optional, Sequence, Type
-
-from torch import nn
+import difflib
+import inspect
+import re
+from typing import Any, Callable, Dict, List, Optional, Sequence, Type
 
 from timm.models import build_model_with_cfg, resolve_pretrained_cfg
+from timm.models._features import feature_take_indices
+from torch import nn
 
-__all__ = ["build_timm_model"]
+# feature_take_indices (which blocks forward_intermediates returns, from timm's `indices` argument) is what
+# timm's own models call; timm keeps it in a private module, so this is the one place that reaches for it.
+__all__ = ["build_timm_model", "create_model", "feature_take_indices", "keyword_error"]
 
 _WEIGHT_SOURCES = ("file", "url", "state_dict", "hf_hub_id")
 
@@ -83,3 +94,59 @@ def build_timm_model(
             if isinstance(cfg, dict):
                 cfg.update(copy.deepcopy(extras))
     return model
+
+
+_UNEXPECTED = re.compile(r"(\w+)\.__init__\(\) got an unexpected keyword argument '(\w+)'")
+
+
+def _model_classes(tb) -> List[type]:
+    """The nn.Module classes being constructed in the frames of traceback ``tb`` (innermost first)."""
+    found = []
+    while tb is not None:
+        for name, value in tb.tb_frame.f_locals.items():
+            cls = type(value) if name == "self" and isinstance(value, nn.Module) else value
+            if isinstance(cls, type) and issubclass(cls, nn.Module) and cls not in found:
+                found.append(cls)
+        tb = tb.tb_next
+    return found[::-1]
+
+
+def _init_keywords(cls: type) -> List[str]:
+    """The named keyword parameters of every ``__init__`` in ``cls``'s hierarchy."""
+    names = set()
+    for klass in cls.__mro__:
+        init = klass.__dict__.get("__init__")
+        if init is None or klass in (nn.Module, object):
+            continue
+        try:
+            params = inspect.signature(init).parameters.values()
+        except (TypeError, ValueError):
+            continue
+        names.update(p.name for p in params if p.name != "self" and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD))
+    return sorted(names)
+
+
+def keyword_error(exc: TypeError, model: str, prefix: str = "model.kwargs.") -> Optional[ValueError]:
+    """The one-line error for ``exc`` if it is an unexpected-keyword ``TypeError`` of a model constructor."""
+    m = _UNEXPECTED.search(str(exc))
+    if not m:
+        return None
+    owner, key = m.groups()
+    classes = [c for c in _model_classes(exc.__traceback__) if any(k.__name__ == owner for k in c.__mro__)]
+    known = _init_keywords(classes[0]) if classes else []
+    close = difflib.get_close_matches(key, known, n=3)
+    hint = f"; did you mean {', '.join(close)}?" if close else (f"; it takes {', '.join(known)}" if known else "")
+    return ValueError(f"{prefix}{key}: {model} takes no keyword argument {key!r}{hint}")
+
+
+def create_model(name: str, prefix: str = "model.kwargs.", **kwargs: Any) -> nn.Module:
+    """``timm.create_model(name, **kwargs)``; a keyword no constructor takes is a ValueError naming ``prefix + key``."""
+    import timm
+
+    try:
+        return timm.create_model(name, **kwargs)
+    except TypeError as exc:
+        err = keyword_error(exc, name, prefix)
+        if err is None:
+            raise
+        raise err from None

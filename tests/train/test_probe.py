@@ -1,10 +1,10 @@
-"""kpca.sources.first_eval_batch: the one probe batch of analyze and the jproj / sparsity callbacks."""
+"""train.probe.first_eval_batch: the one probe batch of analyze and the jproj / sparsity callbacks."""
 
 import pytest
 import torch
 from torch.utils.data import TensorDataset
 
-from rpc_attention.kpca.sources import first_eval_batch
+from rpc_attention.train.probe import first_eval_batch
 from rpc_attention.train.tasks import register_task
 
 

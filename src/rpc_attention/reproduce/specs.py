@@ -1,0 +1,135 @@
+"""The parts a study is made of: the models it trains, the evaluations and claims, and its typed
+settings. The studies themselves are data (:mod:`rpc_attention.reproduce.study_data`); the builder
+(:mod:`rpc_attention.reproduce.studies`) turns settings into a :class:`Study`.
+"""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass, field, fields, replace
+from typing import Any, Dict, List, Optional, Sequence, get_type_hints
+
+from ..overrides import parse_assignments, typed_value, unknown_key
+
+
+class StudyError(ValueError):
+    """A user error in choosing or configuring a study (unknown setting, missing data path)."""
+
+
+@dataclass(kw_only=True)
+class ModelSpec:
+    """One model of a study, trained once per seed (run folders ``runs/<key>-s<seed>``)."""
+
+    key: str                    # short id
+    label: str                  # as printed in tables ("RPC-SymViT 6iter/layer1")
+    preset: str                 # trainer preset (src/rpc_attention/presets/<preset>.yaml)
+    overrides: List[str] = field(default_factory=list)   # trainer --set overrides
+    family: str = "vision"      # vision | fan | lm | seg | scaled
+    role: str = "baseline"      # baseline | rpc | variant
+    seeds: List[int] = field(default_factory=lambda: [0])
+    train_samples: int = 0      # samples seen in training (for the time estimate)
+    cost: float = 1.0           # relative cost per sample (PAP iterations)
+    callbacks: List[str] = field(default_factory=list)   # trainer epoch-end callbacks (e.g. jproj)
+
+    def runs(self) -> List[str]:
+        return [f"{self.key}-s{s}" for s in self.seeds]
+
+
+@dataclass(kw_only=True)
+class EvalSpec:
+    """One suite run on some models (every seed of each)."""
+
+    suite: str
+    models: List[str]
+    sets: List[str] = field(default_factory=list)   # eval --set options
+    limit: Optional[int] = None
+    n_eps: Optional[int] = None                     # for the estimate of sweeps
+    steps: Optional[int] = None                     # attack steps per eps (estimate of PGD sweeps)
+    copies: int = 1                                 # corrupted copies per example (estimate)
+    baseline_model: Optional[str] = None            # corruptions: normalise by this model's run (same seed)
+
+
+@dataclass(frozen=True, kw_only=True)
+class ClaimSpec:
+    """A claim of the paper tested by one comparison: ``rpc`` against ``baseline`` on a suite's metric.
+
+    The title is ``subject`` (the RPC model as the claim names it) followed by ``says``.
+    """
+
+    id: str                 # key into rpc_attention.report.paper.PAPER_ROWS, or our own id
+    subject: str            # "RPC (6 iters, layer 1)"
+    says: str               # "raises clean top-1"
+    table: str              # the task table it belongs to: vision | fan | lm | seg | scaled
+    suite: str
+    metric: str             # a metric name the suite defines
+    baseline: str           # model key
+    rpc: str                # model key
+    higher: bool = True
+    margin: float = 1.0
+    relative: bool = False  # margin is a fraction of the baseline value
+    paper_id: Optional[str] = None  # the paper's row this claim is compared with (default: id)
+
+    @property
+    def title(self) -> str:
+        return f"{self.subject} {self.says}"
+
+    def variant(self, suffix: str, subject: str, rpc: str) -> "ClaimSpec":
+        """The same claim for another RPC model, compared with the same paper row."""
+        return replace(self, id=f"{self.id}_{suffix}", subject=subject, rpc=rpc, paper_id=self.paper_id or self.id)
+
+
+@dataclass
+class Study:
+    name: str
+    description: str
+    models: List[ModelSpec]
+    evals: List[EvalSpec] = field(default_factory=list)
+    analyses: List[Dict[str, Any]] = field(default_factory=list)   # {"model": key, "sets": ["limit=8", ...]}
+    compare: Optional[Dict[str, Any]] = None                        # {"models": [keys], "metrics": [...], "split": "val"}
+    claims: List[ClaimSpec] = field(default_factory=list)
+    settings: Dict[str, Any] = field(default_factory=dict)
+    notes: List[str] = field(default_factory=list)
+    device: str = "cpu"
+
+    def model(self, key: str) -> ModelSpec:
+        for m in self.models:
+            if m.key == key:
+                return m
+        raise KeyError(key)
+
+
+# --------------------------------------------------------------------------------------- settings
+def setting(default: Any = None, key: Optional[str] = None) -> Any:
+    """A field of a settings dataclass; ``key`` is its ``--set`` name where that is not the field's
+    name (``data.imagenet``); list defaults are copied per instance."""
+    meta = {"key": key} if key else {}
+    if isinstance(default, list):
+        return field(default_factory=lambda: list(default), metadata=meta)
+    return field(default=default, metadata=meta)
+
+
+def setting_key(f) -> str:
+    return f.metadata.get("key", f.name)
+
+
+def settings_dict(values: Any) -> Dict[str, Any]:
+    """``{--set name: value}`` of a settings dataclass, in field order (what the report records)."""
+    return {setting_key(f): copy.deepcopy(getattr(values, f.name)) for f in fields(values)}
+
+
+def parse_settings(items: Optional[Sequence[str]], defaults: Any, study: str) -> Dict[str, Any]:
+    """``["seeds=0,1", "eval_limit=300"]`` on top of ``defaults`` (a settings dataclass), in the
+    package's one ``KEY=VALUE`` grammar; each value is checked against its field's type (any
+    setting may be ``null``). Unknown keys and values of the wrong type are StudyErrors."""
+    hints = get_type_hints(type(defaults))
+    by_key = {setting_key(f): f for f in fields(defaults)}
+    values: Dict[str, Any] = {}
+    try:
+        for key, value in parse_assignments(items, "--set"):
+            if key not in by_key:
+                raise unknown_key(key, by_key, f"setting of study {study!r}")
+            name = by_key[key].name
+            values[name] = None if value is None else typed_value(key, value, hints[name])
+    except ValueError as exc:
+        raise StudyError(str(exc)) from None
+    return settings_dict(replace(defaults, **values))

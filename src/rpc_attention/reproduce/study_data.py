@@ -1,0 +1,315 @@
+"""The studies as data: their settings (typed, with defaults), their models, the claims they test and
+their descriptions. :mod:`rpc_attention.reproduce.studies` builds a study from these.
+
+A model row names the study setting that holds its trainer preset (``preset="preset_rpc6"``) and its
+PAP work (``pap=(iterations, layers)``, ``layers=None`` for every layer) for the time estimate.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import List, Optional, Tuple
+
+from ..evaluate.classification import MEAN_TOP1, TOP1, top1_at
+from ..evaluate.corruptions import MCE
+from ..evaluate.lm import ppl_metric
+from ..evaluate.ood import AUPR
+from ..evaluate.segmentation import CORRUPTED_MIOU, MIOU
+from .specs import ClaimSpec, setting
+
+FMNIST_SUITES = ["clean", "fgsm", "pgd", "corruptions", "ood", "sparse"]
+
+
+# ---------------------------------------------------------------------------------------- settings
+@dataclass(frozen=True)
+class FmnistSettings:
+    """Settings of the Fashion-MNIST studies (``smoke``, ``quick``); the defaults are ``quick``'s."""
+
+    # three seeds per vision model (paired seed intervals); an LM training costs 2-3 vision trainings
+    seeds: List[int] = setting([0, 1, 2])
+    lm_seeds: List[int] = setting([0])           # []: the same seeds as the vision models
+    # trainer presets (Fashion-MNIST: patch 7, width 96, 6 blocks, 3 heads)
+    preset_symvit: str = "fmnist-symvit"
+    preset_rpc6: str = "fmnist-rpc-symvit"
+    preset_rpc2all: str = "fmnist-rpc-symvit-all"
+    # RPC-SymViT whose sparse step fires: classic PCP threshold lambd / mu on the head-width mu
+    preset_rpc_pcp: str = "fmnist-rpc-symvit-pcp"
+    depth: int = 6
+    epochs: int = 1                              # presets: 4 epochs of 55,000 images
+    batch_size: int = 64                         # 375 steps; at 128 the same images give 3 points less clean accuracy
+    train_subset: int = 24000                    # 0: all 58,000 training images left after the validation split
+    val_size: Optional[int] = 2000               # presets: 5000
+    test_subset: int = 0
+    # 6 heads of 16 (presets: 3 of 32): the KPCA analysis needs head dim Dv <= tokens N = 17 (patch 7
+    # on 28x28), and the paper's own measurements used a 6-head DeiT-tiny
+    train_overrides: List[str] = setting(["model.kwargs.num_heads=6"])
+    jproj_history: bool = True                   # log J_proj of the SymViT at each epoch end (kpca's jproj callback)
+    eval_limit: int = 2000
+    attack_limit: int = 200
+    eps: str = "2/255,4/255,6/255"               # FGSM and PGD; fmnist-full: 1:6/255
+    pgd_steps: int = 10
+    corruptions: List[str] = setting(["gaussian_noise", "shot_noise", "impulse_noise", "defocus_blur", "motion_blur",
+                                      "brightness", "contrast", "pixelate", "jpeg_compression"])
+    corruption_limit: int = 100
+    ood_limit: int = 1000
+    ood_sets: List[str] = setting([])
+    strong_attack_limit: int = 200
+    sparse_limit: int = 500                      # sparse corruption: 7 corrupted settings + clean per image
+    analyze_sets: List[str] = setting(["limit=8"])  # KPCA analysis options (kpca.options.AnalysisOptions)
+    # language model (presets on the embedded Wikipedia corpus; 1200 steps there)
+    preset_symlm: str = "wiki-symlm"
+    preset_rpc_symlm: str = "wiki-rpc-symlm"
+    lm_steps: int = 300
+    lm_batch_size: int = 16
+    lm_overrides: List[str] = setting([])
+    lm_eval_sets: List[str] = setting(["protocols=sliding", "splits=test"])
+    lm_eval_limit: int = 0
+    lm: bool = True
+    suites: List[str] = setting(FMNIST_SUITES)   # the evaluation suites run on the vision models
+
+
+@dataclass(frozen=True)
+class FullSettings(FmnistSettings):
+    """``fmnist-full``: the Fashion-MNIST settings plus Scaled Attention, segmentation and FAN."""
+
+    preset_scaled: str = "fmnist-scaled-s"
+    preset_scaled_alpha: str = "fmnist-scaled-alpha"
+    preset_asym: str = "fmnist-vit"
+    preset_seg: str = "seg-fmnist-symvit"
+    preset_seg_rpc: str = "seg-fmnist-rpc-symvit"
+    seg_epochs: int = 8
+    seg_overrides: List[str] = setting([])
+    seg_limit: int = 500
+    seg_corruption_limit: int = 100
+    preset_fan: str = "fmnist-fan"
+    preset_symfan: str = "fmnist-symfan"
+    preset_rpc_fan: str = "fmnist-rpc-fan"
+    fan_depth: int = 3
+    fan_overrides: List[str] = setting([])
+
+
+@dataclass(frozen=True)
+class ImagenetSettings:
+    seeds: List[int] = setting([0])
+    data_imagenet: Optional[str] = setting(None, "data.imagenet")
+    data_imagenet_c: Optional[str] = setting(None, "data.imagenet_c")
+    data_imagenet_o: Optional[str] = setting(None, "data.imagenet_o")
+    data_imagenet_o_classes: Optional[str] = setting(None, "data.imagenet_o_classes")
+    data_imagenet_a: Optional[str] = setting(None, "data.imagenet_a")
+    data_imagenet_a_classes: Optional[str] = setting(None, "data.imagenet_a_classes")
+    data_imagenet_r: Optional[str] = setting(None, "data.imagenet_r")
+    data_imagenet_r_classes: Optional[str] = setting(None, "data.imagenet_r_classes")
+    device: str = "cuda"
+    preset_symvit: str = "imagenet-symvit-tiny"
+    preset_rpc6: str = "imagenet-rpc-symvit-tiny-6iter-layer1"
+    preset_rpc2all: str = "imagenet-rpc-symvit-tiny-2iter-all"
+    train_overrides: List[str] = setting([])
+    eval_limit: int = 0
+    attack_limit: int = 0
+    strong_attack_limit: int = 1000
+    preset_fan: str = "imagenet-fan-tiny"
+    preset_symfan: str = "imagenet-symfan-tiny"
+    preset_rpc_fan: str = "imagenet-rpc-fan-tiny"
+    fan_overrides: List[str] = setting([])
+
+
+@dataclass(frozen=True)
+class WikitextSettings:
+    seeds: List[int] = setting([0])
+    data_wikitext103: Optional[str] = setting(None, "data.wikitext103")
+    device: str = "cuda"
+    preset_symlm: str = "wt103-symlm-small"
+    preset_rpc_symlm: str = "wt103-rpc-symlm-small"
+    lm_overrides: List[str] = setting([])
+
+
+QUICK = FmnistSettings()
+SMOKE = replace(
+    QUICK, seeds=[0], epochs=1, batch_size=64, train_subset=256, val_size=64, test_subset=256,
+    train_overrides=["model.kwargs.embed_dim=32", "model.kwargs.depth=2", "model.kwargs.num_heads=2",
+                     "train.log_every=2", "train.threads=0"],
+    depth=2, eval_limit=128, attack_limit=32, eps="2/255,6/255", pgd_steps=3,
+    corruptions=["gaussian_noise", "contrast"], corruption_limit=32, ood_limit=128,
+    strong_attack_limit=16, sparse_limit=64, lm_steps=4, lm_batch_size=4,
+    lm_overrides=["model.kwargs.d_model=32", "model.kwargs.n_layer=2", "model.kwargs.n_head=2",
+                  "model.kwargs.d_inner=64", "model.kwargs.context=32", "train.threads=0",
+                  "train.eval_every=0", "eval.final_split=null"],
+    lm_eval_limit=400, analyze_sets=["limit=2", "protocol=exact"])
+FULL = FullSettings(
+    seeds=[0, 1, 2], lm_seeds=[], epochs=20, batch_size=128, eps="1:6/255", pgd_steps=20,
+    val_size=5000, train_subset=0, eval_limit=0, attack_limit=1000,
+    corruptions=[], corruption_limit=1000, ood_limit=0, strong_attack_limit=500, sparse_limit=0,
+    lm_steps=1200, lm_batch_size=16, lm_eval_sets=[],
+    suites=FMNIST_SUITES + ["noise", "sld", "spsa", "cw", "autoattack", "square"])
+IMAGENET = ImagenetSettings()
+WIKITEXT = WikitextSettings()
+
+PATH_HELP = {
+    "data.imagenet": "ImageNet-1K folder with train/ and val/ class sub-folders",
+    "data.imagenet_c": "ImageNet-C folder ROOT/<corruption>/<severity>/<wnid>/*.JPEG",
+    "data.imagenet_o": "ImageNet-O folder (200 class sub-folders)",
+    "data.imagenet_a": "ImageNet-A folder",
+    "data.imagenet_r": "ImageNet-R folder",
+    "data.wikitext103": "WikiText-103 folder with wiki.train.tokens, wiki.valid.tokens, wiki.test.tokens",
+    "data.imagenet_o_classes": "file listing the 200 ImageNet-O classes (indices 0-999 or wnids), one per line",
+    "data.imagenet_a_classes": "file listing the 200 ImageNet-A classes (indices 0-999 or wnids), one per line",
+    "data.imagenet_r_classes": "file listing the 200 ImageNet-R classes (indices 0-999 or wnids), one per line",
+}
+
+
+# ------------------------------------------------------------------------------------------ models
+@dataclass(frozen=True, kw_only=True)
+class ModelRow:
+    """A model of a study before its settings are known: ``preset`` is the setting holding its trainer
+    preset, ``pap`` its PAP iterations and layers (None: every layer), ``cost`` its per-sample cost
+    relative to the family's baseline before PAP, ``callbacks_if`` a bool setting that turns on the
+    ``callbacks``."""
+
+    key: str
+    label: str
+    preset: str
+    family: str
+    role: str
+    pap: Tuple[int, Optional[int]] = (1, 0)
+    cost: float = 1.0
+    callbacks: Tuple[str, ...] = ()
+    callbacks_if: Optional[str] = None
+
+
+FMNIST_VISION = (
+    ModelRow(key="symvit", label="SymViT", preset="preset_symvit", family="vision", role="baseline",
+             callbacks=("jproj",), callbacks_if="jproj_history"),
+    ModelRow(key="rpc6", label="RPC-SymViT 6iter/layer1", preset="preset_rpc6", family="vision", role="rpc", pap=(6, 1)),
+    ModelRow(key="rpc2all", label="RPC-SymViT 2iter/all-layer", preset="preset_rpc2all", family="vision", role="rpc",
+             pap=(2, None)),
+    ModelRow(key="rpc_pcp", label="RPC-SymViT 6iter/layer1, PCP-active", preset="preset_rpc_pcp", family="vision",
+             role="rpc", pap=(6, 1)),
+)
+IMAGENET_VISION = (
+    ModelRow(key="symvit", label="SymViT-tiny", preset="preset_symvit", family="vision", role="baseline"),
+    ModelRow(key="rpc6", label="RPC-SymViT-tiny 6iter/layer1", preset="preset_rpc6", family="vision", role="rpc",
+             pap=(6, 1)),
+    ModelRow(key="rpc2all", label="RPC-SymViT-tiny 2iter/all-layer", preset="preset_rpc2all", family="vision",
+             role="rpc", pap=(2, None)),
+)
+# FAN (asymmetric, for reference), SymFAN (the RPC paper's FAN baseline) and RPC-FAN 4iter/layer1
+FAN = (
+    ModelRow(key="fan", label="FAN (asymmetric)", preset="preset_fan", family="fan", role="variant", cost=1.5),
+    ModelRow(key="symfan", label="SymFAN", preset="preset_symfan", family="fan", role="baseline", cost=1.5),
+    ModelRow(key="rpc_fan", label="RPC-FAN 4iter/layer1", preset="preset_rpc_fan", family="fan", role="rpc", cost=1.5,
+             pap=(4, 1)),
+)
+WIKI_LM = (  # the embedded corpus's small models: 2 layers
+    ModelRow(key="symlm", label="Symlm", preset="preset_symlm", family="lm", role="baseline"),
+    ModelRow(key="rpc_symlm", label="RPC-Symlm", preset="preset_rpc_symlm", family="lm", role="rpc", pap=(4, 1)),
+)
+WT103_LM = (  # 16 layers
+    ModelRow(key="symlm", label="Symlm (small)", preset="preset_symlm", family="lm", role="baseline"),
+    ModelRow(key="rpc_symlm", label="RPC-Symlm (small, 4 iters layers 1-4)", preset="preset_rpc_symlm", family="lm",
+             role="rpc", pap=(4, 4)),
+)
+SCALED = (
+    ModelRow(key="vit", label="ViT (asymmetric softmax)", preset="preset_asym", family="scaled", role="baseline"),
+    ModelRow(key="scaled_s", label="Scaled Attention S", preset="preset_scaled", family="scaled", role="rpc", cost=1.1),
+    ModelRow(key="scaled_alpha", label="Scaled Attention alpha", preset="preset_scaled_alpha", family="scaled",
+             role="rpc", cost=1.3),
+)
+SEG = (
+    ModelRow(key="seg_symvit", label="Segmenter SymViT", preset="preset_seg", family="seg", role="baseline"),
+    ModelRow(key="seg_rpc", label="Segmenter RPC-SymViT (encoder and decoder PAP)", preset="preset_seg_rpc",
+             family="seg", role="rpc", cost=1.3),
+)
+
+
+# ------------------------------------------------------------------------------------------ claims
+RPC6 = "RPC (6 iters, layer 1)"
+# The PCP-active RPC (a threshold at which S is non-zero) is tested on the same claims as the official
+# RPC 6iter/layer1, each compared with the paper's row of the same claim.
+PCP_LABEL = "PCP-active RPC (6 iters, layer 1)"
+
+
+def _vision(id: str, subject: str, says: str, suite: str, metric: str, rpc: str = "rpc6", higher: bool = True):
+    return ClaimSpec(id=id, subject=subject, says=says, table="vision", suite=suite, metric=metric,
+                     baseline="symvit", rpc=rpc, higher=higher)
+
+
+VISION_CLAIMS = (
+    _vision("clean", RPC6, "raises clean top-1", "clean", TOP1),
+    _vision("fgsm", RPC6, "is more accurate under FGSM (mean over eps)", "fgsm", MEAN_TOP1),
+    _vision("pgd", "RPC (2 iters, all layers)", "is more accurate under PGD (mean over eps)", "pgd", MEAN_TOP1,
+            rpc="rpc2all"),
+    _vision("mce", RPC6, "lowers the corruption error (mCE relative to SymViT)", "corruptions", MCE, higher=False),
+    _vision("ood_aupr", "RPC (layer 1)", "detects out-of-distribution inputs better (AUPR)", "ood", AUPR),
+    # our own claim, the premise of PAP: keys with sparse corruption are where robust PCA helps
+    _vision("sparse", RPC6, "is more accurate under sparse corruption (salt-and-pepper, occlusion, corrupted keys; "
+            "mean)", "sparse", MEAN_TOP1),
+    _vision("autoattack", RPC6, "is more accurate under AutoAttack", "autoattack", top1_at("1/255")),
+    _vision("square", RPC6, "is more accurate under the Square attack", "square", top1_at("1/255")),
+)
+PCP_CLAIMS = tuple(c.variant("pcp", PCP_LABEL, "rpc_pcp") for c in VISION_CLAIMS if c.rpc == "rpc6")
+
+LM_CLAIMS = tuple(
+    ClaimSpec(id=cid, subject="RPC-Symlm", says=says, table="lm", suite=suite, metric=metric, baseline="symlm",
+              rpc="rpc_symlm", higher=False, margin=0.02, relative=True)
+    for cid, says, suite, metric in (
+        ("lm_ppl", "has lower test perplexity", "ppl", ppl_metric("test", "sliding")),
+        ("lm_wordswap", "has lower perplexity on word-swap-attacked text", "wordswap",
+         ppl_metric("test", "sliding", attacked=True))))
+
+FAN_CLAIMS = tuple(
+    ClaimSpec(id=cid, subject=subject, says=says, table="fan", suite=suite, metric=metric, baseline="symfan",
+              rpc="rpc_fan", higher=higher)
+    for cid, subject, says, suite, metric, higher in (
+        ("fan_clean", "RPC-FAN (4 iters, layer 1)", "raises clean top-1 over the symmetric FAN", "clean", TOP1, True),
+        ("fan_mce", "RPC-FAN", "lowers the corruption error (mCE relative to SymFAN)", "corruptions", MCE, False),
+        ("fan_imagenet_a", "RPC-FAN", "is more accurate on ImageNet-A", "imagenet-a", TOP1, True),
+        ("fan_imagenet_r", "RPC-FAN", "is more accurate on ImageNet-R", "imagenet-r", TOP1, True)))
+
+SCALED_CLAIMS = tuple(
+    ClaimSpec(id=key, subject=label, says="beats the asymmetric softmax ViT (clean top-1)", table="scaled",
+              suite="clean", metric=TOP1, baseline="vit", rpc=key)
+    for key, label in (("scaled_s", "Scaled Attention S"), ("scaled_alpha", "Scaled Attention alpha")))
+
+SEG_CLAIMS = (
+    ClaimSpec(id="seg_miou", subject="RPC", says="raises segmentation mIoU", table="seg", suite="seg", metric=MIOU,
+              baseline="seg_symvit", rpc="seg_rpc"),
+    ClaimSpec(id="seg_corrupt_miou", subject="RPC", says="raises mIoU on corrupted scenes", table="seg",
+              suite="seg-corruptions", metric=CORRUPTED_MIOU, baseline="seg_symvit", rpc="seg_rpc"),
+)
+
+
+# ------------------------------------------------------------------------------------ descriptions
+@dataclass(frozen=True, kw_only=True)
+class Texts:
+    """A study's description (in its report) and its one line in ``--list``."""
+
+    description: str
+    summary: str = ""
+
+
+TEXTS = {
+    "quick": Texts(description=(
+        "Fashion-MNIST SymViT vs RPC-SymViT (6iter/layer1, 2iter/all-layer, and 6iter/layer1 with a PCP threshold "
+        "at which the sparse step fires), three seeds each, one epoch of 24,000 images; clean/FGSM/PGD/corruptions/"
+        "OOD/sparse corruption on test subsets with 95 % intervals; S activity of every PAP block; KPCA analysis of "
+        "the SymViT; small Symlm vs RPC-Symlm (one seed) on the embedded Wikipedia corpus. About 18 minutes on 2 "
+        "idle CPU cores.")),
+    "smoke": Texts(description=(
+        "The quick study's pipeline on a few hundred examples and a few steps (end-to-end check, about 90 s; its "
+        "numbers mean nothing).")),
+    "fmnist-full": Texts(description=(
+        "Fashion-MNIST, several seeds per model (mean +- std): every attack including AutoAttack and Square, all 15 "
+        "corruptions, OOD, Scaled Attention S/alpha vs the asymmetric baseline, segmentation on the composed "
+        "Fashion-MNIST scenes, LM, and RPC-FAN vs SymFAN (FAN for reference) on clean/FGSM/PGD/corruptions. "
+        "Hours on CPU; minutes on one GPU.")),
+    "imagenet": Texts(description=(
+        "The paper's ImageNet-1K configuration (docs/method.md#model-families, #training-recipes): SymViT-tiny vs "
+        "RPC-SymViT-tiny, 300 epochs of the DeiT recipe, and FAN-tiny / SymFAN-tiny vs RPC-FAN-tiny 4iter/layer1 "
+        "with the FAN authors' recipe. For GPU clusters: run the train stages one by one under torchrun "
+        "(docs/reproduce.md)."),
+        summary="The paper's ImageNet-1K configuration (needs --set data.imagenet=PATH; GPU cluster)."),
+    "wikitext103": Texts(description=(
+        "The paper's WikiText-103 language-modelling configuration (docs/method.md#model-families, "
+        "#training-recipes): Symlm vs RPC-Symlm, 500k steps. For GPU clusters (docs/reproduce.md)."),
+        summary="The paper's WikiText-103 configuration (needs --set data.wikitext103=PATH; GPU cluster)."),
+}

@@ -1,0 +1,61 @@
+"""A misspelt model keyword is one line naming it with a suggestion and exit 2, in every command that builds one."""
+
+import pytest
+import torch
+import yaml
+
+from rpc_attention.cli import main
+from rpc_attention.models.factory import create_model, keyword_error
+
+
+def _one_error_line(capsys, *needles):
+    err = capsys.readouterr().err.strip()
+    assert "Traceback" not in err and len(err.splitlines()) == 1, err
+    for needle in needles:
+        assert needle in err, err
+    return err
+
+
+def test_create_model_names_the_keyword_and_the_closest_ones():
+    with pytest.raises(ValueError, match=r"^model.kwargs.n_iters: rpc_symvit_tiny_patch16_224 takes no keyword "
+                                         r"argument 'n_iters'; did you mean n_iter\?"):
+        create_model("rpc_symvit_tiny_patch16_224", n_iters=2)
+    # a keyword of timm's VisionTransformer (the parent class) is suggested too
+    with pytest.raises(ValueError, match=r"did you mean embed_dim"):
+        create_model("symvit_tiny_patch16_224", embed_dimm=32)
+    with pytest.raises(ValueError, match=r"^model.kwargs.depht: .* did you mean depth"):
+        create_model("fan_tiny_12_p16_224", depht=2)
+    # a TypeError that is not a bad keyword is not dressed up as one
+    assert keyword_error(TypeError("unsupported operand type(s) for +: 'int' and 'str'"), "m") is None
+
+
+def test_train_with_a_misspelt_model_keyword(tmp_path, capsys):
+    rc = main(["train", "--preset", "fmnist-rpc-symvit", "--run", str(tmp_path / "r"),
+               "--set", "model.kwargs.n_iters=2"])
+    assert rc == 2
+    _one_error_line(capsys, "model.kwargs.n_iters", "did you mean n_iter?")
+    assert not (tmp_path / "r" / "config.yaml").exists()
+
+
+def test_eval_external_with_a_misspelt_model_keyword(tmp_path, capsys):
+    (tmp_path / "data.yaml").write_text(yaml.safe_dump({"data": {"name": "fashion_mnist"}}))
+    torch.save({}, tmp_path / "ck.pth")
+    rc = main(["eval-external", "--timm", "rpc_symvit_tiny_patch16_224", "--checkpoint", str(tmp_path / "ck.pth"),
+               "--data-config", str(tmp_path / "data.yaml"), "--set", "model.kwargs.lamda=2",
+               "--out", str(tmp_path / "e"), "--limit", "4"])
+    assert rc == 2
+    _one_error_line(capsys, "model.kwargs.lamda", "did you mean lambd?")
+
+
+def test_analyze_with_a_misspelt_model_keyword(tmp_path, capsys):
+    rc = main(["analyze", "--timm", "rpc_symvit_tiny_patch16_224", "--set", "model.kwargs.n_iters=2",
+               "--out", str(tmp_path / "a")])
+    assert rc == 2
+    _one_error_line(capsys, "model.kwargs.n_iters", "did you mean n_iter?")
+
+
+def test_train_lm_with_a_misspelt_model_keyword(tmp_path, capsys):
+    rc = main(["train", "--preset", "wiki-rpc-symlm", "--run", str(tmp_path / "r"), "--set", "model.kwargs.n_iters=2",
+               "--set", f"data.cache_dir={tmp_path / 'cache'}"])
+    assert rc == 2
+    _one_error_line(capsys, "model.kwargs.n_iters", "did you mean n_iter?")
