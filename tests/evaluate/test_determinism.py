@@ -17,7 +17,6 @@ import torch
 from rpc_attention.evaluate import suites as S
 
 
-
 def _rgb():
     """An untrained 32x32 RGB RPC-SymViT for the ImageNet-A/-R style suites."""
     import timm

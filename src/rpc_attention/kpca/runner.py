@@ -3,9 +3,9 @@ a markdown summary whose verdicts follow stated rules (see :data:`RULES`)."""
 
 from __future__ import annotations
 
+import logging
 import math
 import platform
-import logging
 import time
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence

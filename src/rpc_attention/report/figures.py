@@ -177,7 +177,7 @@ def _draw_validation(ax, per_model: List[tuple], key: str) -> bool:
                         label=label if i == 0 else "_nolegend_")
         ax.set_xlabel("step")
         return True
-    for x, (label, color, runs) in enumerate(series):
+    for x, (_label, color, runs) in enumerate(series):
         ys = [pts[-1][1] for pts in runs]
         ax.scatter([x] * len(ys), ys, color=color, s=28, zorder=3)
     ax.set_xticks(range(len(series)))
