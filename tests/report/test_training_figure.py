@@ -1,6 +1,7 @@
 """The study report's training-curve figure: one colour and one legend entry per model, and runs
 evaluated once (a one-epoch study) drawn as visible dots per model, not as hidden single markers."""
 
+from rpc_attention.files import pyplot
 from rpc_attention.report import figures as F
 
 
@@ -19,7 +20,7 @@ def _res(val_points):
 
 
 def test_single_evaluations_are_one_dot_per_seed_grouped_by_model():
-    plt = F._plt()
+    plt = pyplot()
     res = _res(val_points=1)
     fig = F._training_figure(plt, res, [r for m in res["models"].values() for r in m["runs"]])
     try:
@@ -34,7 +35,7 @@ def test_single_evaluations_are_one_dot_per_seed_grouped_by_model():
 
 
 def test_repeated_evaluations_are_lines_coloured_per_model():
-    plt = F._plt()
+    plt = pyplot()
     res = _res(val_points=3)
     fig = F._training_figure(plt, res, [r for m in res["models"].values() for r in m["runs"]])
     try:
