@@ -16,7 +16,7 @@ SRC = ROOT / "src" / "rpc_attention"
 # The exceptions, each needed for a library this package works with:
 # - evaluate/_imagecorruptions_compat.py lets the third-party imagecorruptions 1.1.2 run on NumPy 2 /
 #   scikit-image >= 0.25 / setuptools without pkg_resources: it imports that library by name, puts a stand-in
-#   pkg_resources in sys.modules while the import runs, and swaps two names inside imagecorruptions' own
+#   pkg_resources in sys.modules while the import runs, and swaps three names inside imagecorruptions' own
 #   namespace while a corruption runs, restoring them afterwards.
 # - integrations/transformers.py: transformers has no hook at model creation for a custom attention backend,
 #   and bad rpc_* settings must fail when a model is created, not at its first forward. The explicit

@@ -119,3 +119,28 @@ def test_symmetric_extension_mode_reduces_to_symmetric_attention():
     assert torch.equal(model(x), ref)
     with pytest.raises(ValueError, match="symmetric"):
         rpc_timm.convert(model, symmetric="bogus")
+
+
+def test_conversion_that_changes_nothing_warns_once_and_records_the_activity():
+    """vit_tiny at the official threshold: S = 0, so the logits are the original ones; the user is told
+    on the first forward (once), and a lower threshold changes the logits without a warning."""
+    import warnings
+
+    model = build("vit_tiny_patch16_224")
+    x = torch.randn(2, 3, 32, 32)
+    ref = model(x)
+    rpc_timm.convert(model, rpc_layers=[0, 1], n_iter=6, lambd=INF)
+    with pytest.warns(rpc_timm.RPCInactiveWarning, match="changed nothing") as record:
+        out = model(x)
+    # one text for every layer that did nothing, raised from one place: Python's default filter shows it once
+    assert len(record) == 2 and len({(str(w.message), w.filename, w.lineno) for w in record}) == 1
+    torch.testing.assert_close(out, ref, rtol=0, atol=1e-6)
+    act = rpc_timm.sparse_activity(model)
+    assert sorted(act) == [0, 1] and all(a["frac_nonzero"] == 0 for calls in act.values() for a in calls)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        model(x)  # measured on the first forward only
+        rpc_timm.convert(model, rpc_layers=[0], n_iter=6, lambd=0.3, threshold="lambda_over_mu")  # measured again
+        out = model(x)
+    assert rpc_timm.sparse_activity(model)[0][0]["frac_nonzero"] > 0
+    assert (out - ref).abs().max() > 1e-4

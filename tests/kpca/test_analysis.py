@@ -100,11 +100,25 @@ def test_perturbed_control_is_the_studys_noise_then_qr():
 
 
 def test_failures_are_reported_not_dropped():
+    """Example 1 keeps 5 of 20 keys (padding): head dim 16 > 5 valid keys, no KPCA for that example only."""
+    mod = rnn.SymmetricAttention(32, 2).eval()
+    mask = torch.ones(2, 1, 1, 20, dtype=torch.bool)
+    mask[1, ..., 5:] = False
+    with AttentionCapture(mod) as cap:
+        mod(torch.randn(2, 20, 32), attn_mask=mask)
+    res = analyze_captures(cap.captures, "exact")
+    assert len(res["failures"]) == 1 and res["failures"][0]["example"] == 1
+    assert "Dv <= N" in res["failures"][0]["error"] and "gram" not in res["layers"][0]
+    assert res["layers"][0]["jproj"]["n"] == 4  # J_proj still measured
+    assert res["layers"][0]["optimal_cosine"]["n"] == 2  # example 0's two heads
+
+
+def test_layers_with_more_value_dims_than_tokens_get_one_note_not_failures():
     mod = rnn.SymmetricAttention(32, 2).eval()  # head dim 16 > N = 5 tokens: no KPCA
     with AttentionCapture(mod) as cap:
         mod(torch.randn(2, 5, 32))
     res = analyze_captures(cap.captures, "exact")
-    assert len(res["failures"]) == 2 and all("Dv <= N" in f["error"] for f in res["failures"])
+    assert res["failures"] == [] and res["layers"][0]["gram"] == "not applicable: Dv=16 > N=5"
     assert res["layers"][0]["jproj"]["n"] == 4  # J_proj still measured
 
 
@@ -242,6 +256,51 @@ def test_language_model_causal_capture():
     ref = torch.cat([M.projection_loss(c.k[b], c.k[b], c.v[b], c.scale, causal=True)["jproj"] for b in range(2)])
     assert res["layers"][1]["jproj"]["n"] == 4
     assert res["layers"][1]["jproj"]["mean"] == pytest.approx(ref.mean().item(), rel=1e-10)
+
+
+def test_gram_analysis_not_applicable_is_one_warning_not_failures(tmp_path, caplog):
+    """Head dimension 32 > 17 tokens (the 3-head Fashion-MNIST presets): KPCA cannot run; one warning
+    before the work, one line in summary.md, no failures, no matplotlib warning, J_proj still measured."""
+    import warnings
+
+    torch.manual_seed(0)
+    m = timm.create_model("symvit_tiny_patch16_224", img_size=16, patch_size=4, in_chans=1, embed_dim=64,
+                          depth=2, num_heads=2, num_classes=4).eval()
+    x01 = torch.rand(3, 1, 16, 16, generator=torch.Generator().manual_seed(0))
+    probe = image_probe(m, x01, [0.5], [0.25], torch.tensor([0, 1, 2]), {"source": "test", "model": "tiny"})
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # any warning (matplotlib's empty legends) fails the test
+        with caplog.at_level("WARNING", logger="rpc_attention"):
+            res = run_analysis(probe, tmp_path, protocols=("exact",), figures=True)
+    notes = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    assert len(notes) == 1 and "Dv=32 > N=17" in notes[0] and "every layer" in notes[0]
+    assert res["failures"] == [] and res["not_applicable"] == notes[0]
+    layer = res["protocols"]["exact"]["layers"][0]
+    assert layer["gram"] == "not applicable: Dv=32 > N=17" and "optimal_cosine" not in layer
+    assert layer["jproj"]["n"] == 3 * 2
+    text = (tmp_path / "summary.md").read_text()
+    assert text.count("Dv=32 > N=17") == 1 and "Failures" not in text and "varphi" not in text
+
+
+def test_analyze_cli_reports_the_command_time(tmp_path, capsys, monkeypatch):
+    """The printed time covers the model loading, not only the analysis."""
+    import time as _time
+
+    from rpc_attention.kpca import sources
+
+    real = sources.probe_from_timm
+
+    def slow_probe(*a, **k):
+        _time.sleep(0.5)
+        return real(*a, **k)
+
+    monkeypatch.setattr(sources, "probe_from_timm", slow_probe)
+    assert main(["analyze", "--timm", "symvit_tiny_patch16_224", "--set", "model.kwargs.img_size=32",
+                 "--set", "model.kwargs.patch_size=8", "--set", "model.kwargs.depth=1", "--limit", "2",
+                 "--no-figures", "--out", str(tmp_path)]) == 0
+    last = capsys.readouterr().out.strip().splitlines()[-1]
+    seconds = float(last.split(" in ")[-1].split(" s")[0])
+    assert seconds >= 0.5, last
 
 
 def test_analyze_keeps_an_earlier_analysis_unless_force(tmp_path, capsys):

@@ -21,8 +21,8 @@ def test_draws_absolute_values_of_each_term_per_epoch_on_a_log_axis():
     try:
         assert plot_jproj_history(ax, HISTORY, "exact")
         lines = {line.get_label(): (list(line.get_xdata()), list(line.get_ydata())) for line in ax.get_lines()}
-        assert lines == {"|J_proj|": ([1, 2], [0.5, 0.25]), "||varphi(q)||^2": ([1], [2.0]),
-                         "||h||^2": ([1, 2], [2.5, 1.75])}
+        assert lines == {r"$|J_{proj}|$": ([1, 2], [0.5, 0.25]), r"$\|\varphi(q)\|^2$": ([1], [2.0]),
+                         r"$\|h\|^2$": ([1, 2], [2.5, 1.75])}
         assert ax.get_yscale() == "log" and ax.get_xlabel() == "epoch"
         assert not plot_jproj_history(ax, HISTORY, "paper")  # nothing logged for that protocol
     finally:

@@ -5,6 +5,7 @@ Each sub-command lives in its own module ``rpc_attention.cli.<name>`` defining::
     HELP = "one line"
     def add_arguments(parser: argparse.ArgumentParser) -> None: ...
     def run(args: argparse.Namespace) -> int: ...
+    def resume_hint(args: argparse.Namespace) -> str: ...   # optional: printed after Ctrl-C
 
 and is listed in :func:`commands`. Every module is imported to build the parser, so keep heavy imports
 inside ``run``. A command holds argument handling and printing only; what it does is a library
@@ -97,7 +98,7 @@ def build_parser() -> argparse.ArgumentParser:
         p = sub.add_parser(name, help=getattr(module, "HELP", ""), description=getattr(module, "HELP", None),
                            parents=[common])
         module.add_arguments(p)
-        p.set_defaults(_run=module.run)
+        p.set_defaults(_run=module.run, _resume_hint=getattr(module, "resume_hint", None))
     return parser
 
 
@@ -119,7 +120,8 @@ def main(argv: Optional[List[str]] = None) -> int:
         print(f"rpc-attention {args.command}: error: {exc}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
-        print("interrupted", file=sys.stderr)
+        hint = args._resume_hint(args) if getattr(args, "_resume_hint", None) else ""
+        print(f"interrupted{'; ' + hint if hint else ''}", file=sys.stderr)
         return 130
 
 

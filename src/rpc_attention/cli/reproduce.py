@@ -48,6 +48,18 @@ def study_name(args: argparse.Namespace) -> str:
     return args.study or "quick"
 
 
+def resume_hint(args: argparse.Namespace) -> str:
+    """After Ctrl-C: the same command resumes the study."""
+    import os
+
+    if args.list or args.dry_run:
+        return ""
+    study = args.study or args.study_alias or "quick"
+    out = args.out or os.path.join("runs", study)
+    return (f"run `rpc-attention reproduce --study {study} --out {out}` again to resume "
+            "(finished stages are kept, the interrupted one continues from its checkpoint)")
+
+
 def run(args: argparse.Namespace) -> int:
     import os
     import time

@@ -43,6 +43,14 @@ def _run_dirs(args: argparse.Namespace):
     return None, resume
 
 
+def resume_hint(args: argparse.Namespace) -> str:
+    """After Ctrl-C: the command that continues the run from its last checkpoint."""
+    run_dir = args.resume if isinstance(args.resume, str) else (args.run or args.out)
+    if not run_dir:
+        return ""
+    return f"continue from the last checkpoint with: rpc-attention train --resume {run_dir}"
+
+
 def run(args: argparse.Namespace) -> int:
     import os
     import sys

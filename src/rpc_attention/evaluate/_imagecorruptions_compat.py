@@ -6,11 +6,14 @@ The library needs three fixes on this stack:
    (locating its frost images);
 2. it calls ``skimage.filters.gaussian(..., multichannel=True)``; scikit-image >= 0.19 spells it
    ``channel_axis=-1`` and 0.25 removed ``multichannel``;
-3. it uses ``np.float_``, removed in NumPy 2.
+3. it uses ``np.float_``, removed in NumPy 2;
+4. its impulse noise calls ``skimage.util.random_noise`` without a generator, and scikit-image >= 0.19
+   then seeds a fresh ``default_rng()`` from the operating system, so impulse noise differed on every
+   call whatever NumPy's global seed; the stand-in passes a generator drawn from NumPy's global RNG.
 
 Nothing global is changed: (1) a stand-in ``pkg_resources`` is placed in ``sys.modules`` only while
-the library is imported and removed afterwards (unless a real one was there); (2) and (3) replace the
-names ``gaussian`` and ``np`` *inside the imagecorruptions module namespace* only while a corruption
+the library is imported and removed afterwards (unless a real one was there); (2)-(4) replace the
+names ``gaussian``, ``np`` and ``sk`` *inside the imagecorruptions module namespace* only while a corruption
 runs (:func:`patched`), then restore them.  NumPy's global RNG, which the library draws from, is
 seeded and restored around each call in :func:`corrupt`, so results are deterministic and other
 code's random streams are untouched.
@@ -96,6 +99,35 @@ class _NumpyShim(types.ModuleType):
         return getattr(np, name)
 
 
+def _random_noise(image, mode="gaussian", rng=None, clip=True, **kwargs):
+    """``skimage.util.random_noise`` with its generator seeded from NumPy's global RNG (see 4. above)."""
+    from skimage.util import random_noise
+
+    if rng is None:
+        rng = np.random.randint(0, 2 ** 32, dtype=np.uint64)
+    return random_noise(image, mode=mode, rng=int(rng), clip=clip, **kwargs)
+
+
+class _Delegate(types.ModuleType):
+    """A module that answers with ``overrides`` first, then with the real ``module``'s attributes."""
+
+    def __init__(self, module: types.ModuleType, **overrides) -> None:
+        super().__init__(module.__name__)
+        self._module = module
+        self.__dict__.update(overrides)
+
+    def __getattr__(self, name):
+        return getattr(self._module, name)
+
+
+def _skimage_shim() -> types.ModuleType:
+    """``skimage`` as seen by imagecorruptions: the real package with ``util.random_noise`` replaced."""
+    import skimage
+    import skimage.util
+
+    return _Delegate(skimage, util=_Delegate(skimage.util, random_noise=_random_noise))
+
+
 def _gaussian(image, sigma=1, *args, multichannel=None, **kwargs):
     from skimage.filters import gaussian
 
@@ -106,12 +138,13 @@ def _gaussian(image, sigma=1, *args, multichannel=None, **kwargs):
 
 @contextlib.contextmanager
 def patched() -> Iterator[object]:
-    """Within the block, imagecorruptions' ``gaussian`` and ``np`` names are the compatible ones."""
+    """Within the block, imagecorruptions' ``gaussian``, ``np`` and ``sk`` names are the compatible ones."""
     _, mod = load()
     with _LOCK:
-        saved = {name: mod.__dict__.get(name) for name in ("gaussian", "np")}
+        saved = {name: mod.__dict__.get(name) for name in ("gaussian", "np", "sk")}
         mod.gaussian = _gaussian
         mod.np = _NumpyShim()
+        mod.sk = _skimage_shim()
         try:
             yield mod
         finally:

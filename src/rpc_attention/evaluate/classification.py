@@ -184,6 +184,7 @@ class PgdOptions(AttackOptions):
     steps: int = 20
     step_ratio: float = 0.15
     random_start: bool = True
+    keep_best: bool = True
     limit: Optional[int] = 1000
     space: str = "pixel"
     official_margin: float = 1.0
@@ -271,7 +272,8 @@ register_suite(
              Column("fan", MEAN_TOP1, "FGSM top-1, mean over eps (%)", position=20)),
     study=StudyUse(limit="attack_limit", sweep=True))
 register_suite(
-    "pgd", _attack_suite("pgd", "PGD L-inf (torchattacks), untargeted, cross-entropy, random start", "Linf"),
+    "pgd", _attack_suite("pgd", "PGD L-inf (ours), untargeted, cross-entropy, random start, an example broken at "
+                                "its first misclassified iterate (keep_best)", "Linf"),
     options=PgdOptions,
     description="PGD L-inf sweep, 20 steps of 0.15 eps, random start",
     metrics=_SWEEP_METRICS, cost=Cost(7, 6 * 20, per_eps=20), curve=True,

@@ -72,14 +72,17 @@ def evaluate_model(names: Sequence[str], load: ModelLoader, sets: Optional[Mappi
                    limit: Optional[int] = None, out_dir: Optional[str] = None,
                    log: Callable[[str], None] = lambda msg: None,
                    on_result: Callable[[Dict[str, Any], str], None] = lambda record, path: None,
-                   replace: bool = False) -> List[str]:
+                   replace: bool = False,
+                   before_run: Callable[[List[S.Suite], Dict[str, Dict[str, Any]], Any, Mapping[str, Any]], None]
+                   = lambda suites, opts, model, cfg: None) -> List[str]:
     """Run the suites ``names`` on the model ``load`` gives and write each result once it succeeded.
 
     ``sets`` are the suite options (``{"pgd.eps": "1:6/255", "device": "cuda"}``), ``limit`` the number
     of examples, ``out_dir`` the output folder (default ``<run_dir>/eval``). Every check (options, task,
     the suites' own ``check`` of data and settings) runs before the first suite starts. ``log`` gets
-    progress lines, ``on_result(record, json_path)`` each finished result. A result in ``out_dir`` with
-    other options or from another model is an error unless ``replace``. Returns the JSON paths.
+    progress lines, ``on_result(record, json_path)`` each finished result, ``before_run(suites, opts, model,
+    cfg)`` is called once every check passed (the CLI prints its cost estimates there). A result in
+    ``out_dir`` with other options or from another model is an error unless ``replace``. Returns the JSON paths.
     Raises ValueError / FileNotFoundError (prefixed with the suite's name where one suite is at fault).
     """
     suites, opts = select_suites(names, dict(sets or {}), limit)
@@ -101,6 +104,7 @@ def evaluate_model(names: Sequence[str], load: ModelLoader, sets: Optional[Mappi
     if not replace:
         for s in suites:
             _check_replaceable(s.name, opts[s.name], source, out_dir)
+    before_run(suites, opts, model, cfg)
     paths = []
     for s in suites:
         log(f"[eval] {s.name} ...")

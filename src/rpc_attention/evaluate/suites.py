@@ -214,7 +214,11 @@ def all_suites() -> List[Suite]:
 def get_suite(name: str) -> Suite:
     _register_builtin_suites()
     if name not in _SUITES:
-        raise ValueError(f"unknown suite {name!r}; available: {', '.join(list_suites())}")
+        import difflib
+
+        close = difflib.get_close_matches(name, list_suites(), n=3)
+        hint = f"did you mean {', '.join(close)}? " if close else ""
+        raise ValueError(f"unknown suite {name!r}; {hint}available: {', '.join(list_suites())}")
     return _SUITES[name]
 
 

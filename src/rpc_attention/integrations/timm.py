@@ -17,12 +17,19 @@ object, its parameters and its state-dict keys:
   and keys are the same tokens). The module is forced onto its fused path while converted.
 
 Layers already running PAP (:class:`rpc_attention.nn.RPCAttention`) are rejected.
+
+Whether PAP's sparse step fired is measured on the first forward of each converted asymmetric layer
+(:func:`sparse_activity` returns the record). Where S = 0 there, the layer computes exactly the
+original attention (``key_mode="sparse"``: K - S = K, Q - S = Q), so :class:`RPCInactiveWarning` says
+the conversion changed nothing and how to lower the threshold.
 """
 
 from __future__ import annotations
 
-from typing import Dict, Optional
+import warnings
+from typing import Dict, List, Optional
 
+import torch
 import torch.nn.functional as F
 from torch import nn
 from torch.overrides import TorchFunctionMode
@@ -30,20 +37,41 @@ from torch.overrides import TorchFunctionMode
 from ..nn import RPCAttention, SymmetricAttention
 from ._core import asymmetric_rpc_attention, check_options
 
-__all__ = ["convert", "revert", "is_converted", "converted_layers", "SYMMETRIC_MODES"]
+__all__ = ["convert", "revert", "is_converted", "converted_layers", "sparse_activity", "RPCInactiveWarning",
+           "SYMMETRIC_MODES"]
 
 _STATE = "_rpc_convert_state"
 SYMMETRIC_MODES = ("rpc", "extension")
 _SUBCLASSES: Dict[type, type] = {}
 
 
-class _SDPAInterceptor(TorchFunctionMode):
-    """Routes every F.scaled_dot_product_attention call made inside a converted forward through RPC."""
+class RPCInactiveWarning(UserWarning):
+    """A converted layer's first forward had S = 0, so it computed exactly the original attention."""
 
-    def __init__(self, options: dict):
+
+_INACTIVE = ("RPC attention changed nothing: PAP's sparse step did not fire (S = 0, the threshold tau is above every "
+             "|key| entry) in a converted layer on its first input, so with key_mode='sparse' that layer computes "
+             "exactly the original attention. Lower the threshold (e.g. lambd=0.5, or threshold='lambda_over_mu'); "
+             "rpc_attention.integrations.timm.sparse_activity(model) gives tau and max |k| per layer.")
+
+
+def _activity(state, keys: torch.Tensor) -> dict:
+    """Share of non-zero S entries, mean threshold and largest |key| of one PAP call."""
+    with torch.no_grad():
+        return {"frac_nonzero": float((state.sparse != 0).float().mean()), "tau_mean": float(state.tau.float().mean()),
+                "abs_k_max": float(keys.detach().abs().max()) if keys.numel() else 0.0}
+
+
+class _SDPAInterceptor(TorchFunctionMode):
+    """Routes every F.scaled_dot_product_attention call made inside a converted forward through RPC;
+    with ``record`` it also keeps the S activity of each call."""
+
+    def __init__(self, options: dict, record: bool = False):
         super().__init__()
         self.options = options
         self.calls = 0
+        self.record = record
+        self.activity: List[dict] = []
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = dict(kwargs or {})
@@ -53,11 +81,16 @@ class _SDPAInterceptor(TorchFunctionMode):
         bound = dict(zip(names, args))
         bound.update(kwargs)
         self.calls += 1
-        return asymmetric_rpc_attention(
+        out = asymmetric_rpc_attention(
             bound["query"], bound["key"], bound["value"], attn_mask=bound.get("attn_mask"),
             is_causal=bool(bound.get("is_causal", False)), dropout_p=float(bound.get("dropout_p", 0.0)),
-            scale=bound.get("scale"), same_tokens=True, **self.options,
+            scale=bound.get("scale"), same_tokens=True, return_state=self.record, **self.options,
         )
+        if not self.record:
+            return out
+        out, state = out
+        self.activity.append(_activity(state, bound["key"]))
+        return out
 
 
 def _rpc_subclass(base: type) -> type:
@@ -65,7 +98,7 @@ def _rpc_subclass(base: type) -> type:
     if base not in _SUBCLASSES:
         def forward(self, *args, **kwargs):
             state = getattr(self, _STATE)
-            mode = _SDPAInterceptor(state["pap"])
+            mode = _SDPAInterceptor(state["pap"], record="activity" not in state)
             had = hasattr(self, "fused_attn")
             old = getattr(self, "fused_attn", None)
             if had:
@@ -81,6 +114,10 @@ def _rpc_subclass(base: type) -> type:
                     f"{base.__name__}.forward made no scaled_dot_product_attention call, so RPC could not be applied; "
                     "this attention type is not supported by rpc_attention.integrations.timm.convert"
                 )
+            if mode.record:
+                state["activity"] = mode.activity
+                if state["pap"]["key_mode"] == "sparse" and all(a["frac_nonzero"] == 0 for a in mode.activity):
+                    warnings.warn(_INACTIVE, RPCInactiveWarning, stacklevel=2)
             return out
 
         def extra_repr(self):
@@ -155,6 +192,19 @@ def convert(
             raise ValueError(f"block {i} already runs PAP (RPCAttention); nothing to convert")
         _convert_module(attn, opts, symmetric)
     return model
+
+
+def sparse_activity(model: nn.Module) -> Dict[int, List[dict]]:
+    """``{block index: [record per attention call]}`` for the converted asymmetric layers that have
+    run a forward since :func:`convert`: ``frac_nonzero`` (share of non-zero S entries on that first
+    input), ``tau_mean`` (PAP's threshold) and ``abs_k_max`` (the largest |key| entry). A layer whose
+    ``frac_nonzero`` is 0 computed exactly the original attention (``key_mode="sparse"``)."""
+    out = {}
+    for i, blk in enumerate(_blocks(model)):
+        attn = getattr(blk, "attn", None)
+        if isinstance(attn, nn.Module) and is_converted(attn) and "activity" in getattr(attn, _STATE):
+            out[i] = list(getattr(attn, _STATE)["activity"])
+    return out
 
 
 def _convert_module(attn: nn.Module, opts: dict, symmetric: str) -> None:

@@ -13,8 +13,10 @@ per-layer and model-level statistics under one measurement protocol:
 docs/analysis.md#protocols lists every formula and every remaining difference from the two codes.
 
 Records are (layer, head, example); a layer's numbers are mean and std over its records and the
-model level is the plain mean over all records. Failures (a layer or example where a stage raised,
-or Dv > N) are collected in ``failures``, never dropped silently.
+model level is the plain mean over all records. Failures (a layer or example where a stage raised)
+are collected in ``failures``, never dropped silently; a layer whose value dimension exceeds its token
+count (Dv > N: kernel PCA has fewer axes than values) gets no Gram analysis, said once per layer in its
+``gram`` entry (:func:`gram_not_applicable`).
 """
 
 from __future__ import annotations
@@ -184,6 +186,18 @@ def _model_summary(all_rec: Dict[str, List[float]], all_gamma: Dict[str, List[Te
     return model
 
 
+def gram_not_applicable(captures: List[LayerCapture]) -> Dict[str, str]:
+    """``{layer: reason}`` for the layers whose Gram analysis cannot run on any example: kernel PCA of
+    N keys has at most N principal axes, so a value dimension Dv above the token count N leaves the
+    value matrix V_hat undefined."""
+    out = {}
+    for cap in captures:
+        dv = int(cap.values().shape[-1])
+        if dv > cap.tokens:
+            out[cap.name] = f"Dv={dv} > N={cap.tokens}"
+    return out
+
+
 def analyze_captures(
     captures: List[LayerCapture],
     protocol: str = "exact",
@@ -201,6 +215,7 @@ def analyze_captures(
     if protocol not in PROTOCOLS:
         raise ValueError(f"protocol must be one of {PROTOCOLS}, got {protocol!r}")
     gen = torch.Generator().manual_seed(seed)
+    skip_gram = gram_not_applicable(captures) if gram else {}
     layers, failures = [], []
     all_rec: Dict[str, List[float]] = {}
     all_gamma: Dict[str, List[Tensor]] = {g: [] for g in GAMMA_VARIANTS}
@@ -218,13 +233,15 @@ def analyze_captures(
                 _projection_records(cap, b, q, k, v, kv, acc.rec, official=protocol == "paper")
             except Exception as exc:
                 failures.append({"layer": cap.name, "example": b, "stage": "jproj", "error": f"{type(exc).__name__}: {exc}"})
-            if not gram:
+            if not gram or cap.name in skip_gram:
                 continue
             try:
                 _gram_records(cap, b, k, v, kv, acc, alignment, perturb, gen)
             except Exception as exc:
                 failures.append({"layer": cap.name, "example": b, "stage": "gram", "error": f"{type(exc).__name__}: {exc}"})
         layer = _layer_summary(cap, values, n_ex, acc)
+        if cap.name in skip_gram:
+            layer["gram"] = f"not applicable: {skip_gram[cap.name]}"
         for key, vals in acc.rec.items():
             all_rec.setdefault(key, []).extend(vals)
         for key in GAMMA_VARIANTS:

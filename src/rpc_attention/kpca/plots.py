@@ -7,7 +7,9 @@ from typing import Any, Dict, List
 
 from ..files import atomic_savefig, pyplot
 
-JPROJ_HISTORY_TERMS = (("jproj", "|J_proj|", "k"), ("phi2", "||varphi(q)||^2", "C0"), ("h2", "||h||^2", "C1"))
+# mathtext labels: \varphi is the normalised feature map varphi(x) = phi(x) / g(x) of docs/method.md
+JPROJ_HISTORY_TERMS = (("jproj", r"$|J_{proj}|$", "k"), ("phi2", r"$\|\varphi(q)\|^2$", "C0"),
+                       ("h2", r"$\|h\|^2$", "C1"))
 
 
 def _save(fig, path: Path) -> str:
@@ -48,7 +50,7 @@ def _jproj_terms(plt, result: Dict[str, Any], protos: List[str], out_dir: Path) 
     for ax, proto in zip(axes[0], protos):
         layers = result["protocols"][proto]["layers"]
         xs = range(len(layers))
-        for key, label, color in (("log_phi2", "log ||varphi(q)||^2", "C0"), ("log_h2", "log ||h||^2", "C1")):
+        for key, label, color in (("log_phi2", r"$\log\|\varphi(q)\|^2$", "C0"), ("log_h2", r"$\log\|h\|^2$", "C1")):
             m = [(l.get(key) or {}).get("mean") for l in layers]
             s = [(l.get(key) or {}).get("std") or 0.0 for l in layers]
             mm = [float("nan") if v is None else v for v in m]
@@ -56,7 +58,7 @@ def _jproj_terms(plt, result: Dict[str, Any], protos: List[str], out_dir: Path) 
         ax.set_xticks(list(xs))
         ax.set_xticklabels([_short(l["name"]) for l in layers], rotation=60, fontsize=7)
         ax.set_ylabel("natural log (mean ± std over heads, examples)")
-        ax.set_title(f"J_proj terms per layer [{proto}]")
+        ax.set_title(f"$J_{{proj}}$ terms per layer [{proto}]")
         ax.legend(fontsize=8)
     return _finish(plt, fig, out_dir / "jproj_terms.png")
 
@@ -69,9 +71,11 @@ def _jproj_history(plt, result: Dict[str, Any], protos: List[str], out_dir: Path
     fig, axes = plt.subplots(1, len(protos), figsize=(5.5 * len(protos), 3.8), squeeze=False)
     plotted = False
     for ax, proto in zip(axes[0], protos):
-        plotted |= plot_jproj_history(ax, hist, proto)
-        ax.set_title(f"J_proj and its terms over training [{proto}]")
-        ax.legend(fontsize=8)
+        drawn = plot_jproj_history(ax, hist, proto)
+        plotted |= drawn
+        ax.set_title(f"$J_{{proj}}$ and its terms over training [{proto}]")
+        if drawn:
+            ax.legend(fontsize=8)
     return _finish(plt, fig, out_dir / "jproj_history.png", plotted)
 
 
@@ -92,7 +96,8 @@ def _gamma_axes(plt, result: Dict[str, Any], protos: List[str], out_dir: Path) -
         ax.set_xlabel("principal axis d")
         ax.set_ylabel("mean |gamma_i - gamma_j|")
         ax.set_title(f"gamma constancy per axis [{proto}]")
-        ax.legend(fontsize=8)
+        if ax.get_legend_handles_labels()[0]:
+            ax.legend(fontsize=8)
     return _finish(plt, fig, out_dir / "gamma_axes.png", plotted)
 
 
@@ -119,7 +124,7 @@ def _alignment_layers(plt, result: Dict[str, Any], protos: List[str], out_dir: P
             ax.set_title(f"{metric} [{proto}]", fontsize=9)
             lo = min([0.0] + [v for v in m if v is not None])
             ax.set_ylim(min(lo - 0.05, -0.05) if lo < 0 else 0, 1)
-            if c == 0:
+            if c == 0 and chance:
                 ax.legend(fontsize=7)
     return _finish(plt, fig, out_dir / "alignment_layers.png", plotted)
 
@@ -137,7 +142,7 @@ def _pap_sparse(plt, result: Dict[str, Any], protos: List[str], out_dir: Path) -
             ax.bar([j + i * width for j in range(len(names))], vals, width, label=cond)
         ax.set_xticks([j + width * (len(conds) - 1) / 2 for j in range(len(names))])
         ax.set_xticklabels([_short(n) for n in names])
-        ax.set_ylabel("||S||_F / ||K||_F")
+        ax.set_ylabel(r"$\|S\|_F / \|K\|_F$")
         ax.set_title("PAP sparse part per RPC layer")
         ax.legend(fontsize=8)
         return _finish(plt, fig, out_dir / "pap_sparse.png")

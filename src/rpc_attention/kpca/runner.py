@@ -3,6 +3,7 @@ a markdown summary whose verdicts follow stated rules (see :data:`RULES`)."""
 
 from __future__ import annotations
 
+import logging
 import math
 import platform
 import time
@@ -14,9 +15,11 @@ import torch
 from ..files import atomic_write_json, atomic_write_text
 from ..markdown import NOT_MEASURED, markdown_table
 from ..train.sparsity import FIRED_RULE, measure_sparsity, probe_sparsity, sparsity_summary, sparsity_verdict
-from .analysis import ALIGN_METRICS, analyze_captures, chance_baselines, pap_stats
+from .analysis import ALIGN_METRICS, analyze_captures, chance_baselines, gram_not_applicable, pap_stats
 from .hooks import AttentionCapture
 from .sources import Probe
+
+log = logging.getLogger(__name__)
 
 RULES = {
     "alignment": ("A metric supports 'the learned values are the KPCA value matrix V_hat' when it reaches 0.8 "
@@ -28,7 +31,7 @@ RULES = {
               "control (the true eigenvectors plus 0.1 x Gaussian noise, re-orthonormalised by QR, as in the "
               "reproduction study); 'no better than random' when it is at least half of the random-vector control; "
               "otherwise 'in between'."),
-    "jproj": ("J_proj is a projection residual only if ||h||^2 <= ||varphi(q)||^2; a negative mean J_proj "
+    "jproj": ("J_proj is a projection residual only if ||h||^2 <= ||φ(q)||^2; a negative mean J_proj "
               "contradicts the projection reading. When the two terms differ by more than 10x, J_proj is "
               "dominated by the larger term. Over epochs, the change of J_proj is attributed to the term whose "
               "change is larger in absolute value."),
@@ -117,7 +120,9 @@ def run_analysis(
     """Capture, analyse under each protocol, study PAP under perturbation, write everything.
 
     Files in ``out_dir``: ``kpca.json``, ``summary.md`` and (``figures=True``) PNGs. Returns the
-    result dict (the JSON content).
+    result dict (the JSON content). A part of the analysis that cannot run on this model (the Gram
+    analysis when Dv > N) is logged once as a warning before the work starts and recorded as
+    ``result["not_applicable"]``.
     """
     out_dir = Path(out_dir)
     t0 = time.perf_counter()
@@ -125,11 +130,15 @@ def run_analysis(
     if not cap.captures:
         raise ValueError("no supported attention module ran in the forward pass (rpc_attention.nn modules, "
                          "timm Attention, Hugging Face self-attention)")
+    note = _not_applicable_note(cap.captures)
+    if note:
+        log.warning(note)
     result: Dict[str, Any] = {
         "meta": {**probe.description, "protocols": list(protocols), "dtype": "float64", "seed": seed,
                  "perturbed_control": perturb, "torch": torch.__version__, "python": platform.python_version(),
                  "layers": [c.name for c in cap.captures]},
         "rules": RULES,
+        "not_applicable": note,
         "failures": list(cap.errors),
         "protocols": {},
     }
@@ -137,11 +146,8 @@ def run_analysis(
         res = analyze_captures(cap.captures, proto, perturb=perturb, seed=seed, alignment=alignment)
         result["failures"].extend({**f, "protocol": proto} for f in res.pop("failures"))
         result["protocols"][proto] = res
-    shapes = {(c.tokens if c.key_valid(0) is None else int(c.key_valid(0).sum()), int(c.values().shape[-1]))
-              for c in cap.captures}
-    result["chance"] = chance_baselines(shapes, seed=seed)
+    result["chance"] = _chance(cap.captures, seed)
     _add_pap_records(result, probe, cap, fgsm_eps, noise_sigma, seed)
-    result["meta"]["seconds"] = round(time.perf_counter() - t0, 2)
     out_dir.mkdir(parents=True, exist_ok=True)
     if figures:
         from .plots import make_figures
@@ -150,9 +156,30 @@ def run_analysis(
             result["figures"] = make_figures(result, out_dir)
         except Exception as exc:
             result["failures"].append({"stage": "figures", "error": f"{type(exc).__name__}: {exc}"})
+    result["meta"]["seconds"] = round(time.perf_counter() - t0, 2)  # capture to figures, not model loading
     atomic_write_json(out_dir / "kpca.json", result, sort_keys=False, default=str)
     atomic_write_text(out_dir / "summary.md", summary_markdown(result))
     return result
+
+
+def _chance(captures, seed: int) -> Dict[str, Any]:
+    """Random-matrix baselines for every (tokens, value dim) shape the Gram analysis ran on."""
+    shapes = {(c.tokens if c.key_valid(0) is None else int(c.key_valid(0).sum()), int(c.values().shape[-1]))
+              for c in captures}
+    return chance_baselines({(n, dv) for n, dv in shapes if dv <= n}, seed=seed)
+
+
+def _not_applicable_note(captures) -> str:
+    """One line naming the layers without Gram analysis (Dv > N), or ``""``."""
+    skipped = gram_not_applicable(captures)
+    if not skipped:
+        return ""
+    reasons = sorted(set(skipped.values()))
+    which = "every layer" if len(skipped) == len(captures) else f"{len(skipped)} of {len(captures)} layers"
+    return (f"value alignment and gamma not measured in {which} ({'; '.join(reasons)}: kernel PCA of N keys has at "
+            "most N axes, so it needs the head dimension Dv <= the token count N: a model with more heads or more "
+            "tokens, e.g. a Fashion-MNIST preset trained with --set model.kwargs.num_heads=6); J_proj and its "
+            "terms are measured")
 
 
 def _sparsity(probe: Probe) -> Dict[str, Any]:
@@ -217,7 +244,7 @@ def gamma_verdict(gm: dict) -> str:
 
 def _summary_table(result: dict, chance: Dict[str, tuple]) -> List[str]:
     """One row per protocol plus the chance row (norms written with the norm sign: ``|`` splits cells)."""
-    header = ["protocol", "J_proj", "\u2016varphi(q)\u2016^2", "\u2016h\u2016^2", "log mean J_proj", "optimal cos",
+    header = ["protocol", "J_proj", "\u2016φ(q)\u2016²", "\u2016h\u2016²", "log mean J_proj", "optimal cos",
               "linear CKA", "RBF CKA", "direct cos", "mean abs dgamma learned / perturbed / random"]
     rows = []
     for proto, res in result["protocols"].items():
@@ -241,7 +268,8 @@ def _alignment_section(result: dict, chance: Dict[str, tuple]) -> List[str]:
         desc = ", ".join(f"{k.replace('_', ' ')} {_fmt(_m(mo.get(k)))} ({v}; chance {_fmt(chance[k][0])})"
                          for k, v in verdicts.items())
         if all(v == NOT_MEASURED for v in verdicts.values()):
-            concl = f"{NOT_MEASURED} (see Failures), so nothing is concluded"
+            why = "not applicable to this model, see above" if result.get("not_applicable") else "see Failures"
+            concl = f"{NOT_MEASURED} ({why}), so nothing is concluded"
         elif any(v == "supports" for v in verdicts.values()):
             concl = "at least one metric reaches the 0.8 support level, so the numbers support the claim for this metric"
         elif any(v == "above chance" for v in verdicts.values()):
@@ -272,13 +300,13 @@ def _gamma_section(result: dict) -> List[str]:
 
 def _jproj_terms(proto: str, model: dict) -> str:
     phi2, h2, j = _m(model.get("phi2")), _m(model.get("h2")), _m(model.get("jproj"))
-    s = f"Under `{proto}`: J_proj = {_fmt(j)}, ||varphi(q)||^2 = {_fmt(phi2)}, ||h||^2 = {_fmt(h2)}"
+    s = f"Under `{proto}`: J_proj = {_fmt(j)}, ||φ(q)||^2 = {_fmt(phi2)}, ||h||^2 = {_fmt(h2)}"
     if j is not None and j < 0:
-        s += "; the mean J_proj is negative (||h||^2 > ||varphi(q)||^2), which contradicts reading h as a projection of varphi(q)"
+        s += "; the mean J_proj is negative (||h||^2 > ||φ(q)||^2), which contradicts reading h as a projection of φ(q)"
     if phi2 and h2:
         ratio = h2 / phi2
         if ratio > 10 or ratio < 0.1:
-            big = "||h||^2" if ratio > 1 else "||varphi(q)||^2"
+            big = "||h||^2" if ratio > 1 else "||φ(q)||^2"
             s += f"; the terms differ by {_fmt(max(ratio, 1 / ratio), 1)}x, so J_proj is dominated by {big}"
         else:
             s += f"; the terms are within 10x ({_fmt(ratio, 2)})"
@@ -296,8 +324,8 @@ def _jproj_history(result: dict) -> List[str]:
         rec = [r for r in hist if all(k in r and r[k] is not None for k in keys)]
         if len(rec) >= 2:
             dj, dp, dh = (rec[-1][k] - rec[0][k] for k in keys)
-            driver = "||h||^2" if abs(dh) > abs(dp) else "||varphi(q)||^2"
-            parts.append(f"Over {len(rec)} logged epochs ({proto}): J_proj changed by {_fmt(dj)}, ||varphi(q)||^2 by "
+            driver = "||h||^2" if abs(dh) > abs(dp) else "||φ(q)||^2"
+            parts.append(f"Over {len(rec)} logged epochs ({proto}): J_proj changed by {_fmt(dj)}, ||φ(q)||^2 by "
                          f"{_fmt(dp)} and ||h||^2 by {_fmt(dh)}, so the change is driven by {driver}.")
     return parts
 
@@ -363,6 +391,8 @@ def summary_markdown(result: dict) -> str:
                  f"layers analysed: {len(meta.get('layers', []))}; float64. Every number names its protocol "
                  "(`paper`: per-token standardised q, k; `exact`: the definitions).")
     lines.append("")
+    if result.get("not_applicable"):
+        lines += [f"Not applicable to this model: {result['not_applicable']}.", ""]
     chance = {k: _pooled_chance(result, k) for k in ALIGN_METRICS}
     lines += _summary_table(result, chance) + [""]
     lines += _alignment_section(result, chance) + _gamma_section(result) + _jproj_section(result)

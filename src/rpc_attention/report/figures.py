@@ -152,9 +152,85 @@ def corruption_bars(res: Dict[str, Any], out_dir: Path) -> List[dict]:
 _VAL_KEYS = ("acc1", "top1", "miou", "mIoU", "ppl", "acc")
 
 
+def _run_curves(curve: List[dict]) -> Dict[str, Any]:
+    """A run's training loss, validation metric and validation loss as ``(step, value)`` points."""
+    train = [(r["step"], r["loss"]) for r in curve if r.get("split", "train") == "train"
+             and isinstance(r.get("loss"), (int, float)) and isinstance(r.get("step"), (int, float))]
+    val = [r for r in curve if r.get("split") in ("val", "valid") and isinstance(r.get("step"), (int, float))]
+    mk = next((k for k in _VAL_KEYS if any(isinstance(r.get(k), (int, float)) for r in val)), None)
+    metric = [(r["step"], r[mk]) for r in val if mk and isinstance(r.get(mk), (int, float))]
+    vloss = [(r["step"], r["loss"]) for r in val if isinstance(r.get("loss"), (int, float))]
+    return {"train": train, "metric": metric, "metric_name": mk, "val_loss": vloss}
+
+
+def _draw_validation(ax, per_model: List[tuple], key: str) -> bool:
+    """Validation points per model: lines over steps when runs were evaluated several times, else one
+    column of dots per model (one dot per seed) so that single evaluations stay visible."""
+    series = [(label, color, [c[key] for c in curves if c[key]]) for label, color, curves in per_model]
+    series = [t for t in series if t[2]]
+    if not series:
+        return False
+    if max(len(pts) for _, _, runs in series for pts in runs) > 1:
+        for label, color, runs in series:
+            for i, pts in enumerate(runs):
+                ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", ms=3, color=color,
+                        label=label if i == 0 else "_nolegend_")
+        ax.set_xlabel("step")
+        return True
+    for x, (_label, color, runs) in enumerate(series):
+        ys = [pts[-1][1] for pts in runs]
+        ax.scatter([x] * len(ys), ys, color=color, s=28, zorder=3)
+    ax.set_xticks(range(len(series)))
+    ax.set_xticklabels([t[0] for t in series], rotation=20, ha="right", fontsize=7)
+    ax.set_xlim(-0.6, len(series) - 0.4)
+    ax.set_xlabel("model (one dot per seed, single evaluation)")
+    return True
+
+
+def _training_figure(plt, res: Dict[str, Any], runs: List[str]):
+    """The three panels of one model family; None when nothing was logged."""
+    per_model: Dict[str, tuple] = {}
+    for run in runs:
+        key = run.rsplit("-s", 1)[0]
+        if key not in per_model:
+            color = f"C{len(per_model) % 10}"
+            per_model[key] = (res["models"].get(key, {}).get("label", key), color, [])
+        per_model[key][2].append(_run_curves(res["training"][run]["curve"]))
+    models = list(per_model.values())
+    fig, axes = plt.subplots(1, 3, figsize=(15, 4.2))
+    drew = [False, False, False]
+    for label, color, curves in models:
+        for i, c in enumerate(curves):
+            if c["train"]:
+                axes[0].plot([p[0] for p in c["train"]], [p[1] for p in c["train"]], lw=1, color=color,
+                             alpha=0.8, label=label if i == 0 else "_nolegend_")
+                drew[0] = True
+    drew[1] = _draw_validation(axes[1], models, "metric")
+    drew[2] = _draw_validation(axes[2], models, "val_loss")
+    if not any(drew):
+        plt.close(fig)
+        return None
+    val_name = next((c["metric_name"] for _, _, cs in models for c in cs if c["metric_name"]), None)
+    axes[0].set_title("training loss (one line per seed)")
+    axes[0].set_xlabel("step")
+    axes[1].set_title(f"validation {val_name or 'metric'}")
+    axes[2].set_title("validation loss")
+    if val_name == "ppl":
+        axes[1].set_yscale("log")
+    for ax, d in zip(axes, drew):
+        ax.grid(alpha=0.3)
+        if not d:
+            ax.text(0.5, 0.5, "not logged", ha="center", va="center", transform=ax.transAxes, color="grey")
+    handles = [plt.Line2D([], [], color=color, lw=2, label=label) for label, color, _ in models]
+    fig.legend(handles=handles, loc="lower center", ncol=min(4, len(handles)), fontsize=8, frameon=False)
+    fig.subplots_adjust(wspace=0.28, bottom=0.32 if len(handles) > 4 else 0.27)
+    return fig
+
+
 def training_curves(res: Dict[str, Any], out_dir: Path) -> List[dict]:
     """Training loss (records with split == "train") and the validation metric (split == "val") per run,
-    from each run's metrics.jsonl (the trainer's schema: step, epoch, split, loss, acc1 / ppl / miou)."""
+    from each run's metrics.jsonl (the trainer's schema: step, epoch, split, loss, acc1 / ppl / miou).
+    One colour per model (its seeds share it) and one legend under the panels."""
     figs = []
     by_family: Dict[str, List[str]] = {}
     for m in res["models"].values():
@@ -165,51 +241,13 @@ def training_curves(res: Dict[str, Any], out_dir: Path) -> List[dict]:
         return []
     plt = pyplot()
     for fam, runs in by_family.items():
-        fig, axes = plt.subplots(1, 3, figsize=(15, 3.6))
-        drew = [False, False, False]
-        val_name = None
-        for run in runs:
-            curve = res["training"][run]["curve"]
-            key = run.rsplit("-s", 1)[0]
-            label = res["models"].get(key, {}).get("label", key) + (f" (seed {run.rsplit('-s', 1)[1]})" if len(
-                res["models"].get(key, {}).get("seeds", [])) > 1 else "")
-            train = [r for r in curve if r.get("split", "train") == "train" and isinstance(r.get("loss"), (int, float))
-                     and isinstance(r.get("step"), (int, float))]
-            if train:
-                axes[0].plot([r["step"] for r in train], [r["loss"] for r in train], marker="o", ms=2.5, label=label)
-                drew[0] = True
-            val = [r for r in curve if r.get("split") in ("val", "valid") and isinstance(r.get("step"), (int, float))]
-            mk = next((k for k in _VAL_KEYS if any(isinstance(r.get(k), (int, float)) for r in val)), None)
-            if val and mk:
-                pts = [(r["step"], r[mk]) for r in val if isinstance(r.get(mk), (int, float))]
-                axes[1].plot([p[0] for p in pts], [p[1] for p in pts], marker="o", ms=4, label=label)
-                val_name = mk
-                drew[1] = True
-            vl = [(r["step"], r["loss"]) for r in val if isinstance(r.get("loss"), (int, float))]
-            if vl:
-                axes[2].plot([p[0] for p in vl], [p[1] for p in vl], marker="o", ms=4, label=label)
-                drew[2] = True
-        if not any(drew):
-            plt.close(fig)
+        fig = _training_figure(plt, res, runs)
+        if fig is None:
             continue
-        axes[0].set_title("training loss")
-        axes[0].set_xlabel("step")
-        axes[1].set_title(f"validation {val_name or 'metric'}")
-        axes[1].set_xlabel("step")
-        axes[2].set_title("validation loss")
-        axes[2].set_xlabel("step")
-        if val_name == "ppl":
-            axes[1].set_yscale("log")
-        for ax, d in zip(axes, drew):
-            ax.grid(alpha=0.3)
-            if d:
-                ax.legend(fontsize=7)
-            else:
-                ax.text(0.5, 0.5, "not logged", ha="center", va="center", transform=ax.transAxes, color="grey")
-        fig.subplots_adjust(wspace=0.28)
         p = _save(fig, out_dir, f"training_{fam}.png")
         figs.append({"path": p, "caption": f"Training curves ({fam} models): training loss at each logged step, and the "
-                                           "validation metric and loss at each evaluation (the trainer's metrics.jsonl).",
+                                           "validation metric and loss at each evaluation (the trainer's metrics.jsonl; "
+                                           "a single evaluation per run is drawn as one dot per seed).",
                      "section": fam})
     return figs
 
@@ -237,7 +275,7 @@ def _jproj_terms_figure(plt, run: str, a: Dict[str, Any], out_dir: Path) -> dict
     for ax, (proto, pr) in zip(axes[0], protos.items()):
         layers = pr.get("layers") or []
         xs = list(range(len(layers)))
-        for term, lab in (("phi2", "||varphi(q)||^2"), ("h2", "||h||^2"), ("jproj", "J_proj")):
+        for term, lab in (("phi2", r"$\|\varphi(q)\|^2$"), ("h2", r"$\|h\|^2$"), ("jproj", "J_proj")):
             ys = [_stat(L.get(term)) for L in layers]
             if term == "jproj":
                 neg = [y is not None and y < 0 for y in ys]
@@ -259,7 +297,7 @@ def _jproj_terms_figure(plt, run: str, a: Dict[str, Any], out_dir: Path) -> dict
     fig.subplots_adjust(wspace=0.28)
     p = _save(fig, out_dir, f"jproj_{run}.png")
     return {"path": p, "section": "kpca", "caption": (
-        f"{a['label']}: the projection loss J_proj = mean(||varphi(q)||^2 - ||h||^2) and its two terms per "
+        f"{a['label']}: the projection loss J_proj = mean(‖φ(q)‖² − ‖h‖²) and its two terms per "
         "layer (mean over heads, tokens and probe images; log scale).")}
 
 

@@ -295,7 +295,7 @@ def _kpca_section(res: Dict[str, Any]) -> List[str]:
         return []
     L = ["## Kernel-PCA analysis (claims 1 and 2 of section 2 of the paper)", ""]
     rows = [row for run, a in analysis.items() for row in _kpca_rows(run, a)]
-    L += _table(["model", "run (protocol)", "J_proj", "‖varphi(q)‖²", "‖h‖²", "optimal cosine", "linear CKA",
+    L += _table(["model", "run (protocol)", "J_proj", "‖φ(q)‖²", "‖h‖²", "optimal cosine", "linear CKA",
                  "RBF CKA", "direct cosine", "mean |Δgamma| learned / perturbed / random"], rows)
     for run, a in analysis.items():
         for fm in a.get("failure_messages") or []:

@@ -1,0 +1,64 @@
+"""README.md runs as written: its ``bash`` and ``python`` blocks are executed in order in one temporary
+directory (shell blocks with ``bash -e``, Python blocks with this interpreter), with the small settings
+they show. A block that needs a GPU, a cluster or external data is marked with an HTML comment
+``<!-- not-run: why -->`` just before it and skipped; there may be only a few of those."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+README = ROOT / "README.md"
+FMNIST = os.environ.get("RPC_ATTENTION_FASHION_MNIST", "/usr/share/datasets/fashion-mnist")
+MAX_SKIPPED = 2
+
+_BLOCK = re.compile(r"(?:<!--\s*not-run:(?P<why>[^>]*)-->\s*\n)?^```(?P<lang>[a-z]*)\n(?P<body>.*?)^```", re.S | re.M)
+
+
+def readme_blocks(text: str):
+    """``[(language, body, not-run reason or None), ...]`` of every fenced block, in order."""
+    return [(m["lang"], m["body"], m["why"].strip() if m["why"] is not None else None)
+            for m in _BLOCK.finditer(text)]
+
+
+def test_block_parser_reads_markers_and_languages():
+    text = ("intro\n<!-- not-run: needs ImageNet -->\n```bash\ntorchrun x\n```\n\n```python\nprint(1)\n```\n"
+            "```\nplain\n```\n")
+    assert readme_blocks(text) == [("bash", "torchrun x\n", "needs ImageNet"), ("python", "print(1)\n", None),
+                                   ("", "plain\n", None)]
+
+
+def test_readme_is_short_and_every_skipped_block_says_why():
+    text = README.read_text()
+    assert len(text.splitlines()) < 250
+    blocks = readme_blocks(text)
+    assert all(lang in ("bash", "python") for lang, _, _ in blocks), "README code blocks are bash or python"
+    skipped = [why for _, _, why in blocks if why is not None]
+    assert all(skipped) and len(skipped) <= MAX_SKIPPED, skipped
+    assert text.splitlines()[4:6] == [
+        "make demo   # creates .venv, installs everything, runs the main job (the `quick` study) on the embedded default data",
+        "make test   # creates .venv if needed, installs with the dev extras, runs the test suite"]
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not os.path.isdir(FMNIST), reason="Fashion-MNIST not installed")
+def test_readme_blocks_run_in_order(tmp_path):
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT / "src"), os.environ.get("PYTHONPATH", "")]),
+               PATH=os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")]),
+               MPLBACKEND="Agg", RPC_ATTENTION_NO_PROGRESS="1", HF_HUB_OFFLINE="1")
+    ran = 0
+    for i, (lang, body, why) in enumerate(readme_blocks(README.read_text())):
+        if why is not None:
+            continue
+        cmd = ["bash", "-e", "-o", "pipefail", "-c", body] if lang == "bash" else [sys.executable, "-c", body]
+        proc = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True)
+        assert proc.returncode == 0, f"README block {i} ({lang}) failed:\n{body}\n--- stderr:\n{proc.stderr[-3000:]}"
+        assert "Traceback" not in proc.stderr, f"README block {i} printed a traceback:\n{proc.stderr[-3000:]}"
+        ran += 1
+    assert ran >= 8
