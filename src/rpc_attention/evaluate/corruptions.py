@@ -295,6 +295,12 @@ def corruptions_suite(model: nn.Module, cfg: Mapping[str, Any], run_dir, opts: D
             bar.update(1)
     bar.close()
 
+    return _suite_result(errors, clean_err, record, names, n, dname, root, opts)
+
+
+def _suite_result(errors: Dict[str, List[float]], clean_err: Optional[float], record: PerExample,
+                  names: Sequence[str], n: int, dname: str, root: Optional[str], opts: Dict[str, Any]) -> Dict[str, Any]:
+    """The suite's metrics, rows, protocol and per-example record from the measured error rates."""
     mean_err = {c: float(np.mean(v)) for c, v in errors.items()}
     metrics: Dict[str, float] = {MEAN_CORRUPTION_ERROR: 100.0 * float(np.mean(list(mean_err.values())))}
     if clean_err is not None:
