@@ -91,8 +91,12 @@ def test_study_settings_take_yaml_values():
 def test_analysis_settings_and_eps_fractions():
     import argparse
 
-    from rpc_attention.kpca.options import (AnalysisOptions, add_analysis_arguments, options_from_namespace,
-                                            options_from_settings)
+    from rpc_attention.kpca.options import (
+        AnalysisOptions,
+        add_analysis_arguments,
+        options_from_namespace,
+        options_from_settings,
+    )
 
     o = options_from_settings(["limit=2", "protocol=exact", "fgsm_eps=2.5/255", "figures=false", "ema=true"])
     assert (o.limit, o.protocols, o.figures, o.ema) == (2, ("exact",), False, True)

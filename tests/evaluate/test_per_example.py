@@ -6,8 +6,15 @@ import pytest
 import torch
 
 from rpc_attention.evaluate.inputs import Normalized, load_eval_data, norm_stats
-from rpc_attention.evaluate.per_example import (PerExample, decode_bits, decode_indices, encode_bits,
-                                                encode_indices, example_scores, has_example_record)
+from rpc_attention.evaluate.per_example import (
+    PerExample,
+    decode_bits,
+    decode_indices,
+    encode_bits,
+    encode_indices,
+    example_scores,
+    has_example_record,
+)
 from rpc_attention.evaluate.suites import get_suite, resolve_options, run_suite
 
 

@@ -6,11 +6,16 @@ import numpy as np
 import pytest
 import torch
 
+from rpc_attention.evaluate.per_example import example_data
 from rpc_attention.evaluate.segmentation import (
-    IGNORE_INDEX, SegEvaluator, confusion_matrix, metrics_from_confusion, miou_of_stats, seg_corruptions_suite,
+    IGNORE_INDEX,
+    SegEvaluator,
+    confusion_matrix,
+    metrics_from_confusion,
+    miou_of_stats,
+    seg_corruptions_suite,
     seg_suite,
 )
-from rpc_attention.evaluate.per_example import example_data
 from rpc_attention.evaluate.suites import get_suite, list_suites
 
 

@@ -10,8 +10,8 @@ import torch
 
 transformers = pytest.importorskip("transformers")
 
-import rpc_attention.integrations.transformers as rpc_hf  # noqa: E402
 import rpc_attention.functional as RF  # noqa: E402
+import rpc_attention.integrations.transformers as rpc_hf  # noqa: E402
 from rpc_attention.integrations import _core  # noqa: E402
 
 INF = float("inf")

@@ -5,9 +5,15 @@ import torch
 from torch import Tensor
 
 import rpc_attention.functional as RF
-
 from rpc_attention.models.lm import (
-    AdaptiveLogSoftmax, LM_CONFIGS, Symlm, build_lm, cache_length, generate, lm_config, parse_rpc_layers,
+    LM_CONFIGS,
+    AdaptiveLogSoftmax,
+    Symlm,
+    build_lm,
+    cache_length,
+    generate,
+    lm_config,
+    parse_rpc_layers,
     reorder_cache,
 )
 from rpc_attention.nn import Attention, RPCAttention, SymmetricAttention

@@ -8,8 +8,7 @@ import pytest
 from scipy import stats
 
 from rpc_attention.evaluate.ood import aupr
-from rpc_attention.evaluate.per_example import (STATISTICS, ExampleData, average_precision, example_data,
-                                                score_record)
+from rpc_attention.evaluate.per_example import STATISTICS, ExampleData, average_precision, example_data, score_record
 from rpc_attention.report.intervals import paired_bootstrap, paired_comparison, t_interval
 from rpc_attention.report.lead import lead_paragraph
 from rpc_attention.report.verdict import INCONCLUSIVE, REPRODUCED, UNRESOLVED

@@ -10,7 +10,6 @@ import torch
 
 from rpc_attention.evaluate.corruptions import declare_mce
 from rpc_attention.evaluate.per_example import PerExample, score_record
-
 from rpc_attention.reproduce import StageSkipped, get_study, make_pipeline
 from rpc_attention.reproduce.pipeline import atomic_write_json, atomic_write_text
 from rpc_attention.reproduce.studies import build_stages

@@ -8,8 +8,16 @@ import pytest
 from scipy import stats
 
 from rpc_attention.report.intervals import ALPHA, holm, min_detectable, paired_t, t_interval
-from rpc_attention.report.verdict import (CONTRADICTED, INCONCLUSIVE, NOT_MEASURED, REPRODUCED, RULES_TEXT,
-                                          UNRESOLVED, claim_verdict, effect)
+from rpc_attention.report.verdict import (
+    CONTRADICTED,
+    INCONCLUSIVE,
+    NOT_MEASURED,
+    REPRODUCED,
+    RULES_TEXT,
+    UNRESOLVED,
+    claim_verdict,
+    effect,
+)
 
 
 def test_effect_orientation_and_margin():

@@ -24,8 +24,8 @@ def test_lm_seeds_setting_and_no_note_when_the_seeds_match():
 
 
 def test_pgd_estimate_follows_the_study_steps_and_budgets():
-    from rpc_attention.reproduce import build_stages
     from rpc_attention.evaluate.suites import get_suite
+    from rpc_attention.reproduce import build_stages
     from rpc_attention.reproduce import estimates as E
 
     assert E.eval_estimate(get_suite("pgd").cost, 200, n_eps=3, steps=10) < E.eval_estimate(get_suite("pgd").cost, 200, n_eps=3, steps=20)

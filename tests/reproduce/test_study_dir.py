@@ -5,8 +5,8 @@ import json
 import pytest
 
 from rpc_attention.cli import main
-from rpc_attention.reproduce import Pipeline, get_study
 from rpc_attention.files import json_default
+from rpc_attention.reproduce import Pipeline, get_study
 
 
 def _finished_study(out, name="quick", settings=()):

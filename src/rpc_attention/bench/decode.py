@@ -27,7 +27,6 @@ from typing import Callable, Dict, List, Optional, Sequence
 import torch
 
 
-
 @dataclass
 class DecodeConfig:
     """What the decoding benchmark measures."""

@@ -291,7 +291,7 @@ class ImageData:
     augment: Augment = Augment()
 
     @classmethod
-    def from_config(cls, dcfg: Mapping[str, Any]) -> "ImageData":
+    def from_config(cls, dcfg: Mapping[str, Any]) -> ImageData:
         """The typed view of a ``data`` dict (keys it does not know belong to the task or the model;
         a key set to null takes the default)."""
         values = {f.name: dcfg[f.name] for f in fields(cls) if dcfg.get(f.name) is not None}

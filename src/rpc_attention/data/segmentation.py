@@ -345,7 +345,7 @@ class SegData:
     noise_std: float = 6.0
 
     @classmethod
-    def from_config(cls, dcfg: Mapping[str, Any]) -> "SegData":
+    def from_config(cls, dcfg: Mapping[str, Any]) -> SegData:
         """The typed view of a ``data`` dict (other keys belong to the task; a key set to null takes the default)."""
         values = {f.name: dcfg[f.name] for f in fields(cls) if dcfg.get(f.name) is not None}
         for key in ("mean", "std", "ratio_range", "scale", "n_items", "item_scale"):

@@ -110,7 +110,7 @@ def _attacked_pass(attack, space: InputSpace, scorer: nn.Module, batches, device
         max_linf = max(max_linf, float(d.abs().max()) if d.numel() else 0.0)
         norms.append(d.norm(p=1 if norm == "L1" else 2, dim=1).cpu())
         if space.name == "pixel":
-            out_of_range = max(out_of_range, float((adv.min().clamp(max=0).neg())), float((adv.max() - 1).clamp(min=0)))
+            out_of_range = max(out_of_range, float(adv.min().clamp(max=0).neg()), float((adv.max() - 1).clamp(min=0)))
     return hit1, hit5, max_linf, norms, out_of_range
 
 

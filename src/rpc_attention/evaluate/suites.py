@@ -25,8 +25,20 @@ import os
 import time
 from dataclasses import dataclass, field, fields
 from fractions import Fraction
-from typing import (Any, Callable, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple, get_args, get_origin,
-                    get_type_hints)
+from typing import (
+    Any,
+    Callable,
+    Dict,
+    Iterable,
+    List,
+    Mapping,
+    Optional,
+    Sequence,
+    Tuple,
+    get_args,
+    get_origin,
+    get_type_hints,
+)
 
 from ..files import atomic_write_json, atomic_write_text  # atomic_write_text: re-exported
 from ..markdown import markdown_table

@@ -35,7 +35,17 @@ import torch
 from torch import Tensor
 
 from .attention import attend, check_kv, resolve_scale
-from .pap import CAUSAL_MU_MODES, PAPState, threshold_of, check_pap_options, mu_from_sums, pap_loop, pass_dual, pass_keys, prepare_pap
+from .pap import (
+    CAUSAL_MU_MODES,
+    PAPState,
+    check_pap_options,
+    mu_from_sums,
+    pap_loop,
+    pass_dual,
+    pass_keys,
+    prepare_pap,
+    threshold_of,
+)
 
 _GROWTH, _CHUNK = 1.5, 64
 

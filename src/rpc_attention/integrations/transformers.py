@@ -38,8 +38,14 @@ from typing import Optional
 import torch
 
 from .. import functional as RF
-from ._core import (DEFAULT_OPTIONS, AsymmetricRPCCache, asymmetric_rpc_attention, cached_asymmetric_rpc_attention,
-                    check_options, layer_selected)
+from ._core import (
+    DEFAULT_OPTIONS,
+    AsymmetricRPCCache,
+    asymmetric_rpc_attention,
+    cached_asymmetric_rpc_attention,
+    check_options,
+    layer_selected,
+)
 
 __all__ = ["NAME", "register", "unregister", "configure", "prepare", "rpc_attention_forward", "rpc_mask",
            "is_registered", "decoding_cache_bytes", "TRANSFORMERS_RANGE"]
@@ -174,7 +180,7 @@ def rpc_attention_forward(
 # hands the attention function the model's cache and its layer's keys before the update; when those
 # keys are no longer the tensor of the last step (beam-search reordering, cropping, another cache),
 # PAP is run again over the whole prefix (exact, the cost of the uncached pass) and the state renewed.
-_DECODING: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+_DECODING: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
 def _cache_layer_keys(cache, idx: Optional[int]):

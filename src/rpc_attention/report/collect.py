@@ -14,15 +14,12 @@ import time
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Tuple
 
-from ..evaluate.classification import MEAN_TOP1, TOP1
-from ..evaluate.corruptions import MEAN_CORRUPTION_ERROR
-from ..evaluate.lm import ppl_metric
 from ..evaluate.suites import Column, all_suites, get_suite
 from .intervals import holm, min_detectable, paired_comparison
 from .lead import LEAD_RULE, lead_paragraph
 from .paper import PAPER_LABEL, PAPER_ROWS
 from .sparsity import collect_sparsity
-from .verdict import NOT_MEASURED, RULES_TEXT, claim_verdict, effect
+from .verdict import RULES_TEXT, claim_verdict, effect
 
 __all__ = ["collect_results", "setup_info", "metric_value", "TABLES"]
 

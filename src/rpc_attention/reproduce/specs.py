@@ -73,7 +73,7 @@ class ClaimSpec:
     def title(self) -> str:
         return f"{self.subject} {self.says}"
 
-    def variant(self, suffix: str, subject: str, rpc: str) -> "ClaimSpec":
+    def variant(self, suffix: str, subject: str, rpc: str) -> ClaimSpec:
         """The same claim for another RPC model, compared with the same paper row."""
         return replace(self, id=f"{self.id}_{suffix}", subject=subject, rpc=rpc, paper_id=self.paper_id or self.id)
 

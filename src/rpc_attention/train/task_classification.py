@@ -29,7 +29,7 @@ class MixupConfig:
     label_smoothing: float = 0.0
 
     @classmethod
-    def from_config(cls, section: Optional[Mapping[str, Any]]) -> "MixupConfig":
+    def from_config(cls, section: Optional[Mapping[str, Any]]) -> MixupConfig:
         section = dict(section or {})
         unknown = sorted(set(section) - {f.name for f in fields(cls)})
         if unknown:
