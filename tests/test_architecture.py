@@ -158,7 +158,7 @@ def test_registries_are_filled_by_explicit_imports():
     assert "unknown callback 'jproj'" in lines[2] and "import rpc_attention.kpca" in lines[2]
     assert lines[3] == "['jproj', 'sparsity']"
     assert lines[4] == str(["analyze", "bench", "compare", "eval", "eval-external", "generate", "pap-demo", "presets",
-                            "reproduce", "train"])
+                            "reproduce", "robustness", "train"])
 
 
 # --- function length ------------------------------------------------------------------------
