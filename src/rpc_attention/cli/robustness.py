@@ -21,8 +21,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--examples", type=int, default=64, help="test images of --run (default 64)")
     parser.add_argument("--no-synthetic", action="store_true", help="skip the synthetic low-rank-plus-noise keys")
     parser.add_argument("--variant", action="append", default=None, metavar="NAME[=key:value,...]",
-                        help="a PAP variant (repeatable), e.g. robust=threshold:mad,lambd:8,lowrank:keys,"
-                             "shrink:hard,dual_step:0; default: the official PAP and that robust variant")
+                        help="a PAP variant (repeatable), e.g. robust=threshold:mad,lambd:6,lowrank:keys,"
+                             "shrink:hard,dual_step:0,n_iter:2; default: the official PAP and that robust variant")
     parser.add_argument("--magnitudes", type=_floats, default=[2, 5, 10, 30, 100],
                         help="corruption sizes in key standard deviations (default 2,5,10,30,100)")
     parser.add_argument("--densities", type=_floats, default=[0.01, 0.05, 0.2],

@@ -76,7 +76,7 @@ def parse_variant(text: str) -> VariantSpec:
 
 
 # The official PAP and the best variant of docs/robustness.md.
-DEFAULT_VARIANTS = ("official", "robust=threshold:mad,lambd:8,lowrank:keys,shrink:hard,dual_step:0")
+DEFAULT_VARIANTS = ("official", "robust=threshold:mad,lambd:6,lowrank:keys,shrink:hard,dual_step:0,n_iter:2")
 
 
 def _generator(seed: int, tag: str) -> torch.Generator:
