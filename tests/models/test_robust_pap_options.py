@@ -41,3 +41,27 @@ def test_bad_robust_options_fail_at_construction(bad, match):
     with pytest.raises(ValueError, match=match):
         timm.create_model("rpc_symvit_tiny_patch16_224", img_size=28, patch_size=7, in_chans=1, embed_dim=16, depth=2,
                      num_heads=2, rpc_layers=[0], **bad)
+
+
+def test_fan_lm_and_integrations_take_the_robust_options():
+    from rpc_attention.integrations import asymmetric_rpc_attention
+    from rpc_attention.integrations import timm as rpc_timm
+    from rpc_attention.models.lm import lm_config
+
+    fan = timm.create_model("rpc_fan_tiny_12_p16_224", img_size=32, patch_size=16, embed_dim=32, depth=2, num_heads=2,
+                            num_classes=10, **ROBUST)
+    assert any(isinstance(m, RPCAttention) and (m.lowrank, m.shrink) == ("keys", "hard") for m in fan.modules())
+    cfg = lm_config("symlm-small", rpc_layers=[0], shrink="hard", dual_step=0.5)
+    assert (cfg.shrink, cfg.dual_step) == ("hard", 0.5)
+    with pytest.raises(ValueError, match="dual_step"):
+        lm_config("symlm-small", rpc_layers=[0], dual_step=-1.0)
+    vit = timm.create_model("symvit_tiny_patch16_224", img_size=28, patch_size=7, in_chans=1, embed_dim=16, depth=1,
+                            num_heads=2)
+    rpc_timm.convert(vit, rpc_layers=[0], n_iter=2, **ROBUST)
+    assert vit.blocks[0].attn.pap_options()["dual_step"] == 0.0
+    q, k, v = (torch.randn(1, 2, 9, 4, dtype=torch.float64) for _ in range(3))
+    k[0, 0, 2, 1] = 40.0
+    out, state = asymmetric_rpc_attention(q, k, v, n_iter=2, return_state=True, **ROBUST)
+    assert state.sparse[0, 0, 2, 1] != 0 and state.sparse.count_nonzero() <= 3
+    with pytest.raises(ValueError, match="shrink"):
+        rpc_timm.convert(vit, rpc_layers=[0], shrink="firm")

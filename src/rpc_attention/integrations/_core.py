@@ -44,6 +44,9 @@ DEFAULT_OPTIONS = {
     "mu_mode": None,
     "model_dim": None,
     "tol": None,
+    "lowrank": "values",
+    "shrink": "soft",
+    "dual_step": 1.0,
     "clean_queries": True,
     "key_mode": "sparse",
 }
@@ -71,8 +74,10 @@ def check_options(opts: dict) -> dict:
     out.update(opts)
     out["rpc_layers"] = resolve_layers(out["rpc_layers"])
     RF.check_pap_options(n_iter=out["n_iter"], lambd=out["lambd"], threshold=out["threshold"],
-                         mu_mode=out["mu_mode"], tol=out["tol"], model_dim=out["model_dim"])
+                         mu_mode=out["mu_mode"], tol=out["tol"], model_dim=out["model_dim"], lowrank=out["lowrank"],
+                         shrink=out["shrink"], dual_step=out["dual_step"])
     out["lambd"] = float(out["lambd"])
+    out["dual_step"] = float(out["dual_step"])
     if out["key_mode"] not in KEY_MODES:
         raise ValueError(f"key_mode must be one of {KEY_MODES}, got {out['key_mode']!r}")
     if not isinstance(out["clean_queries"], bool):
@@ -149,6 +154,9 @@ def asymmetric_rpc_attention(
     mu_mode: Optional[str] = None,
     model_dim: Optional[int] = None,
     tol: Optional[float] = None,
+    lowrank: str = "values",
+    shrink: str = "soft",
+    dual_step: float = 1.0,
     clean_queries: bool = True,
     key_mode: str = "sparse",
     fused: bool = True,
@@ -166,8 +174,9 @@ def asymmetric_rpc_attention(
             layer with a cache, where the rows of S at the queries' positions are used).
         key_mode: ``"sparse"`` (K - S, reduces exactly to plain attention as lambd -> inf) or
             ``"pap"`` (PAP's final K2).
-        n_iter, lambd, threshold, mu_mode, model_dim, tol: as :func:`rpc_attention.functional.pap_attention`;
-            ``model_dim`` defaults to ``H * d`` (query heads times head width).
+        n_iter, lambd, threshold, mu_mode, model_dim, tol, lowrank, shrink, dual_step: as
+            :func:`rpc_attention.functional.pap_attention`; ``model_dim`` defaults to ``H * d`` (query heads
+            times head width).
     Returns ``(B, H, Nq, d_v)`` and, with ``return_state``, the :class:`~rpc_attention.functional.PAPState`.
     """
     if q.dim() != 4 or k.dim() != 4 or v.dim() != 4:
@@ -178,7 +187,7 @@ def asymmetric_rpc_attention(
     hkv, nk = k.shape[1], k.shape[2]
     if h % hkv != 0:
         raise ValueError(f"query heads ({h}) must be a multiple of key/value heads ({hkv})")
-    if v.shape[-1] != k.shape[-1]:
+    if v.shape[-1] != k.shape[-1] and lowrank == "values":
         raise ValueError(f"RPC attention needs d_v == d_k (PAP's L step lives in value space), got {v.shape[-1]} vs {k.shape[-1]}")
     rep = h // hkv
     k = _repeat_heads(k, rep)
@@ -191,6 +200,7 @@ def asymmetric_rpc_attention(
     state = RF.pap_decompose(
         k, v, n_iter=n_iter, lambd=lambd, attn_mask=kk_mask, is_causal=is_causal,
         scale=scale, model_dim=model_dim, threshold=threshold, mu_mode=mu_mode, tol=tol, fused=fused,
+        lowrank=lowrank, shrink=shrink, dual_step=dual_step,
     )
     sparse = state.sparse.to(k.dtype)
     k_clean = k - sparse if key_mode == "sparse" else state.cleaned_keys.to(k.dtype)

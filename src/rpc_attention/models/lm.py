@@ -56,6 +56,8 @@ class SymlmConfig:
     lambd: float = 4.0
     threshold: str = "lambda_mu"
     mu_mode: Optional[str] = "causal"
+    shrink: str = "soft"   # robust PAP options valid in causal layers (docs/method.md#robust-variants)
+    dual_step: float = 1.0
     cutoffs: List[int] = field(default_factory=lambda: list(PAPER_CUTOFFS))
     adaptive: bool = True  # False: full softmax over the vocabulary
     tie_weights: bool = True
@@ -79,7 +81,8 @@ class SymlmConfig:
             raise ValueError(f"cutoffs must be increasing positive integers, got {self.cutoffs}")
         if self.rpc_layers:
             RF.check_pap_options(n_iter=self.n_iter, lambd=self.lambd, threshold=self.threshold,
-                                 mu_mode=self.mu_mode, is_causal=True)
+                                 mu_mode=self.mu_mode, is_causal=True, shrink=self.shrink,
+                                 dual_step=self.dual_step)
 
     @property
     def effective_cutoffs(self) -> List[int]:
@@ -222,7 +225,7 @@ class Block(nn.Module):
         common = dict(dim=cfg.d_model, num_heads=cfg.n_head, attn_drop=cfg.attn_dropout, proj_drop=cfg.dropout)
         if rpc:
             self.attn = RPCAttention(**common, n_iter=cfg.n_iter, lambd=cfg.lambd, threshold=cfg.threshold,
-                                     mu_mode=cfg.mu_mode)
+                                     mu_mode=cfg.mu_mode, shrink=cfg.shrink, dual_step=cfg.dual_step)
         elif cfg.attention == "symmetric":
             self.attn = SymmetricAttention(**common)
         else:
