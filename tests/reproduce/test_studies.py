@@ -50,3 +50,6 @@ def test_quick_study_measures_robust_pap_on_the_key_corruption_dose_response():
     # an empty preset leaves the model and its claim out
     bare = get_study("quick", ["preset_rpc_robust="])
     assert "rpc_robust" not in {m.key for m in bare.models} and "sparse_keys" not in {c.id for c in bare.claims}
+    for other in ("smoke", "fmnist-full"):  # the quick study's addition only
+        assert "rpc_robust" not in {m.key for m in get_study(other).models}
+        assert next(e for e in get_study(other).evals if e.suite == "sparse").sets == []

@@ -366,7 +366,10 @@ def quick(settings: Optional[Sequence[str]] = None) -> Study:
                          suites=("clean", "fgsm", "pgd", "corruptions", "ood", "sparse"))
 
 
-SMOKE_DEFAULTS: Dict[str, Any] = dict(QUICK_DEFAULTS, **{
+# The robust-PAP model and the key dose-response belong to the quick study only (empty: left out).
+_QUICK_ONLY = {"preset_rpc_robust": "", "sparse_key_magnitudes": []}
+
+SMOKE_DEFAULTS: Dict[str, Any] = dict(QUICK_DEFAULTS, **_QUICK_ONLY, **{
     "seeds": [0], "epochs": 1, "batch_size": 64, "train_subset": 256, "val_size": 64, "test_subset": 256,
     "train_overrides": ["model.kwargs.embed_dim=32", "model.kwargs.depth=2", "model.kwargs.num_heads=2",
                         "train.log_every=2", "train.threads=0"],
@@ -389,7 +392,7 @@ def smoke(settings: Optional[Sequence[str]] = None) -> Study:
                          suites=("clean", "fgsm", "pgd", "corruptions", "ood", "sparse"))
 
 
-FULL_DEFAULTS: Dict[str, Any] = dict(QUICK_DEFAULTS, **{
+FULL_DEFAULTS: Dict[str, Any] = dict(QUICK_DEFAULTS, **_QUICK_ONLY, **{
     "seeds": [0, 1, 2], "lm_seeds": [], "epochs": 20, "batch_size": 128, "eps": "1:6/255", "pgd_steps": 20,
     "val_size": 5000, "train_subset": 0, "eval_limit": 0, "attack_limit": 1000,
     "corruptions": [], "corruption_limit": 1000, "ood_limit": 0, "strong_attack_limit": 500, "sparse_limit": 0,
