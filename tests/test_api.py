@@ -58,7 +58,8 @@ def test_the_top_level_api():
     assert sorted(RF.__all__) == sorted(["PAPState", "THRESHOLDS", "MU_MODES", "as_bool_mask", "attention",
                                          "symmetric_attention", "pap_attention", "pap_decompose", "scaled_attention_s",
                                          "scaled_attention_alpha", "soft_shrink", "sparse_activity",
-                                         "check_pap_options", "PAPCache", "pap_prefill", "append_rows"])
+                                         "check_pap_options", "PAPCache", "pap_prefill", "append_rows", "LOWRANKS", "SHRINKS",
+                                         "hard_shrink", "robust_scale"])
     # the plumbing behind pap_attention is not public, but stays importable from its module
     from rpc_attention.functional import pap
 

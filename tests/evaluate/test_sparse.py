@@ -6,7 +6,13 @@ import torch
 
 import rpc_attention.models  # noqa: F401  (registers the timm models)
 from rpc_attention import nn as rnn
-from rpc_attention.evaluate.sparse import KeyCorruption, first_attention, occlude_patches, salt_and_pepper
+from rpc_attention.evaluate.sparse import (
+    KeyCorruption,
+    SparseSupport,
+    first_attention,
+    occlude_patches,
+    salt_and_pepper,
+)
 from rpc_attention.evaluate.suites import get_suite, resolve_options, run_suite
 
 
@@ -101,7 +107,10 @@ def test_sparse_suite_reports_every_setting(tiny_model):  # skips without Fashio
     m = rec["metrics"]
     names = ["top1_salt_pepper@2%", "top1_salt_pepper@5%", "top1_salt_pepper@10%", "top1_occlusion@1",
              "top1_occlusion@2", "top1_occlusion@4", "top1_keys@5%"]
-    assert set(m) == {"top1_clean", "mean_top1", *names}
+    assert {k for k in m if not k.startswith("s_")} == {"top1_clean", "mean_top1", "mean_top1_keys", *names}
+    assert m["mean_top1_keys"] == m["top1_keys@5%"]
+    # the tiny model's first block runs PAP: S's support is scored against the corrupted entries
+    assert set(rec["key_sparse"]) == {"top1_keys@5%"} and rec["key_sparse"]["top1_keys@5%"]["corrupted_entries"] > 0
     assert m["mean_top1"] == pytest.approx(sum(m[k] for k in names) / 7, rel=1e-12)
     assert [r["level"] for r in rec["rows"]][1:4] == ["2% of pixels", "5% of pixels", "10% of pixels"]
     assert rec["n_examples"] == 64 and rec["settings"]["patch_size"] == 7
@@ -111,3 +120,56 @@ def test_sparse_suite_reports_every_setting(tiny_model):  # skips without Fashio
     assert run_suite(suite, model, cfg, None, opts)["metrics"] == m
     with pytest.raises(ValueError, match="sparse.occlusion"):
         suite.check(cfg, resolve_options(suite, {"sparse.occlusion": "1.5"}))
+
+
+def test_per_head_key_corruption_is_sized_by_each_heads_std_and_last_hit_has_the_heads_layout():
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(rnn.SymmetricAttention(32, num_heads=2).double().eval())
+    with torch.no_grad():
+        model[0].qkv.weight[:16] *= 10  # head 0's keys 10x larger than head 1's
+    x = torch.randn(4, 40, 32, dtype=torch.float64)
+    keys, _ = _key_parts(model[0], x, 0)
+    with KeyCorruption(model, 0.1, 3.0, seed=0, per_head=True) as kc:
+        bad, _ = _key_parts(model[0], x, 0)
+        last_hit = kc.last_hit
+    delta = (bad - keys).reshape(4, 40, 2, 16)
+    assert torch.equal(last_hit, (delta != 0).transpose(1, 2))
+    for i in range(4):
+        for h in range(2):
+            d = delta[i, :, h][delta[i, :, h] != 0].abs()
+            want = 3.0 * keys[i].reshape(40, 2, 16)[:, h].std().item()
+            torch.testing.assert_close(d, torch.full_like(d, want), rtol=1e-12, atol=1e-12)
+
+
+def test_sparse_support_counts_the_entries_pap_took_against_the_corrupted_ones():
+    torch.manual_seed(0)
+    layer = rnn.RPCAttention(32, num_heads=2, n_iter=2, threshold="mad", lambd=6.0, lowrank="keys", shrink="hard",
+                             dual_step=0.0).double().eval()
+    model = torch.nn.Sequential(layer)
+    x = torch.randn(3, 40, 32, dtype=torch.float64)
+    seen = []
+    with KeyCorruption(model, 0.05, 50.0, seed=0) as kc, SparseSupport(kc) as support:
+        layer.register_forward_hook(lambda m, a, o: seen.append(((m.last_state.sparse != 0), kc.last_hit)))
+        model(x)
+    taken, hit = seen[0]
+    both = int((taken & hit).sum())
+    scores = support.scores()
+    assert scores["precision"] == both / int(taken.sum()) and scores["recall"] == both / int(hit.sum())
+    assert scores["recall"] == 1.0 and scores["precision"] > 0.9  # 50 std: every corrupted entry is taken
+    assert layer.keep_state is False and layer.last_state is None  # restored
+    with KeyCorruption(torch.nn.Sequential(rnn.SymmetricAttention(32, 2)), 0.05, 5.0) as kc2, SparseSupport(kc2) as s2:
+        assert s2.scores() == {}  # no PAP block: nothing to score
+
+
+def test_key_magnitude_list_gives_a_dose_response_with_its_own_metric_names(tiny_model):
+    model, cfg = tiny_model
+    suite = get_suite("sparse")
+    opts = dict(resolve_options(suite, {"sparse.key_magnitude": "5,100"}, limit=32), salt_pepper=[], occlusion=[])
+    rec = run_suite(suite, model, cfg, None, opts)
+    assert {k for k in rec["metrics"] if k.startswith("top1_keys")} == {"top1_keys@5%x5std", "top1_keys@5%x100std"}
+    assert set(rec["key_sparse"]) == {"top1_keys@5%x5std", "top1_keys@5%x100std"}
+    single = run_suite(suite, model, cfg, None, dict(opts, key_magnitude=[100.0]))
+    assert single["metrics"]["top1_keys@5%"] == rec["metrics"]["top1_keys@5%x100std"]
+    for bad in ({"sparse.key_magnitude": "5,5"}, {"sparse.key_per_head": "true", "sparse.key_fraction": "0"}):
+        with pytest.raises(ValueError, match="key_"):
+            suite.check(cfg, resolve_options(suite, bad))

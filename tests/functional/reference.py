@@ -31,8 +31,28 @@ def ref_shrink(x, t):
     return torch.sign(x) * torch.clamp(x.abs() - t, min=0)
 
 
+def ref_hard_shrink(x, t):
+    return torch.where(x.abs() > t, x, torch.zeros_like(x))
+
+
+def ref_median(values):
+    """The lower median (torch.median's convention for an even count), from a sorted list."""
+    ordered = sorted(values)
+    return ordered[(len(ordered) - 1) // 2]
+
+
+def ref_feature_medians(kk, vk):
+    """Per feature, the median over the valid tokens."""
+    rows = kk[vk]
+    return torch.tensor([ref_median(rows[:, j].tolist()) for j in range(kk.shape[1])], dtype=kk.dtype)
+
+
 def ref_tau(threshold, lambd, mu, kk, vk, causal):
     """The shrinkage threshold of one (batch, head) for each rule, written out directly."""
+    if threshold == "mad":  # lambd * 1.4826 * median over (token, feature) of |k - per-feature median|
+        centre = ref_feature_medians(kk, vk)
+        deviations = (kk[vk] - centre).abs().flatten().tolist()
+        return torch.tensor(lambd * 1.4826 * max(ref_median(deviations), 1e-12), dtype=kk.dtype)
     if threshold == "lambda_mu":
         return lambd * mu
     if threshold == "lambda_over_mu":
@@ -49,11 +69,15 @@ def ref_tau(threshold, lambd, mu, kk, vk, causal):
     return torch.tensor(mags[min(math.ceil(lambd * len(mags)), len(mags) - 1)], dtype=kk.dtype)
 
 
-def ref_pap(k, v, n_iter, lambd, C=None, threshold="lambda_mu", mu_mode="global", valid=None, causal=False):
-    """PAP for (B, H, N, d) float64 tensors, one (batch, head) at a time, as docs/method.md#the-loop writes it."""
+def ref_pap(k, v, n_iter, lambd, C=None, threshold="lambda_mu", mu_mode="global", valid=None, causal=False,
+            lowrank="values", shrink="soft", dual_step=1.0):
+    """PAP for (B, H, N, d) float64 tensors, one (batch, head) at a time, as docs/method.md#the-loop writes it
+    (with the options of docs/method.md#robust-variants: L in key space started at the per-feature
+    median, hard shrinkage, a scaled dual step)."""
+    shrink_fn = ref_shrink if shrink == "soft" else ref_hard_shrink
     B, H, N, d = k.shape
     C = H * d if C is None else C
-    out = torch.zeros_like(v)
+    out = torch.zeros(B, H, N, v.shape[-1], dtype=v.dtype)
     for b in range(B):
         for h in range(H):
             kk, vv = k[b, h], v[b, h]
@@ -72,13 +96,15 @@ def ref_pap(k, v, n_iter, lambd, C=None, threshold="lambda_mu", mu_mode="global"
                 mu = torch.tensor(count * width / (4 * max(total, 1e-6)), dtype=kk.dtype)
             tau = ref_tau(threshold, lambd, mu, kk, vk, causal)
             L = torch.zeros_like(kk)
+            if lowrank == "keys":
+                L = ref_feature_medians(kk, vk).expand_as(kk).clone()
             Y = torch.zeros_like(kk)
             for _ in range(n_iter - 1):
-                S = ref_shrink(kk - L + Y / mu, tau)
+                S = shrink_fn(kk - L + Y / mu, tau)
                 K2 = kk - S - Y / mu
-                L = ref_softmax_attention(K2, K2, vv, 1 / math.sqrt(d), vk, causal)
-                Y = Y + mu * (kk - L - S)
-            S = ref_shrink(kk - L + Y / mu, tau)
+                L = ref_softmax_attention(K2, K2, K2 if lowrank == "keys" else vv, 1 / math.sqrt(d), vk, causal)
+                Y = Y + dual_step * mu * (kk - L - S)
+            S = shrink_fn(kk - L + Y / mu, tau)
             K2 = kk - S - Y / mu
             out[b, h] = ref_softmax_attention(K2, K2, vv, 1 / math.sqrt(d), vk, causal)
     return out

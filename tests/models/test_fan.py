@@ -59,7 +59,8 @@ def test_token_mixing_types_and_rpc_placement():
     a = m.blocks[0].attn
     assert (a.n_iter, a.lambd, a.threshold, a.mu_mode) == (4, 4.0, "lambda_mu", None)
     assert m.rpc_cfg == {"token_mixing": "sym", "rpc_layers": [0], "n_iter": 4, "lambd": 4.0,
-                         "threshold": "lambda_mu", "mu_mode": None, "model_dim": 32, "tol": None}
+                         "threshold": "lambda_mu", "mu_mode": None, "model_dim": 32, "tol": None,
+                         "lowrank": "values", "shrink": "soft", "dual_step": 1.0}
 
 
 def test_pap_options_overridable_through_create_model():

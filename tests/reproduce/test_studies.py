@@ -7,7 +7,7 @@ def test_quick_study_runs_three_seeds_per_vision_model_and_one_lm_seed():
     study = get_study("quick")
     vision = [m for m in study.models if m.family == "vision"]
     lm = [m for m in study.models if m.family == "lm"]
-    assert {m.key for m in vision} == {"symvit", "rpc6", "rpc2all", "rpc_pcp"}
+    assert {m.key for m in vision} == {"symvit", "rpc6", "rpc2all", "rpc_pcp", "rpc_robust"}
     assert all(m.seeds == [0, 1, 2] for m in vision)
     assert [m.seeds for m in lm] == [[0], [0]]
     # fewer LM seeds than vision seeds: the report is told so
@@ -38,3 +38,19 @@ def test_pgd_estimate_follows_the_study_steps_and_budgets():
     # 200 images x 3 eps x 10 steps: about twice the cost at 20 steps (the fixed overhead aside)
     short, long = pgd_estimate([]), pgd_estimate(["pgd_steps=20"])
     assert 1.7 < (long - E.EVAL_OVERHEAD_S) / (short - E.EVAL_OVERHEAD_S) < 2.0
+
+
+def test_quick_study_measures_robust_pap_on_the_key_corruption_dose_response():
+    study = get_study("quick")
+    robust = next(m for m in study.models if m.key == "rpc_robust")
+    assert robust.preset == "fmnist-rpc-symvit-robust"
+    sparse = next(e for e in study.evals if e.suite == "sparse")
+    assert "rpc_robust" in sparse.models and "sparse.key_magnitude=5,20,100" in sparse.sets
+    claim = next(c for c in study.claims if c.id == "sparse_keys")
+    assert (claim.metric, claim.baseline, claim.rpc) == ("mean_top1_keys", "symvit", "rpc_robust")
+    # an empty preset leaves the model and its claim out
+    bare = get_study("quick", ["preset_rpc_robust="])
+    assert "rpc_robust" not in {m.key for m in bare.models} and "sparse_keys" not in {c.id for c in bare.claims}
+    for other in ("smoke", "fmnist-full"):  # the quick study's addition only
+        assert "rpc_robust" not in {m.key for m in get_study(other).models}
+        assert next(e for e in get_study(other).evals if e.suite == "sparse").sets == []

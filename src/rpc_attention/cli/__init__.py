@@ -32,11 +32,23 @@ class UserError(Exception):
 
 def commands() -> List[Tuple[str, ModuleType]]:
     """``(command name, module)`` of every sub-command, in the order ``--help`` lists them."""
-    from . import analyze, bench, compare, eval, eval_external, generate, pap_demo, presets, reproduce, train
+    from . import (
+        analyze,
+        bench,
+        compare,
+        eval,
+        eval_external,
+        generate,
+        pap_demo,
+        presets,
+        reproduce,
+        robustness,
+        train,
+    )
 
     return [("analyze", analyze), ("bench", bench), ("compare", compare), ("eval", eval),
             ("eval-external", eval_external), ("generate", generate), ("pap-demo", pap_demo),
-            ("presets", presets), ("reproduce", reproduce), ("train", train)]
+            ("presets", presets), ("reproduce", reproduce), ("robustness", robustness), ("train", train)]
 
 
 class _StderrHandler(logging.StreamHandler):

@@ -53,7 +53,7 @@ EXAMPLE_METRICS: Dict[str, tuple] = {
     "clean": ("top1", "error"),
     **{name: _ATTACK for name in ("fgsm", "pgd", "spsa", "sld", "cw", "noise", "square", "autoattack")},
     "corruptions": ("clean_error", "mean_corruption_error", "mCE"),
-    "sparse": ("top1_*", "mean_top1"),
+    "sparse": ("top1_*", "mean_top1", "mean_top1_keys"),
     "ood": ("AUPR",),
     "imagenet-a": ("top1",), "imagenet-r": ("top1",),
     "ppl": ("*_ppl_*",), "wordswap": ("*_ppl_*",),

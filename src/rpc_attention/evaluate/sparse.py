@@ -8,9 +8,11 @@ Three corruptions, each touching a small share of the input, on the same test im
   exactly that many tokens are corrupted), filled with ``occlusion_fill`` (0.5, mid grey);
 * **key corruption**: test-time sparse corruption of the keys of the first attention block, the
   ``pap-demo`` setting inside a trained model: a forward hook on that block's ``qkv`` projection adds
-  ``+-key_magnitude`` (5) standard deviations of the example's clean keys to a random ``key_fraction``
-  (5 %) of its key entries (random sign). In a symmetric model the queries are the keys, so they move
-  too.
+  ``+-key_magnitude`` (5; a list gives a dose-response) standard deviations of the example's clean keys
+  (``key_per_head``: of each head's keys) to a random ``key_fraction`` (5 %) of its key entries
+  (random sign). In a symmetric model the queries are the keys, so they move too. When that block runs
+  PAP, the precision and recall of its sparse term's support against the corrupted entries are
+  recorded (``key_sparse``).
 
 Every draw is seeded by ``(seed, corruption, level, example index)``, so a result does not depend on
 the batching or the device. Metrics: top-1 (%) clean and under each setting, and the mean over the
@@ -34,8 +36,9 @@ from .predict import top1_hits
 from .suites import Column, CommonOptions, Cost, StudyUse, list_option, register_suite
 
 MEAN_TOP1 = "mean_top1"  # mean top-1 (%) over the corrupted settings; each setting adds its own
+MEAN_TOP1_KEYS = "mean_top1_keys"  # mean top-1 (%) over the key-corruption magnitudes
 
-__all__ = ["salt_and_pepper", "occlude_patches", "KeyCorruption", "first_attention", "sparse_suite"]
+__all__ = ["salt_and_pepper", "occlude_patches", "KeyCorruption", "SparseSupport", "first_attention", "sparse_suite"]
 
 
 def _generator(seed: int, kind: str, level: float, index: int) -> torch.Generator:
@@ -93,26 +96,43 @@ def first_attention(model: nn.Module) -> Tuple[str, nn.Module, int]:
 class KeyCorruption:
     """Context manager: adds ``+-magnitude * std(k)`` to a random ``fraction`` of the key entries of
     the first attention block of ``model`` (per example, seeded by ``(seed, offset + i)``; set
-    :attr:`offset` to the index of the batch's first example before each forward)."""
+    :attr:`offset` to the index of the batch's first example before each forward). ``per_head``: the
+    std of each head's keys instead of all the example's keys. The entries hit in the last forward
+    are :attr:`last_hit`, shaped as the block's ``(B, H, N, head_dim)`` keys."""
 
-    def __init__(self, model: nn.Module, fraction: float, magnitude: float, seed: int = 0) -> None:
+    def __init__(self, model: nn.Module, fraction: float, magnitude: float, seed: int = 0,
+                 per_head: bool = False) -> None:
         if not 0.0 < fraction <= 1.0:
             raise ValueError(f"key_fraction must be in (0, 1], got {fraction}")
         self.name, self.module, self.slot = first_attention(model)
         self.fraction, self.magnitude, self.seed, self.offset = float(fraction), float(magnitude), int(seed), 0
+        self.per_head, self.last_hit = bool(per_head), None
         self._handle = None
+
+    def _scale(self, keys: Tensor) -> Tensor:
+        """The std the corruption is measured in: of all keys ``(n, C)``, or per head, broadcast to them."""
+        if not self.per_head:
+            return keys.std()
+        n, width = keys.shape
+        heads = int(self.module.num_heads)
+        per_head = keys.reshape(n, heads, width // heads).transpose(0, 1).reshape(heads, -1).std(dim=1)
+        return per_head.repeat_interleave(width // heads).reshape(1, width)
 
     def _hook(self, mod: nn.Module, args, output: Tensor) -> Tensor:
         b, n, width = output.shape
         parts = output.reshape(b, n, -1, width // (3 if self.slot == 1 else 2))
         keys = parts[:, :, self.slot]
         out = parts.clone()
+        hits = []
         for i in range(b):
             g = _generator(self.seed, "keys", self.fraction, self.offset + i)
             hit = torch.rand(keys.shape[1:], generator=g) < self.fraction
             sign = torch.randint(0, 2, keys.shape[1:], generator=g) * 2 - 1
-            noise = (hit * sign).to(keys.device, keys.dtype) * self.magnitude * keys[i].std()
+            noise = (hit * sign).to(keys.device, keys.dtype) * self.magnitude * self._scale(keys[i])
             out[i, :, self.slot] = keys[i] + noise
+            hits.append(hit)
+        heads = int(self.module.num_heads)
+        self.last_hit = torch.stack(hits).reshape(b, n, heads, -1).transpose(1, 2)
         return out.reshape(b, n, width)
 
     def __enter__(self) -> KeyCorruption:
@@ -123,6 +143,46 @@ class KeyCorruption:
         if self._handle is not None:
             self._handle.remove()
             self._handle = None
+
+
+class SparseSupport:
+    """Context manager beside a :class:`KeyCorruption` of a PAP block: after each forward, counts how
+    many of the entries PAP's final sparse term S takes were corrupted (precision) and how many
+    corrupted entries S takes (recall). Nothing is counted for a block that does not run PAP."""
+
+    def __init__(self, corruption: KeyCorruption) -> None:
+        self.corruption, self.module = corruption, corruption.module
+        self.active = isinstance(self.module, rnn.RPCAttention)
+        self.found = self.hit = self.both = 0
+        self._handle, self._kept = None, False
+
+    def _hook(self, mod: nn.Module, args, output) -> None:
+        state, hit = mod.last_state, self.corruption.last_hit
+        if state is None or hit is None:
+            return
+        taken = (state.sparse != 0).cpu()
+        self.found += int(taken.sum())
+        self.hit += int(hit.sum())
+        self.both += int((taken & hit).sum())
+
+    def scores(self) -> Dict[str, Any]:
+        if not self.active:
+            return {}
+        return {"precision": self.both / self.found if self.found else None,
+                "recall": self.both / self.hit if self.hit else None,
+                "s_entries": self.found, "corrupted_entries": self.hit}
+
+    def __enter__(self) -> SparseSupport:
+        if self.active:
+            self._kept, self.module.keep_state = self.module.keep_state, True
+            self._handle = self.module.register_forward_hook(self._hook)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self._handle is not None:
+            self._handle.remove()
+            self._handle = None
+            self.module.keep_state, self.module.last_state = self._kept, None
 
 
 def _patch_size(model: nn.Module, cfg: Mapping[str, Any]) -> int:
@@ -138,15 +198,36 @@ def _patch_size(model: nn.Module, cfg: Mapping[str, Any]) -> int:
 def _settings(opts: Mapping[str, Any]) -> List[Tuple[str, str, float]]:
     out = [("salt-and-pepper", f"{100 * float(f):g}% of pixels", float(f)) for f in opts.get("salt_pepper") or []]
     out += [("patch occlusion", f"{int(k)} patch{'es' if int(k) != 1 else ''}", int(k)) for k in opts.get("occlusion") or []]
-    if float(opts.get("key_fraction") or 0) > 0:
-        out.append(("key corruption", f"{100 * float(opts['key_fraction']):g}% of block-1 keys, "
-                                      f"+-{float(opts['key_magnitude']):g} std", float(opts["key_fraction"])))
+    frac, mags = float(opts.get("key_fraction") or 0), _magnitudes(opts)
+    scale = "std of each head's keys" if opts.get("key_per_head") else "std"
+    for mag in mags if frac > 0 else []:
+        out.append(("key corruption", f"{100 * frac:g}% of block-1 keys, +-{mag:g} {scale}",
+                    (frac, mag) if len(mags) > 1 else frac))
     return out
 
 
-def _metric_name(kind: str, level: float) -> str:
+def _magnitudes(opts: Mapping[str, Any]) -> List[float]:
+    raw = opts.get("key_magnitude")
+    return [float(m) for m in (raw if isinstance(raw, (list, tuple)) else [raw])]
+
+
+def _metric_name(kind: str, level) -> str:
+    """``top1_keys@5%`` for one key magnitude, ``top1_keys@5%x20std`` for each of several."""
     short = {"salt-and-pepper": "salt_pepper", "patch occlusion": "occlusion", "key corruption": "keys"}[kind]
+    if isinstance(level, tuple):
+        return f"top1_{short}@{100 * level[0]:g}%x{level[1]:g}std"
     return f"top1_{short}@{level:g}" if kind == "patch occlusion" else f"top1_{short}@{100 * level:g}%"
+
+
+def _key_setting(model: nn.Module, level, opts: Mapping[str, Any], seed: int, top1) -> Tuple[float, Dict[str, Any]]:
+    """Top-1 under one key corruption (``top1(corrupt)``), and S's support scores of a PAP block."""
+    frac, mag = level if isinstance(level, tuple) else (level, _magnitudes(opts)[0])
+    with KeyCorruption(model, frac, mag, seed, bool(opts.get("key_per_head"))) as kc, SparseSupport(kc) as support:
+        def at(xb, start):
+            kc.offset = start
+            return xb
+        acc = top1(at)
+    return acc, support.scores()
 
 
 def sparse_suite(model: nn.Module, cfg: Mapping[str, Any], run_dir, opts: Dict[str, Any]) -> Dict[str, Any]:
@@ -177,6 +258,7 @@ def sparse_suite(model: nn.Module, cfg: Mapping[str, Any], run_dir, opts: Dict[s
     metrics: Dict[str, float] = {"top1_clean": clean}
     record.metric("top1_clean", ["clean"])
     rows: List[Dict[str, Any]] = [{"corruption": "none (clean)", "level": "-", "top1": clean, "drop": 0.0}]
+    key_sparse: Dict[str, Dict[str, Any]] = {}  # S precision / recall of a PAP first block per key setting
     for kind, label, level in settings:
         name = _metric_name(kind, level)
         if kind == "salt-and-pepper":
@@ -185,20 +267,25 @@ def sparse_suite(model: nn.Module, cfg: Mapping[str, Any], run_dir, opts: Dict[s
             fill = float(opts["occlusion_fill"])
             acc = top1(lambda xb, start, n=int(level), f=fill: occlude_patches(xb, n, patch, f, seed, start), name)
         else:
-            with KeyCorruption(model, level, float(opts["key_magnitude"]), seed) as kc:
-                def at(xb, start):
-                    kc.offset = start
-                    return xb
-                acc = top1(at, name)
+            acc, scores = _key_setting(model, level, opts, seed, lambda corrupt, name=name: top1(corrupt, name))
+            if scores:
+                key_sparse[name] = scores
+                for what in ("precision", "recall"):
+                    if scores[what] is not None:
+                        metrics[f"s_{what}_{name[len('top1_'):]}"] = scores[what]
         metrics[name] = acc
         record.metric(name, [name])
         rows.append({"corruption": kind, "level": label, "top1": acc, "drop": clean - acc})
+    key_names = [_metric_name(kind, level) for kind, _, level in settings if kind == "key corruption"]
+    if key_names:
+        metrics[MEAN_TOP1_KEYS] = sum(metrics[k] for k in key_names) / len(key_names)
+        record.metric(MEAN_TOP1_KEYS, key_names)
     if len(rows) > 1:
         metrics[MEAN_TOP1] = sum(r["top1"] for r in rows[1:]) / (len(rows) - 1)
         record.metric("mean_top1", [_metric_name(kind, level) for kind, _, level in settings])
     return {"metrics": metrics, "rows": rows, "n_examples": n, "per_example": record.as_dict(),
             "data": {"dataset": data_name(cfg), "split": "test", "n_examples": n},
-            "settings": {"patch_size": patch},
+            "settings": {"patch_size": patch}, "key_sparse": key_sparse,
             "protocol": ("top-1 (%) under sparse corruption: salt-and-pepper pixels, patch occlusion on the patch "
                          "grid, and +-magnitude std added to a random share of the first attention block's keys; "
                          "seeded per example")}
@@ -212,26 +299,35 @@ def _check(cfg: Mapping[str, Any], opts: Dict[str, Any]) -> None:
         if float(k) != int(k) or int(k) < 0:
             raise ValueError(f"sparse.occlusion: patch counts must be whole numbers >= 0, got {k} (e.g. 1,2,4)")
     kf = float(opts.get("key_fraction") or 0)
-    if not 0.0 <= kf <= 1.0 or not math.isfinite(float(opts.get("key_magnitude") or 0)):
-        raise ValueError(f"sparse.key_fraction must be in [0, 1] (0 skips it) and key_magnitude finite, got "
-                         f"{kf}, {opts.get('key_magnitude')}")
+    mags = _magnitudes(opts)
+    if not 0.0 <= kf <= 1.0 or not mags or not all(math.isfinite(m) for m in mags):
+        raise ValueError(f"sparse.key_fraction must be in [0, 1] (0 skips it) and key_magnitude finite numbers "
+                         f"(e.g. 5,20,100), got {kf}, {opts.get('key_magnitude')}")
+    if len(set(mags)) != len(mags):
+        raise ValueError(f"sparse.key_magnitude lists a magnitude twice: {mags}")
+    if opts.get("key_per_head") and kf == 0:
+        raise ValueError("sparse.key_per_head scales the key corruption, which sparse.key_fraction=0 leaves out")
 
 
 @dataclass(frozen=True)
 class SparseOptions(CommonOptions):
     """Fractions of salt-and-pepper pixels, numbers of occluded patches (and their grey level), and the
-    share and size (in key standard deviations) of the corrupted block-1 keys (0: skipped)."""
+    share and sizes (in key standard deviations, one setting per size) of the corrupted block-1 keys (0:
+    skipped), measured per example or, with ``key_per_head``, per head."""
 
     salt_pepper: List[float] = list_option([0.02, 0.05, 0.10])
     occlusion: List[float] = list_option([1.0, 2.0, 4.0])
     occlusion_fill: float = 0.5
     key_fraction: float = 0.05
-    key_magnitude: float = 5.0
+    key_magnitude: List[float] = list_option([5.0])
+    key_per_head: bool = False
 
 
 register_suite(
     "sparse", sparse_suite,
     options=SparseOptions,
     description="sparse corruption: salt-and-pepper pixels, patch occlusion, sparse key corruption in block 1",
-    check=_check, metrics=(MEAN_TOP1,), cost=Cost(8, 0),
-    columns=(Column("vision", MEAN_TOP1, "sparse corruption top-1, mean (%)", position=90),), study=StudyUse(limit="sparse_limit"))
+    check=_check, metrics=(MEAN_TOP1, MEAN_TOP1_KEYS), cost=Cost(8, 0),
+    columns=(Column("vision", MEAN_TOP1, "sparse corruption top-1, mean (%)", position=90),
+             Column("vision", MEAN_TOP1_KEYS, "key corruption top-1, mean over magnitudes (%)", position=91)),
+    study=StudyUse(limit="sparse_limit", extra_sets="sparse_sets"))

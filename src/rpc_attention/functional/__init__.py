@@ -12,12 +12,16 @@ no second copy of the PAP algorithm anywhere. Tensors are shaped ``(batch, heads
 
 from .attention import as_bool_mask, attention, scaled_attention_alpha, scaled_attention_s, symmetric_attention
 from .pap import (
+    LOWRANKS,
     MU_MODES,
+    SHRINKS,
     THRESHOLDS,
     PAPState,
     check_pap_options,
+    hard_shrink,
     pap_attention,
     pap_decompose,
+    robust_scale,
     soft_shrink,
     sparse_activity,
 )
@@ -32,6 +36,8 @@ __all__ = [
     "append_rows",
     "THRESHOLDS",
     "MU_MODES",
+    "LOWRANKS",
+    "SHRINKS",
     "as_bool_mask",
     "attention",
     "symmetric_attention",
@@ -40,6 +46,8 @@ __all__ = [
     "scaled_attention_s",
     "scaled_attention_alpha",
     "soft_shrink",
+    "hard_shrink",
+    "robust_scale",
     "sparse_activity",
     "check_pap_options",
 ]

@@ -40,7 +40,19 @@ from .pap_fused import FusedPAPOptions, fused_pap, sparse_converged
 #   candes           tau = lambd / (sqrt(max(N, d)) * mu)    (lambd = 1: Candes et al.'s default weight)
 #   target_fraction  tau = the (1 - lambd) quantile of |k| per (batch, head): the first pass shrinks
 #                    a fraction lambd of the key entries whatever the scale of the keys
-THRESHOLDS = ("lambda_mu", "lambda_over_mu", "candes", "target_fraction")
+#   mad              tau = lambd * 1.4826 * MAD of the keys per (batch, head): the median over tokens and
+#                    features of |k - median over tokens of k|, a robust scale that sparse corruption does
+#                    not inflate; lambd reads as a robust z-score (not for causal layers)
+THRESHOLDS = ("lambda_mu", "lambda_over_mu", "candes", "target_fraction", "mad")
+# Where the low-rank estimate L lives: "values" (official, L = softmax(s K2 K2^T) v) or "keys"
+# (L = softmax(s K2 K2^T) K2, started at the per-feature median of the keys over tokens), so that
+# k - L - S can go to 0 and the values need not share the keys' width.
+LOWRANKS = ("values", "keys")
+# How S takes the residual: "soft" (official, S = shrink(x, tau), which leaves +-tau of an outlier in
+# the keys) or "hard" (S = x where |x| > tau, else 0: the whole outlier).
+SHRINKS = ("soft", "hard")
+# 1.4826 * MAD estimates the standard deviation of normally distributed data.
+MAD_TO_STD = 1.4826
 # global: official (sum over the whole sequence, width C); causal: per-position mu, width C;
 # head_dim / causal_head_dim: the same with the head width d in place of C.
 MU_MODES = ("global", "causal", "head_dim", "causal_head_dim")
@@ -78,11 +90,43 @@ class PAPProblem:
     mu: Tensor                # (B, H, 1, 1) global or (B, H, N, 1) causal
     tau: Tensor               # the shrinkage threshold, shaped as mu
     scale: float              # softmax scale
+    lowrank: str = "values"   # LOWRANKS
+    shrink: str = "soft"      # SHRINKS
+    dual_step: float = 1.0    # Y <- Y + dual_step * mu * (k - L - S)
+    start: Optional[Tensor] = None  # L_0: None (0) or the per-feature median (lowrank="keys")
+
+    @property
+    def robust(self) -> bool:
+        """True when an option beyond the official loop is set (the fused path does not run those)."""
+        return self.lowrank != "values" or self.shrink != "soft" or self.dual_step != 1.0 or self.start is not None
 
 
 def soft_shrink(x: Tensor, tau: Union[Tensor, float]) -> Tensor:
     """``sign(x) * max(|x| - tau, 0)`` with a (broadcastable) tensor threshold."""
     return torch.sign(x) * torch.clamp(x.abs() - tau, min=0)
+
+
+def hard_shrink(x: Tensor, tau: Union[Tensor, float]) -> Tensor:
+    """``x`` where ``|x| > tau``, else 0: the whole entry, not only its excess over tau."""
+    return x * (x.abs() > tau).to(x.dtype)
+
+
+def _masked_median(x: Tensor, valid: Optional[Tensor], dim) -> Tensor:
+    """Median over ``dim`` (an int or a tuple of trailing dims) of the entries of valid rows."""
+    if valid is not None:
+        x = x.masked_fill(~valid.expand_as(x), float("nan"))
+    if isinstance(dim, tuple):
+        x, dim = x.flatten(-len(dim)), -1
+    return x.nanmedian(dim=dim, keepdim=True).values
+
+
+def robust_scale(keys: Tensor, valid: Optional[Tensor] = None) -> Tensor:
+    """``1.4826 * MAD`` per (batch, head), shape ``(B, H, 1, 1)``: the median over tokens and
+    features of ``|k - median over tokens of k|`` (valid tokens only). Computed without gradient."""
+    with torch.no_grad():
+        centre = _masked_median(keys, valid, -2)
+        mad = _masked_median((keys - centre).abs(), valid, (-2, -1))
+        return (MAD_TO_STD * torch.nan_to_num(mad, nan=0.0)).unsqueeze(-1).clamp_min(1e-12)
 
 
 def check_pap_options(
@@ -94,6 +138,9 @@ def check_pap_options(
     is_causal: bool = False,
     tol: Optional[float] = None,
     model_dim: Optional[int] = None,
+    lowrank: str = "values",
+    shrink: str = "soft",
+    dual_step: float = 1.0,
 ) -> str:
     """Validate PAP options up front; returns the resolved ``mu_mode``. Raises ``ValueError``."""
     if isinstance(n_iter, bool) or not isinstance(n_iter, int):
@@ -115,6 +162,10 @@ def check_pap_options(
         if is_causal:
             raise ValueError("threshold='target_fraction' takes a quantile over the whole sequence, which would "
                              "leak future tokens into a causal layer; use 'candes' or 'lambda_over_mu' there")
+    if threshold == "mad" and is_causal:
+        raise ValueError("threshold='mad' takes medians over the whole sequence, which would leak future tokens "
+                         "into a causal layer; use 'candes' or 'lambda_over_mu' there")
+    _check_robust_options(n_iter, lowrank, shrink, dual_step, is_causal)
     if mu_mode is None:
         mu_mode = "causal" if is_causal else "global"
     if mu_mode not in MU_MODES:
@@ -134,6 +185,26 @@ def check_pap_options(
     if model_dim is not None and (isinstance(model_dim, bool) or not isinstance(model_dim, int) or model_dim < 1):
         raise ValueError(f"model_dim must be a positive integer, got {model_dim!r}")
     return mu_mode
+
+
+def _check_robust_options(n_iter: int, lowrank: str, shrink: str, dual_step: float, is_causal: bool) -> None:
+    """The options beyond the official loop (docs/method.md#robust-variants)."""
+    if lowrank not in LOWRANKS:
+        raise ValueError(f"lowrank must be one of {LOWRANKS}, got {lowrank!r}")
+    if shrink not in SHRINKS:
+        raise ValueError(f"shrink must be one of {SHRINKS}, got {shrink!r}")
+    if lowrank == "keys" and is_causal:
+        raise ValueError("lowrank='keys' starts L at the per-feature median over the whole sequence, which would "
+                         "leak future tokens into a causal layer; use lowrank='values' there")
+    try:
+        step = float(dual_step)
+    except (TypeError, ValueError):
+        raise ValueError(f"dual_step must be a number >= 0, got {dual_step!r}") from None
+    if isinstance(dual_step, bool) or math.isnan(step) or not 0.0 <= step < math.inf:
+        raise ValueError(f"dual_step must be a finite number >= 0, got {dual_step!r}")
+    if step != 1.0 and n_iter == 1:
+        raise ValueError(f"dual_step={dual_step!r} has no effect with n_iter=1 (no ADMM pass updates the dual); "
+                         f"give n_iter >= 2 or leave dual_step at 1")
 
 
 def _compute_mu(keys: Tensor, valid: Optional[Tensor], mu_mode: str, width: int) -> Tuple[Tensor, Tensor]:
@@ -188,18 +259,23 @@ def threshold_of(threshold: str, lambd: float, mu: Tensor, count: Tensor, keys: 
         return lambd / mu
     if threshold == "candes":
         return lambd / (torch.sqrt(count.clamp_min(keys.shape[-1])) * mu)
+    if threshold == "mad":  # global mu (causal is refused); a level set from the keys, not learned
+        return lambd * robust_scale(keys, valid)
     return _quantile_threshold(keys, valid, lambd)  # target_fraction: mu is global (causal is refused)
 
 
 def prepare_pap(k: Tensor, v: Tensor, *, n_iter: int = 6, lambd: float = 4.0,
                 attn_mask: Optional[Tensor] = None, is_causal: bool = False, scale: Optional[float] = None,
                 model_dim: Optional[int] = None, threshold: str = "lambda_mu", mu_mode: Optional[str] = None,
-                tol: Optional[float] = None) -> PAPProblem:
+                tol: Optional[float] = None, lowrank: str = "values", shrink: str = "soft",
+                dual_step: float = 1.0) -> PAPProblem:
     """Validate PAP's inputs and options and compute the keys in the compute dtype, the bool mask,
-    mu and tau. Keys no query may attend to (padding) take no part in mu or in N."""
-    check_kv(k, v, need_same_dim=True)
+    mu and tau (and L_0 for ``lowrank="keys"``). Keys no query may attend to (padding) take no part
+    in mu, in N or in the medians."""
+    check_kv(k, v, need_same_dim=lowrank == "values")
     mu_mode = check_pap_options(n_iter=n_iter, lambd=lambd, threshold=threshold, mu_mode=mu_mode,
-                                is_causal=is_causal, tol=tol, model_dim=model_dim)
+                                is_causal=is_causal, tol=tol, model_dim=model_dim, lowrank=lowrank,
+                                shrink=shrink, dual_step=dual_step)
     lambd = float(lambd)
     b, h, n, d = k.shape
     width = d if mu_mode in ("head_dim", "causal_head_dim") else (h * d if model_dim is None else model_dim)
@@ -209,20 +285,29 @@ def prepare_pap(k: Tensor, v: Tensor, *, n_iter: int = 6, lambd: float = 4.0,
     keys = k.to(torch.promote_types(k.dtype, torch.float32))
     mu, count = _compute_mu(keys, valid, mu_mode, width)
     tau = threshold_of(threshold, lambd, mu, count, keys, valid)
-    return PAPProblem(keys=keys, mask=mask, mu=mu, tau=tau, scale=resolve_scale(scale, d))
+    start = None
+    if lowrank == "keys":  # L_0: the per-feature median over valid tokens (no gradient: a starting point)
+        with torch.no_grad():
+            start = torch.nan_to_num(_masked_median(keys, valid, -2), nan=0.0).expand_as(keys)
+    return PAPProblem(keys=keys, mask=mask, mu=mu, tau=tau, scale=resolve_scale(scale, d), lowrank=lowrank,
+                      shrink=shrink, dual_step=float(dual_step), start=start)
 
 
-def pass_keys(k: Tensor, lowrank: Tensor, dual: Tensor, mu: Tensor, tau: Tensor) -> Tuple[Tensor, Tensor]:
+def pass_keys(k: Tensor, lowrank: Tensor, dual: Tensor, mu: Tensor, tau: Tensor,
+              shrink: str = "soft") -> Tuple[Tensor, Tensor]:
     """One pass's sparse term and cleaned keys, row by row (the definition's first two lines):
-    ``S = shrink(k - L + Y / mu, tau)``, ``K2 = k - S - Y / mu``. Returns ``(S, K2)``."""
+    ``S = shrink(k - L + Y / mu, tau)``, ``K2 = k - S - Y / mu``, with the soft or the hard
+    shrinkage. Returns ``(S, K2)``."""
     inv_mu = 1.0 / mu
-    sparse = soft_shrink(k - lowrank + dual * inv_mu, tau)
+    sparse = (soft_shrink if shrink == "soft" else hard_shrink)(k - lowrank + dual * inv_mu, tau)
     return sparse, k - sparse - dual * inv_mu
 
 
-def pass_dual(k: Tensor, lowrank: Tensor, sparse: Tensor, dual: Tensor, mu: Tensor) -> Tensor:
-    """The dual update of one pass, row by row: ``Y + mu (k - L - S)``."""
-    return dual + mu * (k - lowrank - sparse)
+def pass_dual(k: Tensor, lowrank: Tensor, sparse: Tensor, dual: Tensor, mu: Tensor, step: float = 1.0) -> Tensor:
+    """The dual update of one pass, row by row: ``Y + step mu (k - L - S)`` (``step`` 0 keeps Y)."""
+    if step == 0.0:
+        return dual
+    return dual + (mu if step == 1.0 else step * mu) * (k - lowrank - sparse)
 
 
 def pap_loop(problem: PAPProblem, v: Tensor, *, n_iter: int, is_causal: bool = False, dropout_p: float = 0.0,
@@ -233,14 +318,15 @@ def pap_loop(problem: PAPProblem, v: Tensor, *, n_iter: int, is_causal: bool = F
     ``final_attention=False`` stops after the final pass's K2 (``out`` is then None). A list given
     as ``record_keys`` receives the cleaned keys K2 of every pass, in order (the decoding cache)."""
     k, mask, mu, tau, scale = problem.keys, problem.mask, problem.mu, problem.tau, problem.scale
+    in_keys = problem.lowrank == "keys"
 
     def admm_pass(lowrank: Tensor, dual: Tensor):
-        sparse, k2 = pass_keys(k, lowrank, dual, mu, tau)
+        sparse, k2 = pass_keys(k, lowrank, dual, mu, tau, problem.shrink)
         k2 = k2.to(v.dtype)
         if record_keys is not None:
             record_keys.append(k2)
-        lowrank = attend(k2, k2, v, mask, is_causal, 0.0, scale, fused).to(k.dtype)
-        return sparse, lowrank, pass_dual(k, lowrank, sparse, dual, mu)
+        lowrank = attend(k2, k2, k2 if in_keys else v, mask, is_causal, 0.0, scale, fused).to(k.dtype)
+        return sparse, lowrank, pass_dual(k, lowrank, sparse, dual, mu, problem.dual_step)
 
     if checkpoint_iters and torch.is_grad_enabled() and (k.requires_grad or v.requires_grad):
         from torch.utils.checkpoint import checkpoint
@@ -250,7 +336,8 @@ def pap_loop(problem: PAPProblem, v: Tensor, *, n_iter: int, is_causal: bool = F
     else:
         step = admm_pass
 
-    lowrank, dual, sparse = torch.zeros_like(k), torch.zeros_like(k), torch.zeros_like(k)
+    lowrank = torch.zeros_like(k) if problem.start is None else problem.start
+    dual, sparse = torch.zeros_like(k), torch.zeros_like(k)
     n_run = 0
     for _ in range(n_iter - 1):
         new_sparse, lowrank, dual = step(lowrank, dual)
@@ -259,7 +346,7 @@ def pap_loop(problem: PAPProblem, v: Tensor, *, n_iter: int, is_causal: bool = F
         sparse = new_sparse
         if stop:
             break
-    sparse, k2 = pass_keys(k, lowrank, dual, mu, tau)
+    sparse, k2 = pass_keys(k, lowrank, dual, mu, tau, problem.shrink)
     k2 = k2.to(v.dtype)
     if record_keys is not None:
         record_keys.append(k2)
@@ -314,22 +401,11 @@ def sparse_term_activity(sparse: Tensor, tau: Tensor, keys: Tensor, valid: Optio
 
 
 def pap_attention(
-    k: Tensor,
-    v: Tensor,
-    *,
-    n_iter: int = 6,
-    lambd: float = 4.0,
-    attn_mask: Optional[Tensor] = None,
-    is_causal: bool = False,
-    dropout_p: float = 0.0,
-    scale: Optional[float] = None,
-    model_dim: Optional[int] = None,
-    threshold: str = "lambda_mu",
-    mu_mode: Optional[str] = None,
-    tol: Optional[float] = None,
-    return_state: bool = False,
-    fused: bool = True,
-    checkpoint_iters: bool = False,
+    k: Tensor, v: Tensor, *, n_iter: int = 6, lambd: float = 4.0, attn_mask: Optional[Tensor] = None,
+    is_causal: bool = False, dropout_p: float = 0.0, scale: Optional[float] = None, model_dim: Optional[int] = None,
+    threshold: str = "lambda_mu", mu_mode: Optional[str] = None, tol: Optional[float] = None,
+    lowrank: str = "values", shrink: str = "soft", dual_step: float = 1.0, return_state: bool = False,
+    fused: bool = True, checkpoint_iters: bool = False,
 ) -> Union[Tensor, Tuple[Tensor, PAPState]]:
     """Principal Attention Pursuit: robust symmetric attention (the loop in the module docstring).
 
@@ -347,15 +423,23 @@ def pap_attention(
         model_dim: the width C in mu = N C / (4 sum|k|); default ``heads * head_dim``.
         threshold: how tau is set: ``"lambda_mu"`` (official, tau = lambd * mu), ``"lambda_over_mu"``
             (classic PCP), ``"candes"`` (tau = lambd / (sqrt(max(N, d)) mu); lambd = 1 is the
-            Candes et al. default weight) or ``"target_fraction"`` (lambd in (0, 1) is the fraction of
+            Candes et al. default weight), ``"target_fraction"`` (lambd in (0, 1) is the fraction of
             key entries the first pass shrinks: tau is that quantile of |k| per (batch, head); not
-            for causal layers).
+            for causal layers) or ``"mad"`` (tau = lambd * 1.4826 * MAD of the keys per (batch, head),
+            lambd a robust z-score; not for causal layers).
         mu_mode: ``"global"`` (official), ``"causal"`` (mu_i = i C / (4 sum_{j<=i} ||k_j||_1)),
             ``"head_dim"`` / ``"causal_head_dim"`` (d instead of C). Default: ``"causal"`` when
             ``is_causal`` else ``"global"``. A global mode with ``is_causal`` raises: it would leak
             future tokens into past outputs.
         tol: stop the ADMM passes early when ``||S_t - S_{t-1}|| / ||S_{t-1}||`` falls below it
             (an inference option; the final pass always runs).
+        lowrank: ``"values"`` (official: L = softmax(s K2 K2^T) v) or ``"keys"`` (L = softmax(s K2 K2^T)
+            K2, started at the per-feature median of the keys; then d_v may differ from d_k).
+        shrink: ``"soft"`` (official) or ``"hard"`` (S takes an entry whole where it exceeds tau).
+        dual_step: the dual update ``Y += dual_step * mu * (k - L - S)`` (official: 1; 0 keeps Y = 0,
+            so the final keys are ``k - S``). Options beyond the official loop
+            (docs/method.md#robust-variants) run :func:`pap_loop` (autograd keeps each pass's tensors:
+            more memory in training than the fused path, same attention kernel).
         return_state: also return a :class:`PAPState` (S, L, Y, mu, ...).
         fused: run each attention on ``scaled_dot_product_attention`` (O(N d) memory) with the fused
             passes of :mod:`~rpc_attention.functional.pap_fused`; ``False`` runs :func:`pap_loop`
@@ -364,9 +448,10 @@ def pap_attention(
             there (one extra attention forward per pass). Same outputs and gradients.
     """
     problem = prepare_pap(k, v, n_iter=n_iter, lambd=lambd, attn_mask=attn_mask, is_causal=is_causal,
-                          scale=scale, model_dim=model_dim, threshold=threshold, mu_mode=mu_mode, tol=tol)
+                          scale=scale, model_dim=model_dim, threshold=threshold, mu_mode=mu_mode, tol=tol,
+                          lowrank=lowrank, shrink=shrink, dual_step=dual_step)
     dropout_p, tol = check_dropout(dropout_p), None if tol is None else float(tol)
-    if fused and not return_state and not torch.compiler.is_compiling():
+    if fused and not return_state and not problem.robust and not torch.compiler.is_compiling():
         options = FusedPAPOptions(n_iter=n_iter, is_causal=bool(is_causal), dropout_p=dropout_p,
                                   scale=problem.scale, tol=tol, checkpoint_iters=bool(checkpoint_iters))
         return fused_pap(problem.keys, v, problem.tau, problem.mask, options)
@@ -390,6 +475,9 @@ def pap_decompose(
     threshold: str = "lambda_mu",
     mu_mode: Optional[str] = None,
     tol: Optional[float] = None,
+    lowrank: str = "values",
+    shrink: str = "soft",
+    dual_step: float = 1.0,
     fused: bool = True,
 ) -> PAPState:
     """PAP's decomposition without its final attention: the :class:`PAPState` that
@@ -401,6 +489,7 @@ def pap_decompose(
     equals ``pap_attention``'s for the same options. Differentiable (plain autograd).
     """
     problem = prepare_pap(k, v, n_iter=n_iter, lambd=lambd, attn_mask=attn_mask, is_causal=is_causal,
-                          scale=scale, model_dim=model_dim, threshold=threshold, mu_mode=mu_mode, tol=tol)
+                          scale=scale, model_dim=model_dim, threshold=threshold, mu_mode=mu_mode, tol=tol,
+                          lowrank=lowrank, shrink=shrink, dual_step=dual_step)
     return pap_loop(problem, v, n_iter=n_iter, is_causal=is_causal, tol=None if tol is None else float(tol),
                     fused=fused, final_attention=False)[1]

@@ -90,6 +90,8 @@ class PAPCache:
     count: Tensor
     length: int
     key_valid: Optional[Tensor] = None
+    shrink: str = "soft"
+    dual_step: float = 1.0
 
     def nbytes(self) -> int:
         """Bytes held by the cache (the caller's value cache not included)."""
@@ -161,7 +163,7 @@ class PAPCache:
         out = None
         n_attend = self.n_iter if final_attention else self.n_iter - 1
         for t in range(self.n_iter):
-            sparse, k2 = pass_keys(keys, lowrank, dual, mu, tau)
+            sparse, k2 = pass_keys(keys, lowrank, dual, mu, tau, self.shrink)
             k2 = k2.to(v_all.dtype)
             if t == n_attend:
                 break
@@ -172,14 +174,15 @@ class PAPCache:
                          self.scale, fused)
             if not last:
                 lowrank = out.to(keys.dtype)
-                dual = pass_dual(keys, lowrank, sparse, dual, mu)
+                dual = pass_dual(keys, lowrank, sparse, dual, mu, self.dual_step)
         return (out if final_attention else None), sparse, k2
 
 
 def pap_prefill(k: Tensor, v: Tensor, *, n_iter: int = 6, lambd: float = 4.0, key_valid: Optional[Tensor] = None,
                 attn_mask: Optional[Tensor] = None, scale: Optional[float] = None, model_dim: Optional[int] = None, threshold: str = "lambda_mu",
                 mu_mode: Optional[str] = "causal", dropout_p: float = 0.0, fused: bool = True,
-                final_attention: bool = True, tol: Optional[float] = None) -> Tuple[Optional[Tensor], PAPState, PAPCache]:
+                final_attention: bool = True, tol: Optional[float] = None, shrink: str = "soft",
+                dual_step: float = 1.0) -> Tuple[Optional[Tensor], PAPState, PAPCache]:
     """Causal PAP over a prompt (the definition, :func:`~.pap.pap_loop`) and the cache to continue it.
 
     Args:
@@ -190,8 +193,8 @@ def pap_prefill(k: Tensor, v: Tensor, *, n_iter: int = 6, lambd: float = 4.0, ke
         attn_mask: instead of ``key_valid``, a bool mask broadcastable to ``(B, H, N, N)`` as
             :func:`~.pap.pap_attention` takes it (the causal triangle is added); the cache keeps of
             it the keys some query may see, and later positions see every such key before them.
-        n_iter, lambd, scale, model_dim, threshold, mu_mode: as :func:`~.pap.pap_attention` with
-            ``is_causal=True``; ``mu_mode`` must be causal.
+        n_iter, lambd, scale, model_dim, threshold, mu_mode, shrink, dual_step: as
+            :func:`~.pap.pap_attention` with ``is_causal=True``; ``mu_mode`` must be causal.
         final_attention: False stops after the final K2 (:func:`~.pap.pap_decompose`).
         tol: accepted only as None: an early stop on a norm over the whole sequence cannot be
             continued position by position (ValueError otherwise).
@@ -202,7 +205,7 @@ def pap_prefill(k: Tensor, v: Tensor, *, n_iter: int = 6, lambd: float = 4.0, ke
         raise ValueError(f"tol={tol!r} stops PAP on a norm over the whole sequence, which a decoding cache cannot "
                          "continue position by position; use tol=None for cached decoding")
     mu_mode = check_pap_options(n_iter=n_iter, lambd=lambd, threshold=threshold, mu_mode=mu_mode,
-                                is_causal=True, model_dim=model_dim)
+                                is_causal=True, model_dim=model_dim, shrink=shrink, dual_step=dual_step)
     if mu_mode not in CAUSAL_MU_MODES:  # unreachable after the check above; kept for the reader
         raise ValueError(f"a PAP cache needs a causal mu_mode, got {mu_mode!r}")
     b, h, n, d = k.shape
@@ -210,7 +213,8 @@ def pap_prefill(k: Tensor, v: Tensor, *, n_iter: int = 6, lambd: float = 4.0, ke
         raise ValueError("give key_valid or attn_mask, not both")
     mask = attn_mask if key_valid is None else key_valid.reshape(b, 1, 1, n).to(device=k.device, dtype=torch.bool)
     problem = prepare_pap(k, v, n_iter=n_iter, lambd=lambd, attn_mask=mask, is_causal=True, scale=scale,
-                          model_dim=model_dim, threshold=threshold, mu_mode=mu_mode)
+                          model_dim=model_dim, threshold=threshold, mu_mode=mu_mode, shrink=shrink,
+                          dual_step=dual_step)
     keys2: List[Tensor] = []
     out, state = pap_loop(problem, v, n_iter=n_iter, is_causal=True, dropout_p=dropout_p, fused=fused,
                           final_attention=final_attention, record_keys=keys2)
@@ -226,5 +230,6 @@ def pap_prefill(k: Tensor, v: Tensor, *, n_iter: int = 6, lambd: float = 4.0, ke
     cache = PAPCache(n_iter=n_iter, lambd=float(lambd), threshold=threshold, width=width,
                      scale=resolve_scale(scale, d), keys2=keys2,
                      abs_sum=abs_rows.cumsum(dim=-2)[..., -1:, :], count=counts.sum(dim=-2, keepdim=True),
-                     length=n, key_valid=None if valid is None or bool(valid.all()) else valid.expand(b, valid.shape[1], 1, n))
+                     length=n, key_valid=None if valid is None or bool(valid.all()) else valid.expand(b, valid.shape[1], 1, n),
+                     shrink=shrink, dual_step=float(dual_step))
     return out, state, cache

@@ -43,6 +43,9 @@ DEFAULT_OPTIONS = {
     "mu_mode": None,
     "model_dim": None,
     "tol": None,
+    "lowrank": "values",
+    "shrink": "soft",
+    "dual_step": 1.0,
     "clean_queries": True,
     "key_mode": "sparse",
 }
@@ -70,8 +73,10 @@ def check_options(opts: dict) -> dict:
     out.update(opts)
     out["rpc_layers"] = resolve_layers(out["rpc_layers"])
     RF.check_pap_options(n_iter=out["n_iter"], lambd=out["lambd"], threshold=out["threshold"],
-                         mu_mode=out["mu_mode"], tol=out["tol"], model_dim=out["model_dim"])
+                         mu_mode=out["mu_mode"], tol=out["tol"], model_dim=out["model_dim"], lowrank=out["lowrank"],
+                         shrink=out["shrink"], dual_step=out["dual_step"])
     out["lambd"] = float(out["lambd"])
+    out["dual_step"] = float(out["dual_step"])
     if out["key_mode"] not in KEY_MODES:
         raise ValueError(f"key_mode must be one of {KEY_MODES}, got {out['key_mode']!r}")
     if not isinstance(out["clean_queries"], bool):
@@ -120,7 +125,7 @@ def _repeat_heads(x: Tensor, rep: int) -> Tensor:
     return x[:, :, None].expand(b, h, rep, n, d).reshape(b, h * rep, n, d)
 
 
-def _shared_heads(q: Tensor, k: Tensor, v: Tensor, key_mode: str) -> Tuple[Tensor, Tensor]:
+def _shared_heads(q: Tensor, k: Tensor, v: Tensor, key_mode: str, lowrank: str = "values") -> Tuple[Tensor, Tensor]:
     """``k`` and ``v`` with their heads repeated to the query heads (grouped-query attention), after the
     shape checks of :func:`asymmetric_rpc_attention`."""
     if q.dim() != 4 or k.dim() != 4 or v.dim() != 4:
@@ -130,7 +135,7 @@ def _shared_heads(q: Tensor, k: Tensor, v: Tensor, key_mode: str) -> Tuple[Tenso
     h, hkv = q.shape[1], k.shape[1]
     if h % hkv != 0:
         raise ValueError(f"query heads ({h}) must be a multiple of key/value heads ({hkv})")
-    if v.shape[-1] != k.shape[-1]:
+    if v.shape[-1] != k.shape[-1] and lowrank == "values":
         raise ValueError(f"RPC attention needs d_v == d_k (PAP's L step lives in value space), got {v.shape[-1]} vs {k.shape[-1]}")
     return _repeat_heads(k, h // hkv), _repeat_heads(v, h // hkv)
 
@@ -151,12 +156,9 @@ def asymmetric_rpc_attention(
     scale: Optional[float] = None,
     same_tokens: bool = True,
     # PAP options, typed and documented here; functional.check_pap_options is their one validator
-    n_iter: int = 6,
-    lambd: float = 4.0,
-    threshold: str = "lambda_mu",
-    mu_mode: Optional[str] = None,
-    model_dim: Optional[int] = None,
-    tol: Optional[float] = None,
+    n_iter: int = 6, lambd: float = 4.0, threshold: str = "lambda_mu", mu_mode: Optional[str] = None,
+    model_dim: Optional[int] = None, tol: Optional[float] = None,
+    lowrank: str = "values", shrink: str = "soft", dual_step: float = 1.0,
     clean_queries: bool = True,
     key_mode: str = "sparse",
     fused: bool = True,
@@ -174,18 +176,19 @@ def asymmetric_rpc_attention(
             layer with a cache, where the rows of S at the queries' positions are used).
         key_mode: ``"sparse"`` (K - S, reduces exactly to plain attention as lambd -> inf) or
             ``"pap"`` (PAP's final K2).
-        n_iter, lambd, threshold, mu_mode, model_dim, tol: as :func:`rpc_attention.functional.pap_attention`;
-            ``model_dim`` defaults to ``H * d`` (query heads times head width).
+        n_iter, lambd, threshold, mu_mode, model_dim, tol, lowrank, shrink, dual_step: as
+            :func:`rpc_attention.functional.pap_attention`; ``model_dim`` defaults to ``H * d`` (query heads
+            times head width).
     Returns ``(B, H, Nq, d_v)`` and, with ``return_state``, the :class:`~rpc_attention.functional.PAPState`.
     """
-    k, v = _shared_heads(q, k, v, key_mode)
+    k, v = _shared_heads(q, k, v, key_mode, lowrank)
     (_, h, nq, d), nk = q.shape, k.shape[2]
     mask = RF.as_bool_mask(attn_mask, ndim=4)  # bool, or additive 0/-inf; attention biases are refused
     same = bool(same_tokens) and nq == nk
     state = RF.pap_decompose(
         k, v, n_iter=n_iter, lambd=lambd, attn_mask=_key_key_mask(mask, nk, same), is_causal=is_causal,
         scale=scale, model_dim=h * d if model_dim is None else model_dim, threshold=threshold, mu_mode=mu_mode,
-        tol=tol, fused=fused,
+        tol=tol, fused=fused, lowrank=lowrank, shrink=shrink, dual_step=dual_step,
     )
     sparse = state.sparse.to(k.dtype)
     k_clean = _clean_keys(k, sparse, state.cleaned_keys, key_mode)
@@ -233,7 +236,7 @@ def cached_asymmetric_rpc_attention(
     q: Tensor, k: Tensor, v: Tensor, cache: Optional[AsymmetricRPCCache], *, attn_mask: Optional[Tensor] = None,
     scale: Optional[float] = None, n_iter: int = 6, lambd: float = 4.0, threshold: str = "lambda_mu",
     mu_mode: Optional[str] = None, model_dim: Optional[int] = None, clean_queries: bool = True,
-    key_mode: str = "sparse", fused: bool = True,
+    key_mode: str = "sparse", fused: bool = True, lowrank: str = "values", shrink: str = "soft", dual_step: float = 1.0,
 ) -> Tuple[Tensor, AsymmetricRPCCache]:
     """Causal self-attention RPC (:func:`asymmetric_rpc_attention` with ``is_causal``) over a cache.
 
@@ -251,8 +254,11 @@ def cached_asymmetric_rpc_attention(
     end = p0 + nq
     k, v = _repeat_heads(k[:, :, :end], rep), _repeat_heads(v[:, :, :end], rep)
     mask = None if mask is None else mask[..., :end]
+    if lowrank != "values":
+        raise ValueError(f"lowrank={lowrank!r} runs the low-rank step over the whole sequence; a causal layer "
+                         "(and its decoding cache) takes lowrank='values'")
     opts = dict(n_iter=n_iter, lambd=lambd, scale=scale, model_dim=h * d if model_dim is None else model_dim,
-                threshold=threshold, mu_mode=mu_mode, fused=fused)
+                threshold=threshold, mu_mode=mu_mode, fused=fused, shrink=shrink, dual_step=dual_step)
     if cache is None or cache.length != p0:
         _, state, pap = RF.pap_prefill(k, v, attn_mask=_key_key_mask(mask, end, nq == end), final_attention=False,
                                        **opts)

@@ -159,6 +159,9 @@ def convert(
     mu_mode: Optional[str] = None,
     model_dim: Optional[int] = None,
     tol: Optional[float] = None,
+    lowrank: str = "values",
+    shrink: str = "soft",
+    dual_step: float = 1.0,
     clean_queries: bool = True,
     key_mode: str = "sparse",
     symmetric: str = "rpc",
@@ -174,7 +177,8 @@ def convert(
     if symmetric not in SYMMETRIC_MODES:
         raise ValueError(f"symmetric must be one of {SYMMETRIC_MODES}, got {symmetric!r}")
     opts = check_options(dict(rpc_layers=rpc_layers, n_iter=n_iter, lambd=lambd, threshold=threshold,
-                              mu_mode=mu_mode, model_dim=model_dim, tol=tol, clean_queries=clean_queries,
+                              mu_mode=mu_mode, model_dim=model_dim, tol=tol, lowrank=lowrank, shrink=shrink,
+                              dual_step=dual_step, clean_queries=clean_queries,
                               key_mode=key_mode))
     layers = opts.pop("rpc_layers")
     blocks = _blocks(model)
@@ -215,7 +219,8 @@ def _convert_module(attn: nn.Module, opts: dict, symmetric: str) -> None:
         # Paper's symmetric PAP layer: same parameters, RPCAttention forward.
         # Attributes an RPCAttention has beyond a SymmetricAttention (its PAP options and whatever
         # else RPCAttention.__init__ sets), taken from a parameter-free prototype on "meta".
-        pap = {k: opts[k] for k in ("n_iter", "lambd", "threshold", "mu_mode", "model_dim", "tol")}
+        pap = {k: opts[k] for k in ("n_iter", "lambd", "threshold", "mu_mode", "model_dim", "tol", "lowrank", "shrink",
+                                    "dual_step")}
         proto = RPCAttention(attn.dim, attn.num_heads, device="meta", **pap)
         extra = {k: v for k, v in proto.__dict__.items()
                  if not k.startswith("_") and (k not in attn.__dict__ or k in pap)}

@@ -17,7 +17,8 @@ conv + BatchNorm layers: four for patch 16, three for 8, two for 4), 224x224, La
 qkv bias, layer scale initialised to 1, two class-attention blocks. Every option can be overridden
 through ``timm.create_model(name, **kwargs)`` (``num_classes, img_size, patch_size, in_chans,
 embed_dim, depth, num_heads, drop_path_rate, ...``); the symmetric and RPC models also take
-``rpc_layers`` and the PAP options ``n_iter, lambd, threshold, mu_mode, model_dim, tol``.
+``rpc_layers`` and the PAP options ``n_iter, lambd, threshold, mu_mode, model_dim, tol, lowrank, shrink,
+dual_step``.
 
 The symmetric models follow the RPC authors' FAN code: the token mixing has one ``kv`` projection
 (keys serve as queries) and the class attention uses the projected class-token *key* as its query.
@@ -392,8 +393,8 @@ class FAN(nn.Module):
         token_mixing: ``"attn"`` (asymmetric, NVlabs FAN) or ``"sym"`` (symmetric: keys serve as queries,
             also in the class attention, as in the RPC authors' FAN).
         rpc_layers: blocks whose token mixing runs PAP (``"all"``, an index or a list; ``token_mixing="sym"`` only).
-        n_iter, lambd, threshold, mu_mode, model_dim, tol: PAP options of those blocks
-            (see :func:`rpc_attention.functional.pap_attention`).
+        n_iter, lambd, threshold, mu_mode, model_dim, tol, lowrank, shrink, dual_step: PAP options of
+            those blocks (see :func:`rpc_attention.functional.pap_attention`).
         drop_rate: dropout after the positions, the projections and the MLPs (the authors' ``drop``).
         attn_drop_rate: attention dropout. drop_path_rate: stochastic depth, the same rate in every
             block (the authors' choice, not a linear ramp).
@@ -419,12 +420,9 @@ class FAN(nn.Module):
         token_mixing: str = "attn",
         rpc_layers: Union[None, str, int, Iterable[int]] = None,
         # PAP options, typed and documented here; functional.check_pap_options is their one validator
-        n_iter: int = 4,
-        lambd: float = 4.0,
-        threshold: str = "lambda_mu",
-        mu_mode: Optional[str] = None,
-        model_dim: Optional[int] = None,
-        tol: Optional[float] = None,
+        n_iter: int = 4, lambd: float = 4.0, threshold: str = "lambda_mu", mu_mode: Optional[str] = None,
+        model_dim: Optional[int] = None, tol: Optional[float] = None,
+        lowrank: str = "values", shrink: str = "soft", dual_step: float = 1.0,
         drop_rate: float = 0.0,
         attn_drop_rate: float = 0.0,
         drop_path_rate: float = 0.0,
@@ -438,7 +436,8 @@ class FAN(nn.Module):
         if global_pool not in ("", "token", "avg"):
             raise ValueError(f"global_pool must be 'token', 'avg' or '', got {global_pool!r}")
         layers, pap = _pap_settings(token_mixing, rpc_layers, depth, n_iter=n_iter, lambd=lambd,
-                                    threshold=threshold, mu_mode=mu_mode, model_dim=model_dim, tol=tol)
+                                    threshold=threshold, mu_mode=mu_mode, model_dim=model_dim, tol=tol,
+                                    lowrank=lowrank, shrink=shrink, dual_step=dual_step)
         self.num_classes, self.global_pool = num_classes, global_pool
         self.num_features = self.head_hidden_size = self.embed_dim = embed_dim
         self.num_prefix_tokens, self.grad_checkpointing = 1, False

@@ -57,6 +57,8 @@ class SymlmConfig:
     lambd: float = 4.0
     threshold: str = "lambda_mu"
     mu_mode: Optional[str] = "causal"
+    shrink: str = "soft"   # robust PAP options valid in causal layers (docs/method.md#robust-variants)
+    dual_step: float = 1.0
     cutoffs: List[int] = field(default_factory=lambda: list(PAPER_CUTOFFS))
     adaptive: bool = True  # False: full softmax over the vocabulary
     tie_weights: bool = True
@@ -80,7 +82,8 @@ class SymlmConfig:
             raise ValueError(f"cutoffs must be increasing positive integers, got {self.cutoffs}")
         if self.rpc_layers:
             RF.check_pap_options(n_iter=self.n_iter, lambd=self.lambd, threshold=self.threshold,
-                                 mu_mode=self.mu_mode, is_causal=True)
+                                 mu_mode=self.mu_mode, is_causal=True, shrink=self.shrink,
+                                 dual_step=self.dual_step)
 
     @property
     def effective_cutoffs(self) -> List[int]:
@@ -227,7 +230,7 @@ class Block(nn.Module):
         common = dict(dim=cfg.d_model, num_heads=cfg.n_head, attn_drop=cfg.attn_dropout, proj_drop=cfg.dropout)
         if rpc:
             self.attn = RPCAttention(**common, n_iter=cfg.n_iter, lambd=cfg.lambd, threshold=cfg.threshold,
-                                     mu_mode=cfg.mu_mode)
+                                     mu_mode=cfg.mu_mode, shrink=cfg.shrink, dual_step=cfg.dual_step)
         elif cfg.attention == "symmetric":
             self.attn = SymmetricAttention(**common)
         else:
@@ -285,7 +288,7 @@ def _cached_pap(attn: RPCAttention, k: Tensor, v_all: Tensor, cache: Dict, dropo
         out, _, cache["pap"] = RF.pap_prefill(
             k, v_all, n_iter=opts["n_iter"], lambd=opts["lambd"], scale=attn.scale, model_dim=opts["model_dim"],
             threshold=opts["threshold"], mu_mode=opts["mu_mode"] or "causal", dropout_p=dropout_p,
-            fused=attn.fused_attn)
+            fused=attn.fused_attn, shrink=opts["shrink"], dual_step=opts["dual_step"])
         return out
     return cache["pap"].step(k, v_all, dropout_p=dropout_p, fused=attn.fused_attn)[0]
 

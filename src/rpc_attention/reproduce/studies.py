@@ -39,6 +39,8 @@ def _models(rows: Sequence[D.ModelRow], s: Dict[str, Any], seeds: List[int], ove
     """The models of ``rows`` with their presets from the settings ``s``, trained with ``seeds``."""
     out = []
     for r in rows:
+        if not s[r.preset]:  # an empty preset setting leaves the model out
+            continue
         n_iter, layers = r.pap
         cost = r.cost * E.pap_factor(n_iter, depth if layers is None else layers, depth) if n_iter > 1 else r.cost
         callbacks = list(r.callbacks) if not r.callbacks_if or s.get(r.callbacks_if) else []
@@ -148,7 +150,8 @@ def _fmnist_study(name: str, s: Dict[str, Any]) -> Study:
                      int(s["depth"]))
     evals = _vision_evals(s, [m.key for m in models], suites)
     analyses = [{"model": "symvit", "sets": list(s.get("analyze_sets") or [])}]
-    claims = _claims(D.VISION_CLAIMS + D.PCP_CLAIMS, suites)
+    keys = {m.key for m in models}
+    claims = [c for c in _claims(D.VISION_CLAIMS + D.PCP_CLAIMS + D.ROBUST_CLAIMS, suites) if c.rpc in keys]
     st = Study(name, D.TEXTS[name].description, models, evals, analyses, None, claims, s)
     if s.get("lm"):
         _add_lm(st, s, seeds)

@@ -15,6 +15,7 @@ from ..evaluate.corruptions import MCE
 from ..evaluate.lm import ppl_metric
 from ..evaluate.ood import AUPR
 from ..evaluate.segmentation import CORRUPTED_MIOU, MIOU
+from ..evaluate.sparse import MEAN_TOP1_KEYS
 from .specs import ClaimSpec, setting
 
 FMNIST_SUITES = ["clean", "fgsm", "pgd", "corruptions", "ood", "sparse"]
@@ -34,6 +35,8 @@ class FmnistSettings:
     preset_rpc2all: str = "fmnist-rpc-symvit-all"
     # RPC-SymViT whose sparse step fires: classic PCP threshold lambd / mu on the head-width mu
     preset_rpc_pcp: str = "fmnist-rpc-symvit-pcp"
+    # RPC-SymViT with robust PAP in block 0 (docs/method.md#robust-variants); "" leaves it out
+    preset_rpc_robust: str = "fmnist-rpc-symvit-robust"
     depth: int = 6
     epochs: int = 1                              # presets: 4 epochs of 55,000 images
     batch_size: int = 64                         # 375 steps; at 128 the same images give 3 points less clean accuracy
@@ -54,7 +57,9 @@ class FmnistSettings:
     ood_limit: int = 1000
     ood_sets: List[str] = setting([])
     strong_attack_limit: int = 200
-    sparse_limit: int = 500                      # sparse corruption: 7 corrupted settings + clean per image
+    sparse_limit: int = 500                      # sparse corruption: 9 corrupted settings + clean per image
+    # the key corruption as a dose-response (the robust-PAP claim is on its mean)
+    sparse_sets: List[str] = setting(["sparse.key_magnitude=5,20,100"])
     analyze_sets: List[str] = setting(["limit=8"])  # KPCA analysis options (kpca.options.AnalysisOptions)
     # language model (presets on the embedded Wikipedia corpus; 1200 steps there)
     preset_symlm: str = "wiki-symlm"
@@ -130,7 +135,7 @@ SMOKE = replace(
                      "train.log_every=2", "train.threads=0"],
     depth=2, eval_limit=128, attack_limit=32, eps="2/255,6/255", pgd_steps=3,
     corruptions=["gaussian_noise", "contrast"], corruption_limit=32, ood_limit=128,
-    strong_attack_limit=16, sparse_limit=64, lm_steps=4, lm_batch_size=4,
+    strong_attack_limit=16, sparse_limit=64, preset_rpc_robust="", sparse_sets=[], lm_steps=4, lm_batch_size=4,
     lm_overrides=["model.kwargs.d_model=32", "model.kwargs.n_layer=2", "model.kwargs.n_head=2",
                   "model.kwargs.d_inner=64", "model.kwargs.context=32", "train.threads=0",
                   "train.eval_every=0", "eval.final_split=null"],
@@ -139,7 +144,7 @@ FULL = FullSettings(
     seeds=[0, 1, 2], lm_seeds=[], epochs=20, batch_size=128, eps="1:6/255", pgd_steps=20,
     val_size=5000, train_subset=0, eval_limit=0, attack_limit=1000,
     corruptions=[], corruption_limit=1000, ood_limit=0, strong_attack_limit=500, sparse_limit=0,
-    lm_steps=1200, lm_batch_size=16, lm_eval_sets=[],
+    preset_rpc_robust="", sparse_sets=[], lm_steps=1200, lm_batch_size=16, lm_eval_sets=[],
     suites=FMNIST_SUITES + ["noise", "sld", "spsa", "cw", "autoattack", "square"])
 IMAGENET = ImagenetSettings()
 WIKITEXT = WikitextSettings()
@@ -184,6 +189,8 @@ FMNIST_VISION = (
              pap=(2, None)),
     ModelRow(key="rpc_pcp", label="RPC-SymViT 6iter/layer1, PCP-active", preset="preset_rpc_pcp", family="vision",
              role="rpc", pap=(6, 1)),
+    ModelRow(key="rpc_robust", label="RPC-SymViT robust PAP 2iter/layer1", preset="preset_rpc_robust",
+             family="vision", role="rpc", pap=(2, 1)),
 )
 IMAGENET_VISION = (
     ModelRow(key="symvit", label="SymViT-tiny", preset="preset_symvit", family="vision", role="baseline"),
@@ -247,6 +254,11 @@ VISION_CLAIMS = (
     _vision("square", RPC6, "is more accurate under the Square attack", "square", top1_at("1/255")),
 )
 PCP_CLAIMS = tuple(c.variant("pcp", PCP_LABEL, "rpc_pcp") for c in VISION_CLAIMS if c.rpc == "rpc6")
+# Our claim for the robust PAP variant: 5 % of block 1's keys moved by +-5, 20 and 100 key std
+ROBUST_CLAIMS = (
+    _vision("sparse_keys", "RPC with robust PAP (2 iters, layer 1)", "removes sparse key corruption (top-1 under "
+            "5 % block-1 key corruption, mean over magnitudes)", "sparse", MEAN_TOP1_KEYS, rpc="rpc_robust"),
+)
 
 LM_CLAIMS = tuple(
     ClaimSpec(id=cid, subject="RPC-Symlm", says=says, table="lm", suite=suite, metric=metric, baseline="symlm",
