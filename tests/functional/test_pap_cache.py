@@ -47,6 +47,19 @@ def test_cached_steps_equal_the_uncached_forward(threshold, mu_mode, n_iter):
     assert cache.length == k.shape[2] and len(cache.keys2) == n_iter
 
 
+
+@pytest.mark.parametrize("shrink,dual_step", [("hard", 1.0), ("hard", 0.0), ("soft", 0.5)])
+def test_cached_steps_continue_the_causal_robust_options(shrink, dual_step):
+    # the robust options a causal layer accepts: the cache runs the same shrinkage and dual step per row
+    k, v = _kv(seed=3)
+    opts = dict(n_iter=4, lambd=1.0, threshold="lambda_over_mu", shrink=shrink, dual_step=dual_step)
+    full = RF.pap_attention(k, v, is_causal=True, **opts)
+    got, cache = _decode(k, v, prompt=4, **opts)
+    torch.testing.assert_close(got, full, rtol=0, atol=ATOL64)
+    assert (cache.shrink, cache.dual_step) == (shrink, dual_step)
+    official = RF.pap_attention(k, v, is_causal=True, n_iter=4, lambd=1.0, threshold="lambda_over_mu")
+    assert (full - official).abs().max() > 1e-3  # the option changes the output, so the check above means something
+
 def test_cached_steps_equal_the_float64_reference_loop():
     k, v = _kv(b=1, h=2, n=8, seed=5)
     ref = ref_pap(k, v, 4, 4.0, threshold="lambda_mu", mu_mode="causal", causal=True)
