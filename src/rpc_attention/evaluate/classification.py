@@ -163,19 +163,23 @@ def _attack_suite(name: str, protocol: str, norm: str):
 
 @dataclass(frozen=True)
 class AttackOptions(CommonOptions):
-    """Base of the attack suites' options: each declares ``space`` (pixel or official) and ``eps``."""
+    """Base of the attack suites' options: the input space (pixel or official), the margin of the official
+    space and, by default, 1000 examples; each attack adds its budget (``eps``) and its own parameters."""
+
+    limit: Optional[int] = 1000
+    space: str = "pixel"
+    official_margin: float = 1.0
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        if getattr(self, "space", "pixel") not in SPACES:
+        if self.space not in SPACES:
             raise ValueError(f"--set space={self.space}: choose pixel or official")
 
 
 @dataclass(frozen=True)
 class FgsmOptions(AttackOptions):
+    limit: Optional[int] = None
     eps: List[float] = eps_option(SWEEP)
-    space: str = "pixel"
-    official_margin: float = 1.0
 
 
 @dataclass(frozen=True)
@@ -185,9 +189,6 @@ class PgdOptions(AttackOptions):
     step_ratio: float = 0.15
     random_start: bool = True
     keep_best: bool = True
-    limit: Optional[int] = 1000
-    space: str = "pixel"
-    official_margin: float = 1.0
 
 
 @dataclass(frozen=True)
@@ -198,9 +199,6 @@ class SpsaOptions(AttackOptions):
     delta: float = 0.01
     lr: float = 0.01
     max_batch_size: int = 64
-    limit: Optional[int] = 1000
-    space: str = "pixel"
-    official_margin: float = 1.0
 
 
 @dataclass(frozen=True)
@@ -211,9 +209,6 @@ class SldOptions(AttackOptions):
     grad_sparsity: float = 99.0
     rand_init: bool = False
     clip_grad: bool = False
-    limit: Optional[int] = 1000
-    space: str = "pixel"
-    official_margin: float = 1.0
 
 
 @dataclass(frozen=True)
@@ -224,9 +219,6 @@ class CwOptions(AttackOptions):
     kappa: float = 0.0
     steps: int = 50
     lr: float = 0.01
-    limit: Optional[int] = 1000
-    space: str = "pixel"
-    official_margin: float = 1.0
 
 
 @dataclass(frozen=True)
@@ -239,9 +231,6 @@ class SquareOptions(AttackOptions):
     eps: List[float] = eps_option("1/255")
     n_queries: int = 5000
     p_init: float = 0.8
-    limit: Optional[int] = 1000
-    space: str = "pixel"
-    official_margin: float = 1.0
 
 
 @dataclass(frozen=True)
@@ -250,9 +239,6 @@ class AutoAttackOptions(AttackOptions):
     steps: int = 100
     targets: int = 9
     n_queries: int = 5000
-    limit: Optional[int] = 1000
-    space: str = "pixel"
-    official_margin: float = 1.0
 
 
 _CLEAN_COLUMNS = tuple(
