@@ -10,6 +10,7 @@ table and of the sparse-corruption table.
 from __future__ import annotations
 
 import math
+import re
 from pathlib import Path
 from typing import Any, Dict, List
 
@@ -133,4 +134,37 @@ def render_sparse_corruption(res: Dict[str, Any]) -> List[str]:
     any_e = next(iter(next(iter(per_model.values())).values()))
     lines = [f"**Sparse corruption**: top-1 (%) under each setting ({any_e.get('n_examples')} test examples; "
              f"{any_e.get('protocol') or ''}; mean ± std over seeds where there are several).", ""]
-    return lines + _table(["setting"] + [res["models"].get(k, {}).get("label", k) for k in keys], rows)
+    lines += _table(["setting"] + [res["models"].get(k, {}).get("label", k) for k in keys], rows)
+    return lines + _render_support(res, per_model)
+
+
+_PRECISION, _RECALL = "s_precision_", "s_recall_"
+
+
+def _render_support(res: Dict[str, Any], per_model: Dict[str, Any]) -> List[str]:
+    """Markdown: precision / recall of the support of block 1's final S against the corrupted key entries
+    (the sparse suite's ``s_precision_<setting>`` / ``s_recall_<setting>`` metrics), mean over seeds, for
+    every model whose block 1 runs PAP; nothing when no model recorded them."""
+    found: Dict[str, Dict[str, List[tuple]]] = {}
+    for key, per_seed in per_model.items():
+        for record in per_seed.values():
+            m = record.get("metrics") or {}
+            for name, value in m.items():
+                recall = m.get(_RECALL + name[len(_PRECISION):])
+                if name.startswith(_PRECISION) and isinstance(value, (int, float)) and isinstance(recall, (int, float)):
+                    found.setdefault(key, {}).setdefault(name[len(_PRECISION):], []).append((value, recall))
+    if not found:
+        return []
+    # by share, then magnitude ("keys@5%x20std"): the order of the dose-response
+    settings = sorted({s for per in found.values() for s in per},
+                      key=lambda s: [float(x) for x in re.findall(r"\d+(?:\.\d+)?", s)])
+
+    def cell(pairs: List[tuple]) -> str:
+        if not pairs:
+            return "—"
+        return f"{sum(p for p, _ in pairs) / len(pairs):.2f} / {sum(r for _, r in pairs) / len(pairs):.2f}"
+
+    rows = [[s.replace("top1_", "")] + [cell(found[k].get(s, [])) for k in found] for s in settings]
+    return ["", "**S on the corrupted keys**: precision / recall of the support of block 1's final S (its "
+            "non-zero entries) against the corrupted key entries, mean over seeds (models whose block 1 runs PAP).",
+            ""] + _table(["setting"] + [res["models"].get(k, {}).get("label", k) for k in found], rows)
