@@ -54,3 +54,27 @@ def test_quick_study_measures_robust_pap_on_the_key_corruption_dose_response():
     for other in ("smoke", "fmnist-full"):  # the quick study's addition only
         assert "rpc_robust" not in {m.key for m in get_study(other).models}
         assert next(e for e in get_study(other).evals if e.suite == "sparse").sets == []
+
+
+def test_lm_gap_study_pairs_four_language_models_on_three_seeds():
+    from rpc_attention.reproduce.studies import get_study
+
+    st = get_study("lm-gap")
+    assert [m.key for m in st.models] == ["symlm", "rpc_symlm", "rpc_symlm_s0", "rpc2_symlm_s0"]
+    assert all(m.seeds == [0, 1, 2] for m in st.models)
+    # one schedule for every model; the S = 0 rows differ from the paper's row only by their own settings
+    common = st.model("symlm").overrides
+    assert st.model("rpc_symlm").overrides == common
+    assert st.model("rpc_symlm_s0").overrides == common + ["model.kwargs.lambd=.inf"]
+    assert st.model("rpc2_symlm_s0").overrides == common + ["model.kwargs.lambd=.inf", "model.kwargs.n_iter=2"]
+    assert {c.rpc for c in st.claims} == {"rpc_symlm", "rpc_symlm_s0", "rpc2_symlm_s0"}
+    assert all(c.baseline == "symlm" and c.metric == st.claims[0].metric for c in st.claims)
+
+
+def test_lm_gap_study_refuses_a_single_seed():
+    import pytest
+
+    from rpc_attention.reproduce.studies import StudyError, get_study
+
+    with pytest.raises(StudyError, match="at least two"):
+        get_study("lm-gap", ["seeds=[0]"])

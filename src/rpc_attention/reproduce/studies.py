@@ -44,8 +44,9 @@ def _models(rows: Sequence[D.ModelRow], s: Dict[str, Any], seeds: List[int], ove
         n_iter, layers = r.pap
         cost = r.cost * E.pap_factor(n_iter, depth if layers is None else layers, depth) if n_iter > 1 else r.cost
         callbacks = list(r.callbacks) if not r.callbacks_if or s.get(r.callbacks_if) else []
-        out.append(ModelSpec(key=r.key, label=r.label, preset=s[r.preset], overrides=list(overrides), family=r.family,
-                             role=r.role, seeds=list(seeds), train_samples=samples, cost=cost, callbacks=callbacks))
+        out.append(ModelSpec(key=r.key, label=r.label, preset=s[r.preset],
+                             overrides=list(overrides) + list(r.overrides), family=r.family, role=r.role,
+                             seeds=list(seeds), train_samples=samples, cost=cost, callbacks=callbacks))
     return out
 
 
@@ -238,6 +239,19 @@ def _wikitext103(name: str, s: Dict[str, Any]) -> Study:
                  device=str(s["device"]))
 
 
+def _lm_gap(name: str, s: Dict[str, Any]) -> Study:
+    seeds = [int(x) for x in s["seeds"]]
+    if len(seeds) < 2:
+        raise StudyError("--set seeds=...: the lm-gap study pairs seeds; give at least two")
+    steps, bs = int(s["lm_steps"]), int(s["lm_batch_size"])
+    common = [f"train.max_steps={steps}", f"train.batch_size={bs}"] + list(s.get("lm_overrides") or [])
+    models = _models(D.LM_GAP_MODELS, s, seeds, common, steps * bs, depth=4)
+    lim = int(s.get("lm_eval_limit") or 0) or None
+    evals = [EvalSpec(suite="ppl", models=[m.key for m in models],
+                      sets=[f"ppl.{x}" for x in s.get("lm_eval_sets") or []], limit=lim)]
+    return Study(name, D.TEXTS[name].description, models, evals, [], None, list(D.LM_GAP_CLAIMS), s)
+
+
 @dataclass(frozen=True)
 class StudyDef:
     """A study: its settings' defaults (a settings dataclass) and the function that builds it."""
@@ -253,7 +267,8 @@ class StudyDef:
 STUDIES: Dict[str, StudyDef] = {d.name: d for d in (
     StudyDef("smoke", D.SMOKE, _fmnist_study), StudyDef("quick", D.QUICK, _fmnist_study),
     StudyDef("fmnist-full", D.FULL, _fmnist_full), StudyDef("imagenet", D.IMAGENET, _imagenet),
-    StudyDef("wikitext103", D.WIKITEXT, _wikitext103))}
+    StudyDef("wikitext103", D.WIKITEXT, _wikitext103),
+    StudyDef("lm-gap", D.LM_GAP, _lm_gap))}
 
 
 def list_studies() -> List[tuple]:
