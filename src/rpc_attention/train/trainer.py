@@ -51,7 +51,7 @@ from .checkpoint import (
 )
 from .config import OptimConfig, ScheduleConfig, TrainConfig, dump_config, resolve_typed_config
 from .rundir import MetricsLogger, RunDir
-from .tasks import primary_metric
+from .tasks import better, primary_metric
 
 _log = logging.getLogger(__name__)  # messages; metrics go to the run directory (self.logger)
 
@@ -222,12 +222,18 @@ def run_training(cfg: Optional[Dict[str, Any]], out_dir: os.PathLike, resume: bo
     try:
         if not resume:
             _prepare_on_rank0(run, force, rank, world)
-        trainer = Trainer(cfg, run, get_task(cfg["task"]), device, rank, world, callbacks=callbacks, config=config)
-        if resume:
-            trainer.restore()
-        else:
-            trainer.seed_ranks()
-        return trainer.fit()
+        try:
+            trainer = Trainer(cfg, run, get_task(cfg["task"]), device, rank, world, callbacks=callbacks,
+                              config=config)
+            if resume:
+                trainer.restore()
+            else:
+                trainer.seed_ranks()
+            return trainer.fit()
+        except Exception:
+            if not resume and rank == 0:  # a start that failed before its first checkpoint blocks no retry
+                run.discard_failed_start()
+            raise
     finally:
         if started_pg and dist.is_initialized():
             dist.destroy_process_group()
@@ -324,6 +330,7 @@ class Trainer:
         self.train_model: torch.nn.Module = self.model  # DDP / compiled wrapper, set by fit
         self.callbacks: List[Tuple[str, Callback]] = []  # (name, fn), resolved by fit
         self.callback_final: Dict[str, Any] = {}  # the last dict each callback returned, for final_metrics.json
+        self.best: Optional[Dict[str, Any]] = None  # train.keep_best: the best validation record so far
         self.window = _Window(1)
         self._t_start = time.time()
 
@@ -359,10 +366,17 @@ class Trainer:
         else:
             self._load_checkpoint(ckpt)
         self.logger.truncate_after(self.global_step)
+        if self.is_main and self.loop.keep_best:
+            self.best = self._best_so_far()
 
     def _load_checkpoint(self, ckpt: Path) -> None:
         model_sd, ema_sd, state = load_checkpoint(ckpt)
-        self.model.load_state_dict(model_sd)
+        try:
+            self.model.load_state_dict(model_sd)
+        except RuntimeError as exc:
+            raise CheckpointError(
+                f"{ckpt} does not fit the model of this config ({str(exc).splitlines()[-1].strip()}); a resume "
+                f"cannot change the model's shape (class count, image size, ...): start a new run instead") from None
         self.optimizer.load_state_dict(state["optimizer"])
         if self.scheduler is not None and state.get("scheduler") is not None \
                 and state.get("config") == dump_config(self.cfg):
@@ -530,6 +544,7 @@ class Trainer:
         if self.is_main and val_ds is not None and due:
             res = self.evaluate(val_ds)
             self.logger.log({"step": step, "epoch": epoch, "split": "val", **res})
+            self._keep_if_best({"step": step, "epoch": epoch, **res})
             key = primary_metric(self.task)
             if key in res:
                 msg = f"epoch {epoch}: val {key} {res[key]:.2f}" + (
@@ -546,6 +561,39 @@ class Trainer:
                     self.callback_final[name] = ret
                 self.model.train()
         _barrier(self.world)
+
+    def _keep_if_best(self, record: Dict[str, Any]) -> None:
+        """``train.keep_best``: when this validation record's primary metric beats the best so far,
+        remember it and write the weights to ``model_best.safetensors`` (rank 0)."""
+        key = primary_metric(self.task)
+        if not self.loop.keep_best or not isinstance(record.get(key), (int, float)):
+            return
+        if self.best is None or better(self.task, float(record[key]), float(self.best[key])):
+            self.best = {"step": record["step"], "epoch": record["epoch"], key: float(record[key])}
+            save_safetensors_atomic(self.model.state_dict(), self.run.best_weights())
+
+    def _best_so_far(self) -> Optional[Dict[str, Any]]:
+        """The best validation record logged up to the current step (a resume re-reads it from metrics.jsonl)."""
+        key, best = primary_metric(self.task), None
+        for rec in self.run.read_metrics("val", missing_ok=True):
+            if rec.get("step", 0) <= self.global_step and isinstance(rec.get(key), (int, float)):
+                if best is None or better(self.task, float(rec[key]), float(best[key])):
+                    best = {"step": rec["step"], "epoch": rec["epoch"], key: float(rec[key])}
+        return best
+
+    def _select_best(self) -> None:
+        """``train.keep_best``: keep the last step's weights in ``model_last.safetensors`` and load the best
+        validation epoch's, which the final evaluation and ``model.safetensors`` then hold."""
+        if not self.loop.keep_best:
+            return
+        save_safetensors_atomic(self.model.state_dict(), self.run.best_weights(last=True))
+        if self.best is None or not self.run.best_weights().is_file():
+            _log.warning("train.keep_best: no validation ran, so the final weights are the last step's")
+            return
+        from safetensors.torch import load_file
+
+        self.model.load_state_dict(load_file(str(self.run.best_weights()), device=str(self.device)))
+        _log.info("train.keep_best: the final weights are epoch %s's (step %s)", self.best["epoch"], self.best["step"])
 
     def evaluate(self, dataset) -> Dict[str, float]:
         """The task's metrics of the model (and, with EMA, ``ema_``-prefixed ones of the EMA model) on ``dataset``."""
@@ -593,7 +641,10 @@ class Trainer:
             save_safetensors_atomic(self.model.state_dict(), self.run.weights())
             if self.ema is not None:
                 save_safetensors_atomic(self.ema.module.state_dict(), self.run.weights(ema=True))
+            self._select_best()
             split, step = self.config.eval.final_split, self.global_step
+            if split == "test" and "test" not in self.datasets and "val" in self.datasets:
+                split = "val"  # no test split (an ImageFolder without a test folder): say it is the val split
             dataset = self.datasets.get(split) if split else None
             if dataset is not None:
                 final = self.evaluate(dataset)
@@ -604,6 +655,7 @@ class Trainer:
                     _log.info("final %s %s: %.2f", split, key, final[key])
             self.run.write_final_metrics({"step": step, "split": split,
                                           "elapsed_s": self.elapsed_before + time.time() - self._t_start, **final,
+                                          **({"selected": self.best} if self.loop.keep_best else {}),
                                           **self.callback_final})
         _barrier(self.world)
         return final
