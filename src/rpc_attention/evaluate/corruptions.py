@@ -295,7 +295,12 @@ def corruptions_suite(model: nn.Module, cfg: Mapping[str, Any], run_dir, opts: D
             bar.update(1)
     bar.close()
 
-    return _suite_result(errors, clean_err, record, names, n, dname, root, opts)
+    result = _suite_result(errors, clean_err, record, names, n, dname, root, opts)
+    if not root:  # an ImageFolder tree without a test folder is evaluated on its val folder, and says so
+        from ..data.images import eval_split_name
+
+        result["data"]["split"] = eval_split_name(dict(cfg), "test")
+    return result
 
 
 def _suite_result(errors: Dict[str, List[float]], clean_err: Optional[float], record: PerExample,
@@ -311,9 +316,7 @@ def _suite_result(errors: Dict[str, List[float]], clean_err: Optional[float], re
     record.metric(MEAN_CORRUPTION_ERROR, [f"{c}@{s}" for c in names for s in SEVERITIES], error=True)
     if ref is not None:
         declare_mce(record, names, ref)
-    from ..data.images import eval_split_name
-
-    data = {"dataset": dname, "split": "test" if root else eval_split_name(dict(cfg), "test"), "n_examples": n,
+    data = {"dataset": dname, "split": "test", "n_examples": n,
             "source": f"ImageNet-C tree {root}" if root else "imagecorruptions on the fly"}
     protocol = (f"top-1 error (%) under {len(names)} corruptions x {len(SEVERITIES)} severities"
                 + (f"; CE normalised by {norm_by}" if norm_by else "; no normalisation (set corruptions.baseline=RUN)"))

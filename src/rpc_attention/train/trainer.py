@@ -230,6 +230,8 @@ def run_training(cfg: Optional[Dict[str, Any]], out_dir: os.PathLike, resume: bo
             else:
                 trainer.seed_ranks()
             return trainer.fit()
+        except TrainingDiverged:
+            raise  # its records stay for diagnosis; the message says how to start again
         except Exception:
             if not resume and rank == 0:  # a start that failed before its first checkpoint blocks no retry
                 run.discard_failed_start()
@@ -505,7 +507,7 @@ class Trainer:
             return
         value = float(unchecked[first - first_unchecked]) if first == local else "not finite on another process"
         where = (f"the last good checkpoint is {self.last_checkpoint}" if self.last_checkpoint is not None
-                 else "no checkpoint was saved before it")
+                 else "no checkpoint was saved before it (start again with --force, or another --out)")
         epoch = (first - 1) // self.steps_per_epoch + 1
         raise TrainingDiverged(f"loss is {value} at step {first} (epoch {epoch}); training stopped, {where}")
 
