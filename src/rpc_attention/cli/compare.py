@@ -44,7 +44,7 @@ def run(args: argparse.Namespace) -> int:
                             f"replace it")
     missing = [r for r in runs if not os.path.isdir(r)]
     if missing:
-        raise UserError(f"run directory {missing[0]!r} does not exist")
+        raise UserError(f"run directory {missing[0]!r} does not exist (no metrics.jsonl, no evaluation results)")
     curves = all(os.path.isfile(os.path.join(r, "metrics.jsonl")) for r in runs)
     evals = all(has_eval_results(r) for r in runs)
     if not curves and not evals:

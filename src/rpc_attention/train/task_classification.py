@@ -98,7 +98,7 @@ class ClassificationTask:
         }
 
     def finalize_config(self, cfg: Dict[str, Any]) -> Dict[str, Any]:
-        from ..data.images import dataset_info
+        from ..data.images import dataset_info, is_folder_data
 
         if not cfg["model"].get("name"):
             raise ValueError("model.name is not set (a timm model name such as symvit_tiny_patch16_224)")
@@ -106,7 +106,8 @@ class ClassificationTask:
             raise ValueError("data.name is not set (fashion_mnist, mnist5k or imagefolder)")
         data = cfg["data"]
         info = _data_facts(data, dataset_info(data["name"]))
-        if data.get("num_classes") is not None and int(data["num_classes"]) != int(info["num_classes"]):
+        known = not is_folder_data(data["name"]) or bool(data.get("root"))  # else the config gives the count
+        if known and data.get("num_classes") is not None and int(data["num_classes"]) != int(info["num_classes"]):
             raise ValueError(f"data.num_classes={data['num_classes']} but {data['name']} has {info['num_classes']} "
                              f"classes: leave data.num_classes unset (it is read from the data)")
         for key in ("mean", "std", "num_classes", "in_chans", "img_size"):

@@ -640,10 +640,10 @@ class Trainer:
         """Write the final weights, evaluate on ``eval.final_split`` and write ``final_metrics.json`` (rank 0)."""
         final: Dict[str, Any] = {}
         if self.is_main:
+            self._select_best()
             save_safetensors_atomic(self.model.state_dict(), self.run.weights())
             if self.ema is not None:
                 save_safetensors_atomic(self.ema.module.state_dict(), self.run.weights(ema=True))
-            self._select_best()
             split, step = self.config.eval.final_split, self.global_step
             if split == "test" and "test" not in self.datasets and "val" in self.datasets:
                 split = "val"  # no test split (an ImageFolder without a test folder): say it is the val split
