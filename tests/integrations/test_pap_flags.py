@@ -62,3 +62,17 @@ def test_train_takes_every_kernel_option_through_model_kwargs():
     attn = get_task("classification").build_model(cfg).blocks[0].attn
     assert type(attn) is RPCAttention
     assert (attn.lowrank, attn.shrink, attn.dual_step) == ("keys", "hard", 0.0)
+
+
+def test_integrations_doc_shows_the_whole_convert_signature():
+    from pathlib import Path
+
+    from rpc_attention.integrations.timm import convert
+
+    text = (Path(__file__).resolve().parents[2] / "docs" / "integrations.md").read_text()
+    block = text[text.index("convert(model, rpc_layers="):]
+    block = block[:block.index("```")]
+    missing = [p for p in list(inspect.signature(convert).parameters)[1:] if f"{p}=" not in block]
+    assert not missing
+    flags = [f"--rpc-{name.replace('_', '-')}" for name in ext.PAP_FLAGS]
+    assert all(flag in text for flag in flags)
