@@ -70,8 +70,9 @@ def test_integrations_doc_shows_the_whole_convert_signature():
     from rpc_attention.integrations.timm import convert
 
     text = (Path(__file__).resolve().parents[2] / "docs" / "integrations.md").read_text()
-    block = text[text.index("convert(model, rpc_layers="):]
-    block = block[:block.index("```")]
+    block = text[text.index("## timm"):]
+    block = block[block.index("```python"):]
+    block = block[:block.index("```", 3)]
     missing = [p for p in list(inspect.signature(convert).parameters)[1:] if f"{p}=" not in block]
     assert not missing
     flags = [f"--rpc-{name.replace('_', '-')}" for name in ext.PAP_FLAGS]
