@@ -187,3 +187,13 @@ def test_keep_best_selects_the_best_validation_epoch(folder, tmp_path):
 def test_keep_best_without_validation_is_refused(folder, tmp_path, capsys):
     assert _train(tmp_path, folder, tmp_path / "r", "train.keep_best=true", "train.eval_every=0") == 2
     assert "train.eval_every=0" in _err(capsys)
+
+
+def test_keep_best_survives_a_resume(folder, tmp_path):
+    """A run stopped after 2 of 3 epochs and resumed selects what the uninterrupted run selects."""
+    whole, parts = tmp_path / "whole", tmp_path / "parts"
+    assert _train(tmp_path, folder, whole, "train.keep_best=true", "train.epochs=3") == 0
+    assert _train(tmp_path, folder, parts, "train.keep_best=true", "train.epochs=3", "train.max_steps=4") == 0
+    assert main(["train", "--resume", str(parts), "--set", "train.max_steps=null"]) == 0
+    a, b = (json.loads((r / "final_metrics.json").read_text()) for r in (whole, parts))
+    assert a["selected"] == b["selected"] and a["acc1"] == b["acc1"]

@@ -38,6 +38,7 @@ from torch.utils.data import DataLoader, Sampler
 
 from ..data.batch import to_device
 from ..markdown import format_seconds
+from .best import BestWeights
 from .callbacks import Callback, resolve_callbacks
 from .checkpoint import (
     CheckpointError,
@@ -51,7 +52,7 @@ from .checkpoint import (
 )
 from .config import OptimConfig, ScheduleConfig, TrainConfig, dump_config, resolve_typed_config
 from .rundir import MetricsLogger, RunDir
-from .tasks import better, primary_metric
+from .tasks import primary_metric
 
 _log = logging.getLogger(__name__)  # messages; metrics go to the run directory (self.logger)
 
@@ -332,7 +333,7 @@ class Trainer:
         self.train_model: torch.nn.Module = self.model  # DDP / compiled wrapper, set by fit
         self.callbacks: List[Tuple[str, Callback]] = []  # (name, fn), resolved by fit
         self.callback_final: Dict[str, Any] = {}  # the last dict each callback returned, for final_metrics.json
-        self.best: Optional[Dict[str, Any]] = None  # train.keep_best: the best validation record so far
+        self.best = BestWeights(run, task, loop.keep_best)  # train.keep_best: the best validation epoch so far
         self.window = _Window(1)
         self._t_start = time.time()
 
@@ -368,8 +369,8 @@ class Trainer:
         else:
             self._load_checkpoint(ckpt)
         self.logger.truncate_after(self.global_step)
-        if self.is_main and self.loop.keep_best:
-            self.best = self._best_so_far()
+        if self.is_main:
+            self.best.reread(self.global_step)
 
     def _load_checkpoint(self, ckpt: Path) -> None:
         model_sd, ema_sd, state = load_checkpoint(ckpt)
@@ -546,7 +547,7 @@ class Trainer:
         if self.is_main and val_ds is not None and due:
             res = self.evaluate(val_ds)
             self.logger.log({"step": step, "epoch": epoch, "split": "val", **res})
-            self._keep_if_best({"step": step, "epoch": epoch, **res})
+            self.best.observe(self.model, {"step": step, "epoch": epoch, **res})
             key = primary_metric(self.task)
             if key in res:
                 msg = f"epoch {epoch}: val {key} {res[key]:.2f}" + (
@@ -563,39 +564,6 @@ class Trainer:
                     self.callback_final[name] = ret
                 self.model.train()
         _barrier(self.world)
-
-    def _keep_if_best(self, record: Dict[str, Any]) -> None:
-        """``train.keep_best``: when this validation record's primary metric beats the best so far,
-        remember it and write the weights to ``model_best.safetensors`` (rank 0)."""
-        key = primary_metric(self.task)
-        if not self.loop.keep_best or not isinstance(record.get(key), (int, float)):
-            return
-        if self.best is None or better(self.task, float(record[key]), float(self.best[key])):
-            self.best = {"step": record["step"], "epoch": record["epoch"], key: float(record[key])}
-            save_safetensors_atomic(self.model.state_dict(), self.run.best_weights())
-
-    def _best_so_far(self) -> Optional[Dict[str, Any]]:
-        """The best validation record logged up to the current step (a resume re-reads it from metrics.jsonl)."""
-        key, best = primary_metric(self.task), None
-        for rec in self.run.read_metrics("val", missing_ok=True):
-            if rec.get("step", 0) <= self.global_step and isinstance(rec.get(key), (int, float)):
-                if best is None or better(self.task, float(rec[key]), float(best[key])):
-                    best = {"step": rec["step"], "epoch": rec["epoch"], key: float(rec[key])}
-        return best
-
-    def _select_best(self) -> None:
-        """``train.keep_best``: keep the last step's weights in ``model_last.safetensors`` and load the best
-        validation epoch's, which the final evaluation and ``model.safetensors`` then hold."""
-        if not self.loop.keep_best:
-            return
-        save_safetensors_atomic(self.model.state_dict(), self.run.best_weights(last=True))
-        if self.best is None or not self.run.best_weights().is_file():
-            _log.warning("train.keep_best: no validation ran, so the final weights are the last step's")
-            return
-        from safetensors.torch import load_file
-
-        self.model.load_state_dict(load_file(str(self.run.best_weights()), device=str(self.device)))
-        _log.info("train.keep_best: the final weights are epoch %s's (step %s)", self.best["epoch"], self.best["step"])
 
     def evaluate(self, dataset) -> Dict[str, float]:
         """The task's metrics of the model (and, with EMA, ``ema_``-prefixed ones of the EMA model) on ``dataset``."""
@@ -640,7 +608,7 @@ class Trainer:
         """Write the final weights, evaluate on ``eval.final_split`` and write ``final_metrics.json`` (rank 0)."""
         final: Dict[str, Any] = {}
         if self.is_main:
-            self._select_best()
+            self.best.select(self.model, self.device)
             save_safetensors_atomic(self.model.state_dict(), self.run.weights())
             if self.ema is not None:
                 save_safetensors_atomic(self.ema.module.state_dict(), self.run.weights(ema=True))
@@ -657,7 +625,7 @@ class Trainer:
                     _log.info("final %s %s: %.2f", split, key, final[key])
             self.run.write_final_metrics({"step": step, "split": split,
                                           "elapsed_s": self.elapsed_before + time.time() - self._t_start, **final,
-                                          **({"selected": self.best} if self.loop.keep_best else {}),
+                                          **({"selected": self.best.best} if self.loop.keep_best else {}),
                                           **self.callback_final})
         _barrier(self.world)
         return final
