@@ -55,11 +55,12 @@ def folder(tmp_path_factory):
     return make_folder(tmp_path_factory.mktemp("own") / "data")
 
 
+@pytest.mark.slow  # two trainings, two evaluations and a comparison: about 15 s on 2 busy cores
 def test_own_folder_trains_evaluates_and_compares(folder, tmp_path, capsys):
     """The walk of a new user: 2 classes at 32 px, no data settings; evaluate; compare two runs."""
     a, b = tmp_path / "rpc", tmp_path / "sym"
-    assert _train(tmp_path, folder, a) == 0
-    assert _train(tmp_path, folder, b, preset="fmnist-symvit") == 0
+    assert _train(tmp_path, folder, a, "train.epochs=1") == 0
+    assert _train(tmp_path, folder, b, "train.epochs=1", preset="fmnist-symvit") == 0
     cfg = yaml.safe_load((a / "config.yaml").read_text())
     assert cfg["data"]["num_classes"] == 2 and cfg["data"]["img_size"] == 32 and cfg["data"]["in_chans"] == 3
     assert cfg["model"]["kwargs"]["num_classes"] == 2 and cfg["model"]["kwargs"]["img_size"] == 32
@@ -68,7 +69,8 @@ def test_own_folder_trains_evaluates_and_compares(folder, tmp_path, capsys):
     assert final["split"] == "val" and "acc5" not in final  # the val folder is called val; no top-5 of 2 classes
     assert all("acc5" not in r for r in map(json.loads, (a / "metrics.jsonl").read_text().splitlines()))
     for run in (a, b):
-        assert main(["eval", "--run", str(run), "--suite", "clean,fgsm", "--set", "fgsm.eps=[1/255,4/255]", "-q"]) == 0
+        assert main(["eval", "--run", str(run), "--suite", "clean,fgsm", "--set", "fgsm.eps=[1/255,4/255]", "--set",
+                     "batch_size=16", "-q"]) == 0
     clean = json.loads((a / "eval" / "clean.json").read_text())
     assert clean["data"]["split"] == "val" and "top5" not in clean["metrics"]
     capsys.readouterr()
