@@ -20,8 +20,6 @@ from typing import Any, Dict, List, Optional, Sequence
 from ..markdown import markdown_table
 from .compare import lower_is_better
 
-__all__ = ["eval_dir_of", "has_eval_results", "read_eval_results", "compare_evals", "corruption_metric"]
-
 CORRUPTIONS = "corruptions"
 
 
