@@ -55,7 +55,7 @@ def folder(tmp_path_factory):
     return make_folder(tmp_path_factory.mktemp("own") / "data")
 
 
-@pytest.mark.slow  # two trainings, two evaluations and a comparison: about 15 s on 2 busy cores
+@pytest.mark.slow  # two trainings, two evaluations and a comparison: about 20 s on 2 cores under load 8
 def test_own_folder_trains_evaluates_and_compares(folder, tmp_path, capsys):
     """The walk of a new user: 2 classes at 32 px, no data settings; evaluate; compare two runs."""
     a, b = tmp_path / "rpc", tmp_path / "sym"
