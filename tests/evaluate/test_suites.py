@@ -135,6 +135,9 @@ def test_corruptions_suite_and_baseline(tiny_model, tmp_path):
         assert "mCE" not in rec["per_example"]["metrics"]  # no normalisation, no mCE
     with pytest.raises(ValueError, match="same --limit"):
         _run("corruptions", model, cfg, {**sets, "corruptions.baseline": str(tmp_path)}, 4)
+    # the baseline may also be the path of a corruptions.json itself (docs/robustness.md)
+    rec3 = _run("corruptions", model, cfg, {**sets, "corruptions.baseline": str(tmp_path / "eval" / "corruptions.json")}, 8)
+    assert rec3["metrics"].get("mCE") == rec2["metrics"].get("mCE") and rec3["rows"] == rec2["rows"]
 
 
 # --- ImageNet-style directory trees (tiny fake ones) ---------------------------------------------

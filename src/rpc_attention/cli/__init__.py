@@ -30,6 +30,31 @@ class UserError(Exception):
     """A problem with the user's input: printed as one line, exit code 2, no traceback."""
 
 
+def check_device(spec: Optional[str]) -> None:
+    """:class:`UserError` (one line) unless the torch device ``spec`` exists on this machine; ``None`` and
+    ``auto`` pass. Every command's ``--device`` is checked here, once, before the command runs."""
+    if spec is None or str(spec) == "auto":
+        return
+    import torch
+
+    try:
+        dev = torch.device(str(spec))
+    except (RuntimeError, ValueError):
+        raise UserError(f"--device {spec}: not a torch device (cpu, cuda, cuda:1, mps, ...)") from None
+    if dev.type == "cpu":
+        return
+    if dev.type == "mps":
+        available, count = torch.backends.mps.is_available(), 1
+    else:
+        backend = getattr(torch, dev.type, None)  # torch.cuda, torch.xpu, ...
+        available = bool(backend is not None and getattr(backend, "is_available", lambda: False)())
+        count = int(getattr(backend, "device_count", lambda: 1)()) if available else 0
+    if not available:
+        raise UserError(f"--device {spec}: this machine has no {dev.type} device (torch sees none); use --device cpu")
+    if dev.index is not None and dev.index >= count:
+        raise UserError(f"--device {spec}: this machine has {count} {dev.type} device(s), numbered from 0")
+
+
 def commands() -> List[Tuple[str, ModuleType]]:
     """``(command name, module)`` of every sub-command, in the order ``--help`` lists them."""
     from . import (
@@ -127,6 +152,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     # (denormals make PAP's backward 10-100x slower on x86 CPUs). No effect on GPUs.
     torch.set_flush_denormal(True)
     try:
+        check_device(getattr(args, "device", None))
         return int(args._run(args) or 0)
     except UserError as exc:
         print(f"rpc-attention {args.command}: error: {exc}", file=sys.stderr)

@@ -1,38 +1,67 @@
 """``rpc-attention compare``: validation curves of several runs on one figure, and a table of best and
-final values (the Scaled Attention study: plain vs Scaled-S vs Scaled-alpha ViT)."""
+final values (the Scaled Attention study: plain vs Scaled-S vs Scaled-alpha ViT); and, for runs with
+evaluation results (``rpc-attention eval``), their robustness side by side with paired differences."""
 
 from __future__ import annotations
 
 import argparse
 
-HELP = "Plot validation curves of several runs on one figure and tabulate best/final values"
+HELP = ("Compare runs: validation curves and best/final values; evaluation results (robustness) side by side "
+        "with paired differences")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--run", dest="run_dirs", action="append", default=[], metavar="DIR",
                         help="a run directory with metrics.jsonl (repeatable, in plot order)")
-    parser.add_argument("runs", nargs="*", metavar="RUN", help="run directories given without --run (same meaning)")
-    parser.add_argument("--out", required=True, metavar="DIR", help="writes compare.png, compare.md, compare.json")
+    parser.add_argument("runs", nargs="*", metavar="RUN",
+                        help="run directories given without --run (same meaning); a folder of evaluation results "
+                             "(eval --out DIR, eval-external's RUN/eval-rpc-...) also works")
+    parser.add_argument("--out", required=True, metavar="DIR",
+                        help="writes compare.png/.md/.json (training curves, runs with metrics.jsonl) and "
+                             "robustness.png/.md/.json (evaluation results, runs evaluated with rpc-attention eval)")
     parser.add_argument("--metric", action="append", default=None, metavar="KEY",
                         help="validation metric to plot (repeatable; default: accuracy-like metric and loss)")
     parser.add_argument("--label", action="append", default=None, metavar="NAME",
                         help="label per run, in order (default: the run directory name)")
     parser.add_argument("--split", default="val", help="which logged split to plot (default val)")
     parser.add_argument("--force", action="store_true", help="replace an earlier comparison in --out")
+    parser.add_argument("--resamples", type=int, default=2000, metavar="N",
+                        help="bootstrap resamples of the examples for the paired intervals (default 2000)")
 
 
 def run(args: argparse.Namespace) -> int:
     import os
 
-    from ..report.compare import compare_runs
+    from ..report.eval_compare import has_eval_results
     from . import UserError
 
     runs = list(args.run_dirs) + list(args.runs)
     if not runs:
         raise UserError("give the runs to compare: --run DIR (repeatable)")
-    if os.path.exists(os.path.join(args.out, "compare.json")) and not args.force:
-        raise UserError(f"{args.out} already holds a comparison (compare.json); give another --out, or --force to "
-                        f"replace it")
+    for name in ("compare.json", "robustness.json"):
+        if os.path.exists(os.path.join(args.out, name)) and not args.force:
+            raise UserError(f"{args.out} already holds a comparison ({name}); give another --out, or --force to "
+                            f"replace it")
+    missing = [r for r in runs if not os.path.isdir(r)]
+    if missing:
+        raise UserError(f"run directory {missing[0]!r} does not exist (no metrics.jsonl, no evaluation results)")
+    curves = all(os.path.isfile(os.path.join(r, "metrics.jsonl")) for r in runs)
+    evals = all(has_eval_results(r) for r in runs)
+    if not curves and not evals:
+        raise UserError("nothing to compare: give training runs (with metrics.jsonl) or runs evaluated with "
+                        "`rpc-attention eval` (RUN/eval/<suite>.json) or folders of results, all of one kind")
+    if args.resamples < 1:
+        raise UserError(f"--resamples must be >= 1, got {args.resamples}")
+    if curves:
+        _curves(args, runs)
+    if evals:
+        _robustness(args, runs)
+    return 0
+
+
+def _curves(args: argparse.Namespace, runs) -> None:
+    from ..report.compare import compare_runs
+    from . import UserError
 
     try:
         table = compare_runs(runs, args.out, metrics=args.metric, labels=args.label, split=args.split)
@@ -43,4 +72,18 @@ def run(args: argparse.Namespace) -> int:
                  for m in table["metrics"] if row[m]]
         print(f"{row['label']}: " + "; ".join(parts))
     print(f"wrote {args.out}/compare.png, compare.md, compare.json")
-    return 0
+
+
+def _robustness(args: argparse.Namespace, runs) -> None:
+    import os
+
+    from ..report.eval_compare import compare_evals
+    from . import UserError
+
+    try:
+        compare_evals(runs, args.out, labels=args.label, resamples=args.resamples)
+    except (FileNotFoundError, ValueError) as exc:
+        raise UserError(str(exc)) from None
+    with open(os.path.join(args.out, "robustness.md"), encoding="utf-8") as f:
+        print(f.read(), end="")
+    print(f"wrote {args.out}/robustness.png, robustness.md, robustness.json")

@@ -4,7 +4,8 @@ Everything ``rpc-attention eval`` accepts (``--run``, ``--device``, ``--suite``,
 ``--out``) plus ``--rpc-layers`` (switch the loaded model's attention to RPC without retraining),
 ``--timm NAME --checkpoint FILE`` and ``--hf PATH_OR_CONFIG`` (with ``--data-config``). Keyword
 arguments of ``timm.create_model`` are settings too: ``--set model.kwargs.img_size=28`` (the older
-``--model-kwargs JSON`` is an alias). The suites,
+``--model-kwargs JSON`` is an alias). Every PAP option of the kernel is a flag ``--rpc-NAME``
+(:data:`rpc_attention.evaluate.external.PAP_FLAGS`). The suites,
 options and result files are those of ``rpc-attention eval``; results with test-time RPC go to
 ``RUN/eval-rpc-<layers>-<n_iter>it-l<lambd>/`` by default so the run's own ``RUN/eval`` is untouched.
 """
@@ -28,11 +29,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _tag(opts, symmetric: str = "rpc") -> str:
+    from ..evaluate import external as ext
+
     layers = opts["rpc_layers"]
     lay = "all" if layers == "all" else ("none" if not layers else "-".join(str(i) for i in layers))
     tag = f"eval-rpc-{lay}-{opts['n_iter']}it-l{opts['lambd']:g}"
-    if opts["threshold"] != "lambda_mu":
+    if opts["threshold"] == "lambda_over_mu":
         tag += "-over-mu"
+    elif opts["threshold"] != "lambda_mu":
+        tag += f"-{opts['threshold']}"
+    for name in ("mu_mode", "model_dim", "tol", "lowrank", "shrink", "dual_step"):  # each non-default option
+        value = opts[name]
+        if value != ext.DEFAULT_OPTIONS[name]:
+            tag += f"-{name.replace('_', '')}{value:g}" if isinstance(value, float) else f"-{name.replace('_', '')}{value}"
     if not opts["clean_queries"]:
         tag += "-keysonly"
     if opts["key_mode"] != "sparse":

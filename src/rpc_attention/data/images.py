@@ -30,7 +30,8 @@ from ..overrides import unknown_key
 
 __all__ = [
     "FASHION_MNIST_DIR", "FASHION_MNIST_CLASSES", "fashion_mnist", "mnist5k", "TensorImageDataset",
-    "SeededTransformDataset", "build_datasets", "build_eval_dataset", "dataset_info",
+    "SeededTransformDataset", "build_datasets", "build_eval_dataset", "dataset_info", "FolderInfo",
+    "inspect_imagefolder", "is_folder_data", "STATS_SAMPLE", "eval_split_name",
 ]
 
 FASHION_MNIST_DIR = os.environ.get("RPC_ATTENTION_FASHION_MNIST", "/usr/share/datasets/fashion-mnist")
@@ -270,8 +271,10 @@ class ImageData:
     ``train_subset`` / ``test_subset`` keep that many images (drawn with ``subset_seed``); ``val_size``
     images at the end of Fashion-MNIST's train split are the validation set (0: the test split);
     MNIST-5k holds out ``test_size`` images. ImageFolder reads ``root``/``train_dir`` and
-    ``root``/``val_dir``, evaluates with ``crop_pct`` and ``eval_interpolation``. ``mean``, ``std``
-    and ``img_size`` default to the data set's (:func:`dataset_info`).
+    ``root``/``val_dir`` (and ``root``/``test_dir`` as the test split when that folder exists),
+    evaluates with ``crop_pct`` and ``eval_interpolation``. ``mean``, ``std`` and ``img_size``
+    default to the data set's (:func:`dataset_info`; an ``imagefolder``'s are read from its training
+    images by :func:`inspect_imagefolder` when the config is resolved).
     """
 
     name: str = "fashion_mnist"
@@ -286,6 +289,7 @@ class ImageData:
     test_size: int = 1000
     train_dir: str = "train"
     val_dir: str = "val"
+    test_dir: str = "test"
     eval_interpolation: str = "bicubic"
     crop_pct: float = 0.875
     augment: Augment = Augment()
@@ -353,28 +357,128 @@ def _small_dataset(d: ImageData, split: str, normalize: bool, train_aug: bool):
     return TensorImageDataset(images, labels, mean, std, transform=transform, classes=classes)
 
 
-def _imagefolder(d: ImageData, split: str, normalize: bool, train_aug: bool):
-    from timm.data import create_transform
-    from torchvision.datasets import ImageFolder
+FOLDER_NAMES = ("imagefolder", "imagenet")
+STATS_SAMPLE = 256  # training images (evenly spaced over the sorted file list) read for mean / std / size
+
+
+def is_folder_data(name: Optional[str]) -> bool:
+    """Whether data set ``name`` is read from an ImageFolder tree (``imagefolder``, ``imagenet``)."""
+    return str(name or "").lower() in FOLDER_NAMES
+
+
+def _class_folders(path: Path) -> Tuple[str, ...]:
+    """The class folder names under ``path``, sorted (torchvision's ImageFolder order)."""
+    if not path.is_dir():
+        raise FileNotFoundError(f"ImageFolder: expected class folders under {path}")
+    classes = tuple(sorted(e.name for e in os.scandir(path) if e.is_dir() and not e.name.startswith(".")))
+    if not classes:
+        raise FileNotFoundError(f"ImageFolder: {path} holds no class folders (expected {path}/CLASS/IMAGE)")
+    return classes
+
+
+@dataclass(frozen=True)
+class FolderInfo:
+    """What :func:`inspect_imagefolder` read from an ImageFolder tree: the class folders of the training
+    split, whether a test folder exists, the per-channel ``mean`` / ``std`` of the sampled training
+    images (RGB, pixel values in [0, 1]), their distinct ``(width, height)`` sizes and how many were read."""
+
+    classes: Tuple[str, ...]
+    has_test: bool
+    mean: Tuple[float, ...]
+    std: Tuple[float, ...]
+    sizes: Tuple[Tuple[int, int], ...]
+    n_sampled: int
+
+    @property
+    def img_size(self) -> Optional[int]:
+        """The shorter side when every sampled image has the same size, else None (set data.img_size)."""
+        return min(self.sizes[0]) if len(self.sizes) == 1 else None
+
+
+def _image_files(path: Path) -> list:
+    from torchvision.datasets.folder import IMG_EXTENSIONS
+
+    files = [p for p in sorted(path.rglob("*")) if p.suffix.lower() in IMG_EXTENSIONS and p.is_file()]
+    if not files:
+        raise FileNotFoundError(f"ImageFolder: no images under {path} (extensions {', '.join(IMG_EXTENSIONS)})")
+    return files
+
+
+def inspect_imagefolder(d: ImageData, stats: bool = True) -> FolderInfo:
+    """Read an ImageFolder tree's classes (``train_dir``'s class folders; ``val_dir`` and a ``test_dir``
+    must hold the same ones) and, with ``stats``, the mean / std and sizes of up to :data:`STATS_SAMPLE`
+    training images. One-line ``FileNotFoundError`` / ``ValueError`` naming the folder otherwise."""
+    from PIL import Image
 
     if not d.root:
         raise FileNotFoundError("ImageFolder data needs data.root=PATH (a folder with train/ and val/ class folders)")
-    path = Path(d.root) / (d.train_dir if split == "train" else d.val_dir)
-    if not path.is_dir():
-        raise FileNotFoundError(f"ImageFolder split {split!r}: expected class folders under {path}")
-    img_size = int(d.img_size or dataset_info(d.name)["img_size"])
+    root = Path(d.root)
+    classes = _class_folders(root / d.train_dir)
+    test = root / d.test_dir
+    for split, path in (("val", root / d.val_dir), ("test", test)):
+        if split == "test" and not test.is_dir():
+            continue
+        other = _class_folders(path)
+        if other != classes:
+            diff = sorted(set(classes) ^ set(other))
+            raise ValueError(f"ImageFolder: {path} and {root / d.train_dir} hold different class folders "
+                             f"({', '.join(diff[:5]) or 'order'}); every split needs the same classes")
+    if not stats:
+        return FolderInfo(classes, test.is_dir(), (), (), (), 0)
+    files = _image_files(root / d.train_dir)
+    picks = [files[i] for i in np.linspace(0, len(files) - 1, min(STATS_SAMPLE, len(files))).round().astype(int)]
+    total, total_sq, count, sizes = np.zeros(3), np.zeros(3), 0, set()
+    for f in picks:
+        with Image.open(f) as img:
+            sizes.add(img.size)
+            x = np.asarray(img.convert("RGB"), dtype=np.float64).reshape(-1, 3) / 255.0
+        total += x.sum(0)
+        total_sq += (x * x).sum(0)
+        count += len(x)
+    mean = total / count
+    std = np.sqrt(np.maximum(total_sq / count - mean * mean, 0.0))
+    std = np.where(std > 1e-6, std, 1.0)  # a constant channel is left unscaled
+    return FolderInfo(classes, test.is_dir(), tuple(round(float(v), 4) for v in mean),
+                      tuple(round(float(v), 4) for v in std), tuple(sorted(sizes)), len(picks))
+
+
+def _split_dir(d: ImageData, split: str) -> Path:
+    """The folder of ``split``: train, val, or test (the test folder when it exists, else the val folder)."""
+    root = Path(d.root)
+    if split == "train":
+        return root / d.train_dir
+    if split == "test" and (root / d.test_dir).is_dir():
+        return root / d.test_dir
+    return root / d.val_dir
+
+
+def _folder_transform(d: ImageData, img_size: int, normalize: bool, train_aug: bool):
+    from timm.data import create_transform
+
     mean, std = d.stats(normalize)
     mean, std = (mean, std) if normalize else ((0.0, 0.0, 0.0), (1.0, 1.0, 1.0))
-    if train_aug:
+    if train_aug and d.augment.enabled:
         aug = d.augment
-        tf = create_transform(
+        return create_transform(
             img_size, is_training=True, auto_augment=aug.auto_augment, interpolation=aug.interpolation,
             re_prob=float(aug.reprob), re_mode=aug.remode, re_count=int(aug.recount),
             color_jitter=float(aug.color_jitter), mean=mean, std=std,
         )
-    else:
-        tf = create_transform(img_size, is_training=False, interpolation=d.eval_interpolation,
-                              crop_pct=float(d.crop_pct), mean=mean, std=std)
+    return create_transform(img_size, is_training=False, interpolation=d.eval_interpolation,
+                            crop_pct=float(d.crop_pct), mean=mean, std=std)
+
+
+def _imagefolder(d: ImageData, split: str, normalize: bool, train_aug: bool):
+    """``split`` of an ImageFolder tree (``data.augment.enabled=false``: the training split without augmentation)."""
+    from torchvision.datasets import ImageFolder
+
+    if not d.root:
+        raise FileNotFoundError("ImageFolder data needs data.root=PATH (a folder with train/ and val/ class folders)")
+    path = _split_dir(d, split)
+    if not path.is_dir():
+        raise FileNotFoundError(f"ImageFolder split {split!r}: expected class folders under {path}")
+    img_size = int(d.img_size or dataset_info(d.name)["img_size"])
+    tf = _folder_transform(d, img_size, normalize, train_aug)
     _patch_posterize(tf)
     try:
         return ImageFolder(str(path), transform=tf)
@@ -406,7 +510,7 @@ def _patch_posterize(transform) -> None:
 
 def _build(cfg: dict, split: str, normalize: bool, train_aug: bool):
     d = ImageData.from_config(cfg["data"] if "data" in cfg else cfg)
-    if d.name.lower() in ("imagefolder", "imagenet"):
+    if is_folder_data(d.name):
         return _imagefolder(d, split, normalize, train_aug)
     return _small_dataset(d, split, normalize, train_aug)
 
@@ -415,24 +519,35 @@ def build_datasets(cfg: dict) -> Dict[str, Dataset]:
     """``{"train": ..., "val": ..., "test": ...}`` for a classification config (normalised).
 
     The train set is wrapped in :class:`SeededTransformDataset` (seed ``cfg["train"]["seed"]``).
-    ImageFolder trees have no separate test split: ``test`` is the ``val`` folder.
+    An ImageFolder tree has a ``test`` split only when ``root/test_dir`` exists (else the final
+    evaluation runs on, and is called, ``val``).
     """
     seed = int(cfg.get("train", {}).get("seed", 0))
     train = SeededTransformDataset(_build(cfg, "train", True, True), seed=seed)
-    val = _build(cfg, "val", True, False)
-    folder = ImageData.from_config(cfg["data"]).name.lower() in ("imagefolder", "imagenet")
-    test = val if folder else _build(cfg, "test", True, False)
-    return {"train": train, "val": val, "test": test}
+    out = {"train": train, "val": _build(cfg, "val", True, False)}
+    d = ImageData.from_config(cfg["data"])
+    if not is_folder_data(d.name) or (Path(d.root or "") / d.test_dir).is_dir():
+        out["test"] = _build(cfg, "test", True, False)
+    return out
 
 
 def build_eval_dataset(cfg: dict, split: str = "test", normalize: bool = True) -> Dataset:
     """The evaluation split of a run's data set, without augmentation.
 
     ``normalize=False`` gives images in [0, 1] (apply ``cfg["data"]["mean"]``/``["std"]`` yourself,
-    e.g. inside the model for pixel-space attacks). ``split`` is ``"test"``, ``"val"`` or ``"train"``.
+    e.g. inside the model for pixel-space attacks). ``split`` is ``"test"``, ``"val"`` or ``"train"``;
+    an ImageFolder tree without a test folder answers ``"test"`` with its ``val`` folder
+    (:func:`eval_split_name` says which one it is).
     """
     if split not in ("train", "val", "test"):
         raise ValueError(f"split must be 'train', 'val' or 'test', got {split!r}")
-    if ImageData.from_config(cfg["data"]).name.lower() in ("imagefolder", "imagenet") and split == "test":
-        split = "val"
     return _build(cfg, split, normalize, False)
+
+
+def eval_split_name(cfg: dict, split: str = "test") -> str:
+    """The split :func:`build_eval_dataset` really reads for ``split``: ``"val"`` for the test split of
+    an ImageFolder tree that has no test folder, else ``split``."""
+    d = ImageData.from_config(cfg["data"])
+    if split == "test" and is_folder_data(d.name) and not (Path(d.root or "") / d.test_dir).is_dir():
+        return "val"
+    return split

@@ -34,7 +34,10 @@ def top1_at(eps_label: str) -> str:
 
 
 def _data_record(cfg: Mapping[str, Any], n: int, split: str = "test") -> Dict[str, Any]:
-    return {"dataset": data_name(cfg), "split": split, "n_examples": n}
+    from ..data.images import eval_split_name
+
+    # an ImageFolder tree without a test folder is evaluated on its val folder, and says so
+    return {"dataset": data_name(cfg), "split": eval_split_name(dict(cfg), split), "n_examples": n}
 
 
 def clean_suite(model: nn.Module, cfg: Mapping[str, Any], run_dir, opts: Dict[str, Any]) -> Dict[str, Any]:
@@ -42,6 +45,7 @@ def clean_suite(model: nn.Module, cfg: Mapping[str, Any], run_dir, opts: Dict[st
     model.to(device).eval()
     n, batches = eval_batches(cfg, "test", opts.get("limit"), int(opts["batch_size"]), desc="clean")
     hits = {1: 0, 5: 0}
+    classes = 0
     scorer = None
     record = PerExample(eval_indices(cfg, "test", opts.get("limit")))
     for xb, yb in batches():
@@ -53,13 +57,16 @@ def clean_suite(model: nn.Module, cfg: Mapping[str, Any], run_dir, opts: Dict[st
         record.add("clean", right)
         hits[1] += int(right.sum())
         hits[5] += topk_correct(logits, yb, (5,))[5]
+        classes = logits.shape[-1]
     if n == 0:
         raise ValueError("the evaluation split is empty")
     m = {TOP1: 100.0 * hits[1] / n, TOP5: 100.0 * hits[5] / n, ERROR: 100.0 - 100.0 * hits[1] / n}
+    if classes <= 5:  # top-5 of five classes or fewer is 100 % by construction: not reported
+        del m[TOP5]
     record.metric(TOP1, ["clean"])
     record.metric(ERROR, ["clean"], error=True)
     return {"metrics": m, "data": _data_record(cfg, n), "n_examples": n, "per_example": record.as_dict(),
-            "protocol": "top-1/top-5 accuracy (%) on the un-attacked evaluation split"}
+            "protocol": f"top-1{'/top-5' if TOP5 in m else ''} accuracy (%) on the un-attacked evaluation split"}
 
 
 def _eps_label(eps: Optional[float], norm: str = "Linf") -> str:
@@ -140,8 +147,10 @@ def _attack_suite(name: str, protocol: str, norm: str):
             row: Dict[str, Any] = {}
             if eps is not None:
                 row["eps"] = label
-            row.update({"top1": 100.0 * hit1 / n, "top5": 100.0 * hit5 / n,
-                        "max_linf": max_linf, f"mean_{'l1' if norm == 'L1' else 'l2'}": float(nrm.mean())})
+            row["top1"] = 100.0 * hit1 / n
+            if n_classes > 5:  # top-5 of five classes or fewer is 100 % by construction: not reported
+                row["top5"] = 100.0 * hit5 / n
+            row.update({"max_linf": max_linf, f"mean_{'l1' if norm == 'L1' else 'l2'}": float(nrm.mean())})
             rows.append(row)
             key = TOP1 if eps is None else top1_at(label)
             metrics[key] = row["top1"]

@@ -295,7 +295,12 @@ def corruptions_suite(model: nn.Module, cfg: Mapping[str, Any], run_dir, opts: D
             bar.update(1)
     bar.close()
 
-    return _suite_result(errors, clean_err, record, names, n, dname, root, opts)
+    result = _suite_result(errors, clean_err, record, names, n, dname, root, opts)
+    if not root:  # an ImageFolder tree without a test folder is evaluated on its val folder, and says so
+        from ..data.images import eval_split_name
+
+        result["data"]["split"] = eval_split_name(dict(cfg), "test")
+    return result
 
 
 def _suite_result(errors: Dict[str, List[float]], clean_err: Optional[float], record: PerExample,

@@ -18,9 +18,37 @@ from typing import Any, Dict, Mapping, Optional, Tuple
 import torch
 from torch import nn
 
+from ..functional import LOWRANKS, MU_MODES, SHRINKS, THRESHOLDS
 from ..integrations import DEFAULT_OPTIONS, check_options
 
-__all__ = ["add_arguments", "rpc_options_from_args", "apply_test_time_rpc", "load_external", "HFClassifier"]
+__all__ = ["PAP_FLAGS", "add_arguments", "rpc_options_from_args", "apply_test_time_rpc", "load_external", "HFClassifier"]
+
+
+def _optional(kind):
+    """An argparse type that reads ``none`` as None (an option whose default is None)."""
+    def parse(text: str):
+        return None if str(text).lower() in ("none", "null") else kind(text)
+    parse.__name__ = kind.__name__
+    return parse
+
+
+# Every PAP option of the kernel (functional.check_pap_options) as a --rpc-NAME flag: (type or choices, help).
+# tests/integrations check this table against check_pap_options' signature, so a new kernel option
+# cannot be missing from the command line.
+PAP_FLAGS: Dict[str, Tuple[Any, str]] = {
+    "n_iter": (int, "PAP softmax evaluations per RPC layer"),
+    "lambd": (float, "PAP sparsity weight lambda (with threshold=target_fraction: the fraction of key entries)"),
+    "threshold": (THRESHOLDS, "shrink threshold: lambda*mu (official), lambda/mu (classic PCP), candes "
+                              "(lambda/(sqrt(max(N, d)) mu)), target_fraction (lambda = fraction of key entries) "
+                              "or mad (lambda x 1.4826 x the keys' median absolute deviation)"),
+    "mu_mode": (MU_MODES, "mu over width C (global/causal) or head width d (head_dim variants); default "
+                          "global, causal for causal layers"),
+    "model_dim": (_optional(int), "the width C in mu's formula (default: the layer's heads x head width)"),
+    "tol": (_optional(float), "stop PAP early when the relative change of S falls below this (default: never)"),
+    "lowrank": (LOWRANKS, "the low-rank step on the values (official) or in key space"),
+    "shrink": (SHRINKS, "soft or hard shrinkage of the sparse step"),
+    "dual_step": (float, "the step of the dual update Y (1: official, 0: no dual)"),
+}
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -39,14 +67,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                    help="run directory or YAML whose 'data' section describes the evaluation data (with --timm/--hf)")
     g.add_argument("--rpc-layers", metavar="all|I,J", default=None,
                    help="test-time RPC: run PAP in these blocks of the loaded model (no retraining)")
-    g.add_argument("--rpc-n-iter", type=int, default=DEFAULT_OPTIONS["n_iter"], metavar="N",
-                   help="PAP softmax evaluations per RPC layer (default %(default)s)")
-    g.add_argument("--rpc-lambd", type=float, default=DEFAULT_OPTIONS["lambd"], metavar="L",
-                   help="PAP sparsity weight lambda (default %(default)s)")
-    g.add_argument("--rpc-threshold", default=DEFAULT_OPTIONS["threshold"], choices=("lambda_mu", "lambda_over_mu"),
-                   help="shrink threshold: lambda*mu (official) or lambda/mu (classic PCP)")
-    g.add_argument("--rpc-mu-mode", default=None, choices=("global", "causal", "head_dim", "causal_head_dim"),
-                   help="mu over width C (global/causal) or head width d (head_dim variants)")
+    for name, (kind, helptext) in PAP_FLAGS.items():
+        flag = "--rpc-" + name.replace("_", "-")
+        default = DEFAULT_OPTIONS[name]
+        text = helptext if "default" in helptext else f"{helptext} (default {default})"
+        if isinstance(kind, tuple):
+            g.add_argument(flag, dest=f"rpc_{name}", default=default, choices=kind, help=text)
+        else:
+            g.add_argument(flag, dest=f"rpc_{name}", default=default, type=kind, metavar=name.upper(), help=text)
     g.add_argument("--rpc-no-clean-queries", action="store_true",
                    help="asymmetric layers: clean only the keys, never the queries")
     g.add_argument("--rpc-key-mode", default=DEFAULT_OPTIONS["key_mode"], choices=("sparse", "pap"),
@@ -61,8 +89,8 @@ def rpc_options_from_args(args: argparse.Namespace) -> Optional[Dict[str, Any]]:
     if getattr(args, "rpc_layers", None) is None:
         return None
     return check_options(dict(
-        rpc_layers=args.rpc_layers, n_iter=args.rpc_n_iter, lambd=args.rpc_lambd, threshold=args.rpc_threshold,
-        mu_mode=args.rpc_mu_mode, clean_queries=not args.rpc_no_clean_queries, key_mode=args.rpc_key_mode,
+        rpc_layers=args.rpc_layers, clean_queries=not args.rpc_no_clean_queries, key_mode=args.rpc_key_mode,
+        **{name: getattr(args, f"rpc_{name}") for name in PAP_FLAGS},
     ))
 
 

@@ -115,6 +115,7 @@ class LoopConfig:
     threads: Optional[int] = None  # torch intra-op threads; None or 0: torch's default
     save_every: int = 500  # steps between checkpoints
     keep_checkpoints: int = 2
+    keep_best: bool = False  # end with the weights of the best validation epoch (the task's primary metric)
     log_every: int = 50
     eval_every: int = 1  # epochs between validations; 0: never
     callbacks: List[str] = field(default_factory=list)  # epoch-end callbacks by registered name
@@ -359,6 +360,10 @@ def check_effective(cfg: Dict[str, Any], task: Any, task_name: str) -> None:
         value, default = _get(cfg, key), _get(DEFAULTS, key)
         if value != default:
             raise ValueError(f"{key}={value!r}: the {task_name} task does not read it (leave it at {default!r})")
+    loop = cfg.get("train") or {}
+    if loop.get("keep_best") and not loop.get("eval_every"):
+        raise ValueError("train.keep_best=true selects by the validation metric, but train.eval_every=0 never "
+                         "validates (set train.eval_every=1)")
     sched = cfg.get("schedule") or {}
     name = str(sched.get("name") or "").lower()
     for key, names in (("decay_rate", _DECAY_RATE_SCHEDULES), ("decay_epochs", _DECAY_EPOCHS_SCHEDULES)):
@@ -384,6 +389,19 @@ def _with_optional_keys(cfg: Dict[str, Any], keys: Iterable[str], task: Any) -> 
             for part in section.split("."):
                 node = node.setdefault(part, {})
             node.setdefault(leaf, None)
+    return cfg
+
+
+def _drop_derived(cfg: Dict[str, Any], keys: List[str], task: Any) -> Dict[str, Any]:
+    """``cfg`` without the values the task derives from an overridden key (its ``derived_keys``: source
+    -> derived dotted key), unless that one is overridden too, so the task derives them again: a
+    resumed run's ``--set data.num_classes=N`` reaches ``model.kwargs.num_classes``."""
+    for source, derived in (getattr(task, "derived_keys", None) or {}).items():
+        if source in keys and derived not in keys:
+            section, _, leaf = derived.rpartition(".")
+            node = _get(cfg, section)
+            if isinstance(node, dict):
+                node.pop(leaf, None)
     return cfg
 
 
@@ -419,6 +437,7 @@ def resolve_typed_config(preset: Optional[str] = None, overrides: Iterable[str] 
     check_known_keys(raw, task, f"preset {preset}:" if preset else "run config:")
     _check_override_keys([k for k, _ in pairs], task)
     cfg = deep_merge(cfg, raw)
+    cfg = _drop_derived(cfg, [k for k, _ in pairs], task)
     cfg = apply_overrides(_with_optional_keys(cfg, [k for k, _ in pairs], task), pairs)
     TrainConfig.from_dict(cfg)  # type errors name the key before the task reads it
     finalize = getattr(task, "finalize_config", None)

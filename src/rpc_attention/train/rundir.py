@@ -6,7 +6,9 @@ The trainer writes, everything else reads, always through :class:`RunDir`::
     DIR/metrics.jsonl          one JSON object a line: {"step", "epoch", "split": train|val|test|jproj, ...};
                                the final evaluation's record has "final": true
     DIR/checkpoints/step_N/    resumable checkpoints (rpc_attention.train.checkpoint)
-    DIR/model.safetensors      the final weights (model_ema.safetensors: the EMA weights, when enabled)
+    DIR/model.safetensors      the final weights (model_ema.safetensors: the EMA weights, when enabled);
+                               with train.keep_best the best validation epoch's, and the last step's
+                               go to model_last.safetensors (model_best.safetensors: the best so far)
     DIR/final_metrics.json     step, split, elapsed_s and the final evaluation's metrics
     DIR/tb/                    TensorBoard scalars
 
@@ -36,10 +38,13 @@ CONFIG = "config.yaml"
 METRICS = "metrics.jsonl"
 WEIGHTS = "model.safetensors"
 EMA_WEIGHTS = "model_ema.safetensors"
+BEST_WEIGHTS = "model_best.safetensors"  # train.keep_best: the best validation epoch's weights so far
+LAST_WEIGHTS = "model_last.safetensors"  # train.keep_best: the last step's weights (model.safetensors: the best)
 FINAL_METRICS = "final_metrics.json"
 CHECKPOINTS = "checkpoints"
 TENSORBOARD = "tb"
-RUN_FILES = (CONFIG, METRICS, WEIGHTS, EMA_WEIGHTS, FINAL_METRICS, CHECKPOINTS, TENSORBOARD)
+RUN_FILES = (CONFIG, METRICS, WEIGHTS, EMA_WEIGHTS, BEST_WEIGHTS, LAST_WEIGHTS, FINAL_METRICS, CHECKPOINTS,
+             TENSORBOARD)
 
 
 class RunExistsError(FileExistsError):
@@ -63,6 +68,22 @@ class RunDir:
     def weights(self, ema: bool = False) -> Path:
         """The final weights (``ema=True``: the EMA weights)."""
         return self.path / (EMA_WEIGHTS if ema else WEIGHTS)
+
+    def best_weights(self, last: bool = False) -> Path:
+        """``train.keep_best``'s files: the best weights so far (``last=True``: the last step's weights)."""
+        return self.path / (LAST_WEIGHTS if last else BEST_WEIGHTS)
+
+    def discard_failed_start(self) -> None:
+        """Delete what a fresh run wrote before it failed, so that the same directory takes the next try;
+        only while it holds no checkpoint and no final weights (nothing that cost training time)."""
+        if any(self.checkpoints.glob("step_*")) or self.weights().exists():
+            return
+        for name in RUN_FILES:
+            p = self.path / name
+            if p.is_dir():
+                shutil.rmtree(p)
+            elif p.exists():
+                p.unlink()
 
     # ------------------------------------------------------------------------------------ state
     def is_run(self) -> bool:

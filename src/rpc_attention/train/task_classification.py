@@ -3,11 +3,15 @@
 Config keys it reads: ``model.name`` (any timm model, e.g. ``rpc_symvit_tiny_patch16_224``),
 ``model.kwargs`` (passed to ``timm.create_model``; ``num_classes``/``in_chans``/``img_size`` default
 to the data set's), ``data.*`` (see :mod:`rpc_attention.data.images`), ``train.mixup`` (timm Mixup /
-CutMix / label smoothing). Metrics: ``loss``, ``acc1``, ``acc5`` (percent).
+CutMix / label smoothing). Metrics: ``loss``, ``acc1``, ``acc5`` (percent; only with more than five
+classes). An ImageFolder's class count, image size and normalisation are read from its training
+images (:func:`rpc_attention.data.images.inspect_imagefolder`) unless set; the model's
+``num_classes`` / ``in_chans`` / ``img_size`` follow the data's.
 """
 
 from __future__ import annotations
 
+import logging
 from dataclasses import asdict, dataclass, fields
 from typing import Any, Dict, Mapping, Optional
 
@@ -15,6 +19,8 @@ import torch
 import torch.nn.functional as F
 
 from ..overrides import unknown_key
+
+_log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -38,11 +44,41 @@ class MixupConfig:
         return cls(**{k: float(v) for k, v in section.items() if v is not None})
 
 
+def _data_facts(data: Dict[str, Any], info: Dict[str, Any]) -> Dict[str, Any]:
+    """``info`` (the named data set's facts) with what an ImageFolder tree says about itself: its class
+    count, and for ``imagefolder`` (not ``imagenet``, whose statistics are ImageNet's) the mean / std and
+    image size of its training images where the config leaves them unset. ValueError (one line) when
+    the images vary in size and ``data.img_size`` is unset."""
+    from ..data.images import ImageData, inspect_imagefolder, is_folder_data
+
+    if not is_folder_data(data["name"]) or not data.get("root"):
+        return info
+    own = str(data["name"]).lower() == "imagefolder"
+    need = own and any(data.get(k) is None for k in ("mean", "std", "img_size"))
+    folder = inspect_imagefolder(ImageData.from_config(data), stats=need)
+    out = dict(info, num_classes=len(folder.classes), in_chans=3)
+    if need:
+        out.update(mean=list(folder.mean), std=list(folder.std))
+        if data.get("img_size") is None and folder.img_size is None:
+            sizes = ", ".join(f"{w}x{h}" for w, h in folder.sizes[:3])
+            raise ValueError(f"the training images under {data['root']} vary in size ({sizes}, ...): "
+                             f"set data.img_size=N (the side the model sees)")
+        out["img_size"] = folder.img_size
+        _log.info("data: %d classes (%s), %s px, mean %s std %s from %d training images (set data.img_size, "
+                  "data.mean, data.std to choose)", len(folder.classes), ", ".join(folder.classes[:5]),
+                  data.get("img_size") or folder.img_size, list(folder.mean), list(folder.std), folder.n_sampled)
+    return out
+
+
 class ClassificationTask:
     throughput_unit = "images"
     primary_metric = "acc1"
+    # model keywords derived from data keys: an override of the data key (on a resume too) makes the
+    # model's follow (rpc_attention.train.config.resolve_typed_config drops the saved derived value)
+    derived_keys = {"data.num_classes": "model.kwargs.num_classes", "data.in_chans": "model.kwargs.in_chans",
+                    "data.img_size": "model.kwargs.img_size"}
     # read by rpc_attention.data.images with a per-data-set default (mnist5k, imagefolder)
-    optional_keys = ("data.test_size", "data.train_dir", "data.val_dir", "data.eval_interpolation") + tuple(
+    optional_keys = ("data.test_size", "data.train_dir", "data.val_dir", "data.test_dir", "data.eval_interpolation") + tuple(
         f"data.augment.{k}" for k in ("enabled", "padding", "flip",  # small images: crop and flip
                                       "auto_augment", "interpolation", "reprob", "remode", "recount", "color_jitter"))
 
@@ -62,21 +98,28 @@ class ClassificationTask:
         }
 
     def finalize_config(self, cfg: Dict[str, Any]) -> Dict[str, Any]:
-        from ..data.images import dataset_info
+        from ..data.images import dataset_info, is_folder_data
 
         if not cfg["model"].get("name"):
             raise ValueError("model.name is not set (a timm model name such as symvit_tiny_patch16_224)")
         if not cfg["data"].get("name"):
             raise ValueError("data.name is not set (fashion_mnist, mnist5k or imagefolder)")
-        info = dataset_info(cfg["data"]["name"])
+        data = cfg["data"]
+        info = _data_facts(data, dataset_info(data["name"]))
+        known = not is_folder_data(data["name"]) or bool(data.get("root"))  # else the config gives the count
+        if known and data.get("num_classes") is not None and int(data["num_classes"]) != int(info["num_classes"]):
+            raise ValueError(f"data.num_classes={data['num_classes']} but {data['name']} has {info['num_classes']} "
+                             f"classes: leave data.num_classes unset (it is read from the data)")
         for key in ("mean", "std", "num_classes", "in_chans", "img_size"):
-            if cfg["data"].get(key) is None:
-                cfg["data"][key] = info[key]
+            if data.get(key) is None:
+                data[key] = info[key]
         kw = cfg["model"].setdefault("kwargs", {}) or {}
         cfg["model"]["kwargs"] = kw
-        kw.setdefault("num_classes", int(cfg["data"]["num_classes"]))
-        kw.setdefault("in_chans", int(cfg["data"]["in_chans"]))
-        kw.setdefault("img_size", int(cfg["data"]["img_size"]))
+        for key in ("num_classes", "in_chans", "img_size"):
+            kw.setdefault(key, int(data[key]))
+        if int(kw["num_classes"]) != int(data["num_classes"]):
+            raise ValueError(f"model.kwargs.num_classes={kw['num_classes']} but the data has {data['num_classes']} "
+                             f"classes (data.num_classes): leave model.kwargs.num_classes unset, it follows the data")
         return cfg
 
     # ------------------------------------------------------------------ build
@@ -144,7 +187,10 @@ class ClassificationTask:
             n += y.shape[0]
         if n == 0:
             raise ValueError("evaluation data set is empty")
-        return {"loss": loss_sum / n, "acc1": 100.0 * c1 / n, "acc5": 100.0 * c5 / n, "n": n}
+        out = {"loss": loss_sum / n, "acc1": 100.0 * c1 / n, "acc5": 100.0 * c5 / n, "n": n}
+        if logits.shape[-1] <= 5:  # top-5 of five classes or fewer is 100 % by construction: not reported
+            del out["acc5"]
+        return out
 
 
 TASK = ClassificationTask()  # registered as "classification" by rpc_attention.train.tasks

@@ -58,6 +58,7 @@ def _derived(cfg: Dict[str, Any], key: str, value: Any, default: Any, source: st
 class LMTask:
     throughput_unit = "tokens"
     primary_metric = "ppl"
+    primary_mode = "min"  # lower perplexity is better
     lower_is_better = True
     # image settings of the shared data section that a language model has no use for
     ignored_keys = ("data.mean", "data.std", "data.num_classes", "data.in_chans", "data.img_size", "data.augment")

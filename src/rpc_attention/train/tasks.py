@@ -21,10 +21,15 @@ and optionally
   an error (:func:`rpc_attention.train.config.check_known_keys`)
 * ``ignored_keys``: dotted keys of the shared sections the task does not read (an error unless at
   their defaults)
+* ``derived_keys``: ``{source dotted key: derived dotted key}``, values ``finalize_config`` derives
+  (``model.kwargs.num_classes`` from ``data.num_classes``); overriding the source drops the saved
+  derived value so it is derived again (on a resume too)
 * ``finalize_config(cfg) -> cfg``: fill derived values (e.g. ``data.mean``) after overrides
 * ``setup(cfg, device)``: called once per run before training (e.g. to build Mixup)
 * ``primary_metric``: name of the metric shown in the progress bar / summary (default
   :data:`DEFAULT_PRIMARY_METRIC`, ``"acc1"``; read it with :func:`primary_metric`)
+* ``primary_mode``: ``"max"`` (default) or ``"min"`` (perplexity): which way the primary metric
+  improves (``train.keep_best`` selects by it; read it with :func:`better`)
 
 Register with :func:`register_task`. The built-in tasks (``classification``, ``lm``, ``segmentation``)
 are listed in :func:`_register_builtin_tasks` and imported on first lookup (their modules import models
@@ -88,3 +93,8 @@ def list_tasks() -> List[str]:
 def primary_metric(task: Any) -> str:
     """The metric ``task`` is judged by: its ``primary_metric``, else :data:`DEFAULT_PRIMARY_METRIC`."""
     return str(getattr(task, "primary_metric", DEFAULT_PRIMARY_METRIC))
+
+
+def better(task: Any, value: float, best: float) -> bool:
+    """Whether ``value`` of the task's primary metric improves on ``best`` (its ``primary_mode``)."""
+    return value < best if str(getattr(task, "primary_mode", "max")) == "min" else value > best

@@ -38,6 +38,7 @@ from torch.utils.data import DataLoader, Sampler
 
 from ..data.batch import to_device
 from ..markdown import format_seconds
+from .best import BestWeights
 from .callbacks import Callback, resolve_callbacks
 from .checkpoint import (
     CheckpointError,
@@ -222,12 +223,20 @@ def run_training(cfg: Optional[Dict[str, Any]], out_dir: os.PathLike, resume: bo
     try:
         if not resume:
             _prepare_on_rank0(run, force, rank, world)
-        trainer = Trainer(cfg, run, get_task(cfg["task"]), device, rank, world, callbacks=callbacks, config=config)
-        if resume:
-            trainer.restore()
-        else:
-            trainer.seed_ranks()
-        return trainer.fit()
+        try:
+            trainer = Trainer(cfg, run, get_task(cfg["task"]), device, rank, world, callbacks=callbacks,
+                              config=config)
+            if resume:
+                trainer.restore()
+            else:
+                trainer.seed_ranks()
+            return trainer.fit()
+        except TrainingDiverged:
+            raise  # its records stay for diagnosis; the message says how to start again
+        except Exception:
+            if not resume and rank == 0:  # a start that failed before its first checkpoint blocks no retry
+                run.discard_failed_start()
+            raise
     finally:
         if started_pg and dist.is_initialized():
             dist.destroy_process_group()
@@ -324,6 +333,7 @@ class Trainer:
         self.train_model: torch.nn.Module = self.model  # DDP / compiled wrapper, set by fit
         self.callbacks: List[Tuple[str, Callback]] = []  # (name, fn), resolved by fit
         self.callback_final: Dict[str, Any] = {}  # the last dict each callback returned, for final_metrics.json
+        self.best = BestWeights(run, task, loop.keep_best)  # train.keep_best: the best validation epoch so far
         self.window = _Window(1)
         self._t_start = time.time()
 
@@ -359,10 +369,17 @@ class Trainer:
         else:
             self._load_checkpoint(ckpt)
         self.logger.truncate_after(self.global_step)
+        if self.is_main:
+            self.best.reread(self.global_step)
 
     def _load_checkpoint(self, ckpt: Path) -> None:
         model_sd, ema_sd, state = load_checkpoint(ckpt)
-        self.model.load_state_dict(model_sd)
+        try:
+            self.model.load_state_dict(model_sd)
+        except RuntimeError as exc:
+            raise CheckpointError(
+                f"{ckpt} does not fit the model of this config ({str(exc).splitlines()[-1].strip()}); a resume "
+                f"cannot change the model's shape (class count, image size, ...): start a new run instead") from None
         self.optimizer.load_state_dict(state["optimizer"])
         if self.scheduler is not None and state.get("scheduler") is not None \
                 and state.get("config") == dump_config(self.cfg):
@@ -491,7 +508,7 @@ class Trainer:
             return
         value = float(unchecked[first - first_unchecked]) if first == local else "not finite on another process"
         where = (f"the last good checkpoint is {self.last_checkpoint}" if self.last_checkpoint is not None
-                 else "no checkpoint was saved before it")
+                 else "no checkpoint was saved before it (start again with --force, or another --out)")
         epoch = (first - 1) // self.steps_per_epoch + 1
         raise TrainingDiverged(f"loss is {value} at step {first} (epoch {epoch}); training stopped, {where}")
 
@@ -530,6 +547,7 @@ class Trainer:
         if self.is_main and val_ds is not None and due:
             res = self.evaluate(val_ds)
             self.logger.log({"step": step, "epoch": epoch, "split": "val", **res})
+            self.best.observe(self.model, {"step": step, "epoch": epoch, **res})
             key = primary_metric(self.task)
             if key in res:
                 msg = f"epoch {epoch}: val {key} {res[key]:.2f}" + (
@@ -590,10 +608,13 @@ class Trainer:
         """Write the final weights, evaluate on ``eval.final_split`` and write ``final_metrics.json`` (rank 0)."""
         final: Dict[str, Any] = {}
         if self.is_main:
+            self.best.select(self.model, self.device)
             save_safetensors_atomic(self.model.state_dict(), self.run.weights())
             if self.ema is not None:
                 save_safetensors_atomic(self.ema.module.state_dict(), self.run.weights(ema=True))
             split, step = self.config.eval.final_split, self.global_step
+            if split == "test" and "test" not in self.datasets and "val" in self.datasets:
+                split = "val"  # no test split (an ImageFolder without a test folder): say it is the val split
             dataset = self.datasets.get(split) if split else None
             if dataset is not None:
                 final = self.evaluate(dataset)
@@ -604,6 +625,7 @@ class Trainer:
                     _log.info("final %s %s: %.2f", split, key, final[key])
             self.run.write_final_metrics({"step": step, "split": split,
                                           "elapsed_s": self.elapsed_before + time.time() - self._t_start, **final,
+                                          **({"selected": self.best.best} if self.loop.keep_best else {}),
                                           **self.callback_final})
         _barrier(self.world)
         return final
