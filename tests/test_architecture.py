@@ -185,7 +185,7 @@ def test_registries_are_filled_by_explicit_imports():
     assert "unknown callback 'jproj'" in lines[2] and "rpc_attention.kpca.register_callbacks()" in lines[2]
     assert lines[3] == "['jproj', 'sparsity']"
     assert lines[4] == str(["analyze", "bench", "compare", "eval", "eval-external", "generate", "pap-demo", "presets",
-                            "reproduce", "robustness", "train"])
+                            "publish", "reproduce", "robustness", "train"])
 
 
 def test_a_failed_builtin_registration_leaves_the_registry_unflagged_and_a_retry_fills_it():

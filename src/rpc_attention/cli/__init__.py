@@ -66,6 +66,7 @@ def commands() -> List[Tuple[str, ModuleType]]:
         generate,
         pap_demo,
         presets,
+        publish,
         reproduce,
         robustness,
         train,
@@ -73,7 +74,7 @@ def commands() -> List[Tuple[str, ModuleType]]:
 
     return [("analyze", analyze), ("bench", bench), ("compare", compare), ("eval", eval),
             ("eval-external", eval_external), ("generate", generate), ("pap-demo", pap_demo),
-            ("presets", presets), ("reproduce", reproduce), ("robustness", robustness), ("train", train)]
+            ("presets", presets), ("publish", publish), ("reproduce", reproduce), ("robustness", robustness), ("train", train)]
 
 
 class _StderrHandler(logging.StreamHandler):

@@ -13,7 +13,7 @@ from ..markdown import format_seconds, markdown_table
 from .rows import gather_rows
 from .sparsity import render_sparse_corruption, render_sparsity
 
-__all__ = ["render_markdown", "render_html", "fmt", "format_seconds"]
+__all__ = ["render_markdown", "render_html", "fmt", "format_seconds", "task_table", "verdict_tables", "run_summary"]
 
 
 def fmt(x: Any, digits: int = 2) -> str:
@@ -239,8 +239,10 @@ def _stage_time_section(stages: List[Dict[str, Any]], cpu_count: Any) -> List[st
                 f"CPUs, a load above {cpu_count} means other processes competed for them and times are inflated.", ""]
 
 
-def _task_section(res: Dict[str, Any], tname: str, t: Dict[str, Any]) -> List[str]:
-    L = [f"## {t['title']}", ""]
+def task_table(res: Dict[str, Any], tname: str) -> List[str]:
+    """The task table ``tname`` of the results: one row per model (mean ± std over seeds), then the
+    paper's rows where it has numbers for the columns."""
+    t = res["tables"][tname]
     header = ["model"] + [c["header"] for c in t["columns"]]
     rows = [[r["label"]] + [_cell_text(r["cells"][c["key"]]) for c in t["columns"]] for r in t["rows"]]
     if any(t["paper"]["baseline"].values()):
@@ -250,7 +252,37 @@ def _task_section(res: Dict[str, Any], tname: str, t: Dict[str, Any]) -> List[st
         rows.append([f"*paper: RPC ({scale})*"] + [
             f"{fmt(t['paper']['rpc'][c['key']]['value'])} ({t['paper']['rpc'][c['key']]['change']})"
             if c["key"] in t["paper"]["rpc"] else "" for c in t["columns"]])
-    L += _table(header, rows)
+    return _table(header, rows)
+
+
+def verdict_tables(res: Dict[str, Any]) -> List[str]:
+    """The claims' verdicts: claim, RPC − baseline with its intervals, verdict."""
+    rows = []
+    for c in res.get("claims") or []:
+        iv = c.get("intervals") or {}
+        pooled = (iv.get("bootstrap") or {}).get("pooled")
+        rows.append([c["title"], _ci(iv["seed_ci"]) if iv.get("seed_ci") else "—",
+                     (_ci(pooled) + _ratio(pooled, c["metric"])) if pooled else "—", f"**{c['verdict']}**"])
+    if not rows:
+        return []
+    return _table(["claim", "RPC − baseline, seed interval", "example interval", "verdict"], rows)
+
+
+def run_summary(res: Dict[str, Any]) -> str:
+    """One line: the study, its stages and their time, the machine, the date."""
+    stages = [r for r in res.get("stages") or [] if r.get("kind") != "report"]
+    done = sum(r.get("status") == "done" for r in stages)
+    wall = sum(r.get("seconds") or 0.0 for r in stages)
+    cpu = sum(r.get("cpu_s") or 0.0 for r in stages)
+    s = res.get("setup") or {}
+    return (f"`{res['study']}` study, {done} of {len(stages)} stages done, {format_seconds(wall)} of stage time "
+            f"({format_seconds(cpu)} CPU) on {s.get('cpu')} ({s.get('cpu_count')} logical CPUs, torch "
+            f"{(s.get('versions') or {}).get('torch')}); generated {res.get('generated')}.")
+
+
+def _task_section(res: Dict[str, Any], tname: str, t: Dict[str, Any]) -> List[str]:
+    L = [f"## {t['title']}", ""]
+    L += task_table(res, tname)
     L += [f"Ours: mean ± std across seeds (n = number of seeds) where there are several. Rows in italics are "
           f"the paper's ({t.get('paper_scale', 'ImageNet-scale')}; not comparable in absolute terms, "
           "docs/method.md#published-numbers): compare directions, not values.", ""]
