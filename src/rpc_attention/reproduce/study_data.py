@@ -235,9 +235,26 @@ RPC6 = "RPC (6 iters, layer 1)"
 PCP_LABEL = "PCP-active RPC (6 iters, layer 1)"
 
 
-def _vision(id: str, subject: str, says: str, suite: str, metric: str, rpc: str = "rpc6", higher: bool = True):
+# The paper's vision claims are powered for the paper's own improvement in our units (TARGETS, the
+# issue's reading of the paper's rows: clean +1.05 -> 1.0 point, FGSM +3.8 and PGD +1.1 -> 1.5, mCE -1.7
+# -> 3 mCE points on a 100-scale); their margin, the smallest effect a verdict is about, is a quarter of
+# the target (MARGIN_SHARE), so a claim at the target can be reproduced on its interval's bound and an
+# "equivalent" verdict means "less than a quarter of the paper's improvement, either way".
+TARGETS = {"clean": 1.0, "fgsm": 1.5, "pgd": 1.5, "mce": 3.0, "sparse_keys": 5.0}
+MARGIN_SHARE = 0.25
+# Primary family (confirmatory, Holm over 2): the paper's two headline vision claims whose paired per-seed
+# spread was measured in the three-seed pilot (delta / sd: mCE 3.07, clean top-1 1.23); FGSM, PGD and the
+# rest are secondary (exploratory). docs/reproduce.md#deciding-claims gives the reasons.
+PRIMARY = ("clean", "mce")
+
+
+def _vision(id: str, subject: str, says: str, suite: str, metric: str, rpc: str = "rpc6", higher: bool = True,
+            family: Optional[str] = None):
+    target = TARGETS.get(id)
     return ClaimSpec(id=id, subject=subject, says=says, table="vision", suite=suite, metric=metric,
-                     baseline="symvit", rpc=rpc, higher=higher)
+                     baseline="symvit", rpc=rpc, higher=higher, target=target,
+                     margin=target * MARGIN_SHARE if target else 1.0,
+                     family=family or ("primary" if id in PRIMARY else "secondary"))
 
 
 VISION_CLAIMS = (
@@ -253,16 +270,20 @@ VISION_CLAIMS = (
     _vision("autoattack", RPC6, "is more accurate under AutoAttack", "autoattack", top1_at("1/255")),
     _vision("square", RPC6, "is more accurate under the Square attack", "square", top1_at("1/255")),
 )
-PCP_CLAIMS = tuple(c.variant("pcp", PCP_LABEL, "rpc_pcp") for c in VISION_CLAIMS if c.rpc == "rpc6")
-# Our claim for the robust PAP variant: 5 % of block 1's keys moved by +-5, 20 and 100 key std
+# the PCP-active variants are near-duplicates of the official claims: exploratory, whatever the original's family
+PCP_CLAIMS = tuple(replace(c.variant("pcp", PCP_LABEL, "rpc_pcp"), family="secondary")
+                   for c in VISION_CLAIMS if c.rpc == "rpc6")
+# The library's own claims (family "own"): the robust PAP variant, 5 % of block 1's keys moved by +-5, 20
+# and 100 key std. A claim of the patch variant belongs here too when a study trains it.
 ROBUST_CLAIMS = (
     _vision("sparse_keys", "RPC with robust PAP (2 iters, layer 1)", "removes sparse key corruption (top-1 under "
-            "5 % block-1 key corruption, mean over magnitudes)", "sparse", MEAN_TOP1_KEYS, rpc="rpc_robust"),
+            "5 % block-1 key corruption, mean over magnitudes)", "sparse", MEAN_TOP1_KEYS, rpc="rpc_robust",
+            family="own"),
 )
 
 LM_CLAIMS = tuple(
     ClaimSpec(id=cid, subject="RPC-Symlm", says=says, table="lm", suite=suite, metric=metric, baseline="symlm",
-              rpc="rpc_symlm", higher=False, margin=0.02, relative=True)
+              rpc="rpc_symlm", higher=False, margin=0.02, relative=True, family="lm")
     for cid, says, suite, metric in (
         ("lm_ppl", "has lower test perplexity", "ppl", ppl_metric("test", "sliding")),
         ("lm_wordswap", "has lower perplexity on word-swap-attacked text", "wordswap",
