@@ -99,8 +99,9 @@ def power_rows(res: Dict[str, Any], targets: Optional[Dict[str, float]] = None) 
                    "seed_mde": seed_mde,
                    "seeds_needed": seeds_needed(target, sd, c["margin"], family=size) if target and sd else None}
             row.update(_example_part(c, target))
+            # the claim's MDE needs the seed level's: with one seed there is none, whatever the examples say
             mdes = [x for x in (row["seed_mde"], row["example_mde"]) if x is not None]
-            row["mde"] = max(mdes) if mdes else None
+            row["mde"] = max(mdes) if row["seed_mde"] is not None else None
             row["meets_target"] = None if target is None or row["mde"] is None else row["mde"] <= target
             rows.append(row)
     return rows
@@ -118,6 +119,12 @@ def _verdict_of_target(r: Dict[str, Any]) -> str:
     if r["meets_target"]:
         return f"meets it ({r['mde']:.2f} <= {r['target']:.3g})"
     return f"misses it by {r['mde'] - r['target']:.2f}"
+
+
+def _seeds_text(r: Dict[str, Any]) -> str:
+    if r["seeds_needed"] is None:
+        return "more than 1000 seeds at this sd"
+    return f"{r['seeds_needed']} seeds" + (f" and {r['examples_needed']} test examples" if r["examples_needed"] else "")
 
 
 def power_text(rows: List[Dict[str, Any]]) -> List[str]:
@@ -138,7 +145,7 @@ def power_section(res: Dict[str, Any]) -> List[str]:
         return []
     L = ["## Power of the primary claims", ""] + power_text(rows) + [""]
     L += [f"delta, sd: mean and sd of the per-seed differences (oriented: > 0 = RPC better). MDE: the effect called "
-          f"reproduced with {POWER:.0%} power, seeds: at Holm's strictest step (alpha / m, m = the family's claims "
+          f"reproduced with {100 * POWER:.0f} % power, seeds: at Holm's strictest step (alpha / m, m = the family's claims "
           "with a p; exact noncentral t), examples: the example interval's bound past the margin (its width read "
           "as normal, scaling as 1 / sqrt(examples)); the claim's MDE is the larger. Target: the paper's own "
           "improvement in our units (docs/reproduce.md#deciding-claims); seeds and examples for the target: what "
@@ -147,6 +154,6 @@ def power_section(res: Dict[str, Any]) -> List[str]:
     missed = [r for r in rows if r["meets_target"] is False]
     if missed:
         L += ["Misses: " + "; ".join(f"{r['title']}: MDE {r['mde']:.2f} against a target of {r['target']:.3g} "
-                                     f"(needs {_f(r['seeds_needed'], 'd')} seeds)" for r in missed)
+                                     f"(needs {_seeds_text(r)})" for r in missed)
               + ". `rpc-attention reproduce --study decide` is sized for them.", ""]
     return L
