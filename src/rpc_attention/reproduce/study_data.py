@@ -360,7 +360,7 @@ TEXTS = {
         "Fashion-MNIST SymViT vs RPC-SymViT (6iter/layer1, 2iter/all-layer, and 6iter/layer1 with a PCP threshold "
         "at which the sparse step fires), three seeds each, one epoch of 24,000 images; clean/FGSM/PGD/corruptions/"
         "OOD/sparse corruption on test subsets with 95 % intervals; S activity of every PAP block; KPCA analysis of "
-        "the SymViT; small Symlm vs RPC-Symlm (one seed) on the embedded Wikipedia corpus. Measured: 11 min 41 s for "
+        "the SymViT; small Symlm vs RPC-Symlm (one seed) on the embedded Wikipedia corpus. Measured: 11 min 43 s for "
         "the study alone (the install not included) on a 2-core machine (docs/reproduce.md#measured).")),
     "decide": Texts(description=(
         f"The primary claims (RPC 6iter/layer1: clean top-1 and mCE against SymViT) and the library's own claim "
