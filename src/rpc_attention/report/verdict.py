@@ -191,4 +191,5 @@ def claim_verdict(cmp: Dict[str, Any], higher_is_better: bool, margin: Optional[
         ("the example interval past the margin", ex is None or ex[0] > margin or ex[1] < -margin)) if not ok]
     if p_holm is None:
         missing = ["a noise figure (the per-seed differences have no spread)"]
-    return {"verdict": INCONCLUSIVE, "reason": f"{facts}; lacks {', '.join(missing) or 'agreement of the seed test and the example interval'}"}
+    lacks = ", ".join(missing) or "agreement of the seed test and the example interval"
+    return {"verdict": INCONCLUSIVE, "reason": f"{facts}; lacks {lacks}"}
