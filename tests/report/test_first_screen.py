@@ -40,3 +40,22 @@ def test_notes_without_any_p_never_say_zero_claims():
     finally:
         CLAIMS[1]["intervals"]["family"] = 0
     assert "over its claims that have a p (2 primary)" in text
+
+
+def test_a_claim_without_spread_counts_in_its_family_with_p_1():
+    # Holm's family is fixed before the data: a claim whose per-seed differences are all equal enters with
+    # p = 1 (no adjusted p of its own), so the other claim's p is doubled, not left alone
+    from types import SimpleNamespace
+
+    from rpc_attention.report.collect import _holm_by_family
+    from rpc_attention.report.intervals import margin_tests
+
+    def row(diffs):
+        c, e = SimpleNamespace(family="primary", margin=0.5), SimpleNamespace(margin=0.5)
+        iv = {"per_seed_diff": dict(enumerate(diffs)), "tests": margin_tests(diffs, 0.5)}
+        return (c, None, None, None, None, e, iv)
+
+    flat, noisy = row([2.0, 2.0, 2.0]), row([2.0, 2.4, 1.7])
+    _holm_by_family([flat, noisy])
+    assert flat[-1]["p_holm"] is None and flat[-1]["family"] == noisy[-1]["family"] == 2
+    assert noisy[-1]["p_holm"] == 2 * noisy[-1]["tests"]["p"]

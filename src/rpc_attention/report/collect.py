@@ -313,17 +313,23 @@ def _claim_rows(res: Dict[str, Any], study, per_example: Dict[str, Any]) -> List
 
 def _holm_by_family(rows: List[tuple]) -> None:
     """Holm's adjustment of both tests within each claim's family (``p_holm``, ``p_equivalence_holm``),
-    the family's size and the MDE at its strictest step (``min_detectable``)."""
+    the family's size and the MDE at its strictest step (``min_detectable``). A claim whose per-seed
+    differences have no spread enters Holm with p = 1 (it counts in the family, which is fixed before
+    the data) and gets no adjusted p."""
     families: Dict[str, List[tuple]] = {}
     for row in rows:
         families.setdefault(row[0].family, []).append(row)
     for members in families.values():
         tests = [row[-1]["tests"] or {} for row in members]
-        size = sum(t.get("p") is not None for t in tests)
-        for row, p, q in zip(members, holm([t.get("p") for t in tests]), holm([t.get("p_equivalence") for t in tests])):
+        flat = [t.get("no_spread", False) for t in tests]
+        p_dir = [1.0 if f else t.get("p") for t, f in zip(tests, flat)]
+        p_tost = [1.0 if f else t.get("p_equivalence") for t, f in zip(tests, flat)]
+        size = sum(p is not None for p in p_dir)
+        for row, f, p, q in zip(members, flat, holm(p_dir), holm(p_tost)):
             c, e, iv = row[0], row[5], row[-1]
             margin = e.margin if e.margin is not None else c.margin
-            iv["p_holm"], iv["p_equivalence_holm"], iv["family"] = p, q, size
+            iv["p_holm"], iv["p_equivalence_holm"] = (None, None) if f else (p, q)
+            iv["family"] = size
             iv["min_detectable"] = min_detectable(list(iv["per_seed_diff"].values()), size, margin)
 
 
