@@ -17,8 +17,6 @@ from ..markdown import markdown_table
 from .power import POWER, example_mde, examples_needed, mde, seeds_needed
 from .verdict import FAMILIES
 
-__all__ = ["by_family", "family_tables", "power_rows", "power_section", "power_text"]
-
 
 def by_family(claims: List[Dict[str, Any]]) -> Dict[str, List[Dict[str, Any]]]:
     """The claims grouped by family, in :data:`~rpc_attention.report.verdict.FAMILIES` order."""

@@ -20,8 +20,6 @@ import numpy as np
 
 from ..evaluate.per_example import ExampleData, decode_bits, decode_indices
 
-__all__ = ["mce_example_data", "mce_statistic"]
-
 
 def mce_statistic(values: np.ndarray, strata: Optional[np.ndarray], groups: np.ndarray) -> np.ndarray:
     """``100 x mean_c (sum own errors of c) / (sum reference errors of c)`` of values ``(..., n, 2K)``;

@@ -29,9 +29,6 @@ from typing import Optional
 
 import numpy as np
 
-__all__ = ["ALPHA", "POWER", "margin_pvalues", "holm_adjust", "family_decisions", "power", "mde", "seeds_needed",
-           "example_mde", "examples_needed", "REPRODUCE", "CONTRADICT", "EQUIVALENT_CODE", "UNDECIDED"]
-
 ALPHA = 0.05
 POWER = 0.80
 REPRODUCE, CONTRADICT, EQUIVALENT_CODE, UNDECIDED = 1, -1, 2, 0
