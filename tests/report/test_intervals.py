@@ -113,13 +113,15 @@ def test_score_records_recompute_the_metric_and_resample_within_strata():
 def test_lead_paragraph_uses_the_tables_metric_and_word():
     claims = [
         {"title": "claim A", "rpc": "r", "baseline": "b", "suite": "clean", "metric": "top1", "verdict": REPRODUCED,
+         "family": "primary", "rpc_label": "RPC",
          "intervals": {"seeds": ["0", "1", "2"], "per_seed_diff": {"0": 1.0, "1": 2.0, "2": 3.0},
                        "seed_ci": _ci(0.5, 3.5), "bootstrap": {"pooled": _ci(1.0, 3.0)}, "p_holm": 0.012}},
-        {"title": "claim B", "rpc": "r", "baseline": "b", "suite": "corruptions", "metric": "mCE",
+        {"title": "claim B", "rpc": "r", "baseline": "b", "suite": "corruptions", "metric": "mCE", "family": "secondary",
          "verdict": INCONCLUSIVE, "intervals": {"seeds": ["0", "1", "2"], "per_seed_diff": {"0": -1.0, "1": 2.0, "2": -4.0},
                                               "seed_ci": _ci(-8.0, 6.0), "bootstrap": {"pooled": _ci(-3.0, 0.5)},
                                               "p_holm": 0.9}},
-        {"title": "claim C", "rpc": "r2", "baseline": "b", "suite": "ppl", "metric": "test_ppl_sliding",
+        {"title": "claim C", "rpc": "r2", "baseline": "b", "suite": "ppl", "metric": "test_ppl_sliding", "family": "lm",
+         "rpc_label": "RPC-LM",
          "verdict": UNRESOLVED, "intervals": {"seeds": ["0"], "per_seed_diff": {"0": -0.5}, "seed_ci": None,
                                             "bootstrap": None, "p_holm": None}},
     ]
@@ -128,7 +130,43 @@ def test_lead_paragraph_uses_the_tables_metric_and_word():
                "r-s0": {"blocks": [{"frac_nonzero": 0.05}, {"frac_nonzero": 0.2}]}}}}}}
     text = lead_paragraph(res)
     assert "PAP's sparse step: RPC: fired (up to 20 % of S entries non-zero)." in text
-    assert ("Against Base, RPC (3 seeds): clean top1 +2.00 (reproduced; seed interval [+0.50, +3.50], example "
-            "interval [+1.00, +3.00], p (Holm) 0.012); corruptions mCE -1.00 (inconclusive;") in text
-    assert "Against Base, RPC-LM (1 seed): ppl test_ppl_sliding -0.50 (unresolved (one seed); seed interval n/a" in text
-    assert "reproduced: claim A; inconclusive: claim B; unresolved (one seed): claim C." in text
+    assert ("The paper's claims, primary (powered): RPC clean top1 +2.00 (reproduced); secondary (exploratory, "
+            "1 claim): 1 inconclusive.") in text
+    assert "Language model (the paper's claims): RPC-LM ppl test_ppl_sliding -0.50 (unresolved (one seed))." in text
+    assert "library's own" not in text      # no claim of that family here
+    # at most five sentences; with no claim of two seeds the first screen says no claim can be decided
+    assert len(text.split(". ")) <= 5
+    for c in claims:
+        c["intervals"]["per_seed_diff"] = {"0": 1.0}
+    assert "Every model has one seed, so no claim can be decided" in lead_paragraph(res)
+
+def test_mce_reference_errors_are_recomputed_on_every_resample():
+    # two corruptions x 2 severities, 200 examples; the baseline normalises: its mCE is 100 on every resample,
+    # and the RPC model's is its errors over the baseline's on the same resampled examples
+    from rpc_attention.evaluate.per_example import encode_bits
+    from rpc_attention.report.mce import mce_example_data
+
+    rng = np.random.default_rng(0)
+    settings = [f"{c}@{s}" for c in ("noise", "blur") for s in (1, 2)]
+
+    def record(p_right):
+        bits = {s: encode_bits(rng.random(200) < p) for s, p in zip(settings, p_right)}
+        return {"indices": "0:200", "correct": bits, "metrics": {"mCE": {"settings": settings, "error": True,
+                                                                         "weights": [0.0] * 4}}}
+
+    base, rpc = record([0.6, 0.5, 0.7, 0.4]), record([0.7, 0.6, 0.7, 0.5])
+    b, r = mce_example_data(base, base), mce_example_data(rpc, base)
+    idx = rng.integers(0, 200, size=(50, 200))
+    assert np.allclose(b.statistic(b.values[idx], None), 100.0, rtol=0, atol=1e-12)
+    # a straightforward float64 loop over resamples and corruptions
+    for row in idx[:5]:
+        def err(rec, s, row=row):
+            return 1.0 - np.array([rec["correct"][s][i] == "1" for i in row], dtype=float)
+
+        ratios = [sum(err(rpc, s).sum() for s in settings if s.startswith(c)) /
+                  sum(err(base, s).sum() for s in settings if s.startswith(c)) for c in ("noise", "blur")]
+        assert float(r.statistic(r.values[row], None)) == pytest.approx(100.0 * np.mean(ratios), rel=1e-12)
+    iv = paired_bootstrap([b.values], [r.values], resamples=200, statistic=r.statistic)
+    assert iv["lo"] < iv["diff"] < iv["hi"] < 0          # the RPC record errs less
+    # records over different examples cannot be paired: no recomputed data (the caller falls back)
+    assert mce_example_data(rpc, dict(base, indices="1:201")) is None

@@ -20,8 +20,11 @@ FRAC = {"rpc6": 0.0, "rpc2all": 0.0, "rpc_pcp": 0.12, "rpc_symlm": 0.4}
 
 
 def _num(run):
+    # the RPC models move by a little more per seed than the baselines, so the per-seed differences have a
+    # spread (differences without spread give no p)
     key, seed = run.rsplit("-s", 1)
-    return key, int(seed), BASE[key] + 0.3 * int(seed)
+    jitter = 0.0 if key in ("symvit", "symlm") else 0.002
+    return key, int(seed), BASE[key] + (0.3 + jitter) * int(seed)
 
 
 def fake_train(ctx):
@@ -157,7 +160,7 @@ def make_study(out):
 
 def check_report_files_and_tables(study_dir):
     md = (study_dir / "report.md").read_text()
-    assert "## Verdicts" in md and "## Setup" in md and "### Time per stage" in md
+    assert "## Verdicts" in md and "## Verdicts in detail" in md and "## Setup" in md and "### Time per stage" in md
     assert "## Image classification and robustness" in md and "## Language modelling" in md
     # our numbers with std over the two seeds next to the paper's row
     assert "80.15 ± 0.21 (n=2)" in md          # SymViT clean top-1: mean of 80.0, 80.3
@@ -172,7 +175,7 @@ def check_report_files_and_tables(study_dir):
     res = json.loads((study_dir / "results.json").read_text())
     claims = {c["id"]: c for c in res["claims"]}
     assert claims["clean"]["verdict"] == "reproduced"
-    assert claims["clean"]["effect"]["delta"] == pytest.approx(2.0)
+    assert claims["clean"]["effect"]["delta"] == pytest.approx(2.001)
     assert claims["mce"]["verdict"] == "reproduced"            # lower error than SymViT
     # one LM seed (the quick study's lm_seeds): 48 < 50 is no evidence without a noise estimate
     assert claims["lm_ppl"]["verdict"] == "unresolved (one seed)"
@@ -213,38 +216,50 @@ def check_intervals_and_lead(md, res):
     # per-example records on both sides: clean +2 points on the first 2 % of 1000 examples
     clean = claims["clean"]
     assert clean["verdict"] == "reproduced"
-    assert clean["intervals"]["seed_ci"]["diff"] == pytest.approx(2.0, abs=1e-9)
+    assert clean["intervals"]["seed_ci"]["diff"] == pytest.approx(2.001, abs=1e-9)
     pooled = clean["intervals"]["bootstrap"]["pooled"]
     assert pooled["n_seeds"] == 2 and pooled["n_examples"] == 1000 and 0 < pooled["lo"] < 2.0 < pooled["hi"]
     assert set(clean["intervals"]["bootstrap"]["per_seed"]) == {"0", "1"}
     # mCE has an example interval too: the per-example errors weighted like the metric reproduce its difference
     mce = claims["mce"]["intervals"]
     diffs = list(mce["per_seed_diff"].values())
-    assert mce["bootstrap"]["pooled"]["diff"] == pytest.approx(sum(diffs) / len(diffs), abs=1e-9)
+    # (to the 0.1 point one example of 1000 weighs: the fake's per-seed jitter of 0.002 is below it)
+    assert mce["bootstrap"]["pooled"]["diff"] == pytest.approx(sum(diffs) / len(diffs), abs=0.05)
     assert mce["bootstrap"]["pooled"]["hi"] < 0                 # RPC-6's error is lower on every resample
     # the fake sparse suite records no per-example data: the seed interval only, the same rule
     assert claims["sparse"]["intervals"]["bootstrap"] is None and claims["sparse"]["intervals"]["seed_ci"]
-    # Holm over the claims with >= 2 seeds (the 11 vision claims; the LM pair has one seed)
-    assert {c["intervals"]["family"] for c in claims.values()} == {11}
+    # Holm within each family over its claims with >= 2 seeds (the LM pair has one seed: no p)
+    fam = {c["id"]: (c["family"], c["intervals"]["family"]) for c in claims.values()}
+    assert fam["clean"] == fam["mce"] == ("primary", 2) and fam["sparse_keys"] == ("own", 0)  # no fake key metric
+    assert fam["fgsm"] == fam["clean_pcp"] == ("secondary", 9)
     assert claims["lm_ppl"]["intervals"]["p_holm"] is None and claims["lm_ppl"]["intervals"]["min_detectable"] is None
     # the LM claim's example interval over token blocks, and its perplexity ratio 48 / 50
     assert "(ratio 0.960 [0.960, 0.960])" in md
     assert "p / p (Holm)" in md and "smallest resolvable" in md and "margin rule" not in md
     assert "RPC − baseline, 95 % example interval" in md and "**reproduced**" in md
     assert "![" in md and "(figures/verdict_intervals.png)" in md
-    # the lead paragraph: first thing after the title, the same text in results.json, the table's words
+    # the lead: first thing after the title, at most five sentences, the same text in results.json, the
+    # tables' words; the paper's claims and the library's own apart
     lead = res["lead"]["text"]
     assert md.split("\n")[2] == f"**The answer at this scale.** {lead}"
+    assert len(re.findall(r"[.!?](?:\s|$)", lead)) <= 5, lead
     assert "RPC-SymViT 6iter/layer1: acted as iterated attention;" in lead
     assert "RPC-SymViT 6iter/layer1, PCP-active: fired (up to 12 % of S entries non-zero)" in lead
-    assert "Against SymViT, RPC-SymViT 6iter/layer1 (2 seeds): clean top1 +2.00 (reproduced; seed interval" in lead
-    assert "corruptions mCE" in lead and "mean_corruption_error" not in lead
-    assert "Against Symlm, RPC-Symlm (1 seed): ppl test_ppl_sliding -2.00 (unresolved (one seed); seed interval " \
-           "n/a, one seed" in lead
-    not_measured = lead[lead.index("not measured: "):]
-    assert "RPC-Symlm has lower perplexity on word-swap-attacked text." in not_measured
-    assert "RPC with robust PAP (2 iters, layer 1) removes sparse key corruption" in not_measured  # no fake key metric
-    for c in claims.values():   # every claim's verdict word in the lead is the table's
+    assert ("The paper's claims, primary (powered): RPC-SymViT 6iter/layer1 clean top1 +2.00 (reproduced); "
+            "RPC-SymViT 6iter/layer1 corruptions mCE") in lead
+    assert "secondary (exploratory, 9 claims): " in lead
+    assert "The library's own claims (not the paper's): RPC-SymViT robust PAP 2iter/layer1 sparse " in lead
+    assert "Language model (the paper's claims): RPC-Symlm ppl test_ppl_sliding -2.00 (unresolved (one seed))" in lead
+    # the first screen: one table per family, each under its rule, before the description and setup
+    first = md[:md.index("## Setup")]
+    for title in ("### Primary: the paper's headline", "### Secondary: the paper's other claims (exploratory)",
+                  "### The library's own claims", "### Language model"):
+        assert title in first
+    assert first.index("### Primary") < first.index("Fashion-MNIST SymViT vs RPC-SymViT")
+    assert "*Rule: confirmatory; Holm over this family at 0.05" in first
+    assert "## Power of the primary claims" in md and "MDE against target" in md
+    assert "adjusted within each family over its claims that have a p (2 primary, 9 secondary)" in md
+    for c in claims.values():   # every claim's verdict word in the tables is the detail table's
         assert f"**{c['verdict']}**" in md
 
 

@@ -68,7 +68,7 @@ def test_lm_gap_study_pairs_four_language_models_on_three_seeds():
     assert st.model("rpc_symlm_s0").overrides == common + ["model.kwargs.lambd=.inf"]
     assert st.model("rpc2_symlm_s0").overrides == common + ["model.kwargs.lambd=.inf", "model.kwargs.n_iter=2"]
     assert {c.rpc for c in st.claims} == {"rpc_symlm", "rpc_symlm_s0", "rpc2_symlm_s0"}
-    assert all(c.baseline == "symlm" and c.metric == st.claims[0].metric for c in st.claims)
+    assert all(c.baseline == "symlm" and c.metric == st.claims[0].metric and c.family == "lm" for c in st.claims)
 
 
 def test_lm_gap_study_refuses_a_single_seed():
@@ -78,3 +78,31 @@ def test_lm_gap_study_refuses_a_single_seed():
 
     with pytest.raises(StudyError, match="at least two"):
         get_study("lm-gap", ["seeds=[0]"])
+
+
+def test_decide_study_runs_the_seeds_the_pilot_power_calculation_asks_for():
+    from scipy import stats
+
+    from rpc_attention.report.power import power
+    from rpc_attention.reproduce import build_stages
+    from rpc_attention.reproduce import study_data as D
+
+    study = get_study("decide")
+    families = {c.id: c.family for c in study.claims}
+    assert families["clean"] == families["mce"] == "primary" and families["sparse_keys"] == "own"
+    assert "primary" in families.values() and not {"lm"} & set(families.values())
+    n = D.DECIDE_SEEDS
+    assert all(m.seeds == list(range(n)) for m in study.models)
+    assert {m.key for m in study.models} == {"symvit", "rpc6", "rpc_robust"}
+    # the seeds: the first n at which each pilot claim has 80 % power at its target (clean: sd 1.25 / 1.23,
+    # margin 0.25, target 1.0, Holm's first step over the 2 primary claims), computed here straight from scipy
+    sd = 1.25 / 1.23
+    first = next(k for k in range(2, 200)
+                 if stats.nct.sf(stats.t.ppf(1 - 0.05 / 4, k - 1), k - 1, 0.75 * k ** 0.5 / sd) >= 0.8)
+    assert D.pilot_seeds()["clean"] == first and n == max(D.pilot_seeds().values())
+    assert power(1.0, sd, n, 0.25, family=2) >= 0.8
+    # within 3 hours by the pipeline's own estimate, and the description says how many seeds
+    assert sum(s.estimate_s for s in build_stages(study)) <= D.DECIDE_HOURS * 3600
+    assert f"at the {n} seeds" in study.description
+    # the quick study's description states its measured time, not a guess
+    assert "11 min 43 s" in get_study("quick").description and "18 minutes" not in get_study("quick").description

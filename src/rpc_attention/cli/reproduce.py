@@ -10,7 +10,7 @@ HELP = "run a reproduction study as a resumable pipeline of stages and write its
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     g = parser.add_argument_group("study")
     g.add_argument("--study", default=None, metavar="NAME",
-                   help="study: smoke, quick (default; `make demo`), fmnist-full, imagenet, wikitext103 "
+                   help="study: smoke, quick (default; `make demo`), decide, fmnist-full, imagenet, wikitext103 "
                         "(--list shows them; trainer presets are a different thing: `rpc-attention presets`)")
     g.add_argument("--preset", dest="study_alias", default=None, metavar="NAME", help="deprecated alias of --study")
     g.add_argument("--out", default=None, metavar="DIR", help="study directory (default: runs/<study>)")
@@ -18,6 +18,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                    help="study setting, repeatable; values are YAML: seeds=[0,1,2] (or 0,1,2), eval_limit=500, "
                         "data.imagenet=PATH, analyze_sets=[limit=4] ... (--list shows each study's settings)")
     g.add_argument("--list", action="store_true", help="list the studies and their settings")
+    p = parser.add_argument_group("power (reads a finished study; runs nothing)")
+    p.add_argument("--power", default=None, metavar="DIR",
+                   help="print, per claim of the finished study in DIR (its results.json): delta / sd of the paired "
+                        "per-seed differences, the minimum detectable effect at 80 %% power for the claim's family, "
+                        "and the seeds and test examples its target effect needs")
+    p.add_argument("--target", dest="targets", action="append", default=[], metavar="CLAIM=EFFECT",
+                   help="with --power: the effect to plan for, in the metric's units (default: the claim's target, "
+                        "the paper's improvement in our units); repeatable")
     r = parser.add_argument_group("running")
     r.add_argument("--stages", action="append", default=None, metavar="NAMES",
                    help="run only these stages: names, globs or kinds, comma separated "
@@ -60,6 +68,49 @@ def resume_hint(args: argparse.Namespace) -> str:
             "(finished stages are kept, the interrupted one continues from its checkpoint)")
 
 
+def _targets(items) -> dict:
+    from . import UserError
+
+    out = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        try:
+            out[key.strip()] = float(value)
+        except ValueError:
+            sep = ""
+        if not sep or not key.strip():
+            raise UserError(f"--target {item!r}: give CLAIM=EFFECT, e.g. --target clean=1.0")
+    return out
+
+
+def power(directory: str, targets: dict) -> int:
+    """``--power DIR``: the power table of every claim of the finished study in DIR."""
+    import json
+    from pathlib import Path
+
+    from ..report.families import power_rows, power_text
+    from . import UserError
+
+    path = Path(directory) / "results.json"
+    try:
+        res = json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError) as exc:
+        raise UserError(f"--power {directory}: no readable results.json of a finished study there ({exc})") from None
+    known = {c["id"] for c in res.get("claims") or []}
+    unknown = sorted(set(targets) - known)
+    if unknown:
+        raise UserError(f"--target {', '.join(unknown)}: not a claim of this study ({', '.join(sorted(known))})")
+    rows = power_rows(res, targets)
+    if not rows:
+        print(f"{path}: no claim has numbers")
+        return 0
+    print("\n".join(power_text(rows)))
+    print("MDE, seeds: the effect called reproduced with 80 % power at Holm's strictest step of the claim's family "
+          "(alpha / m; exact noncentral t); MDE, examples: the example interval's bound past the margin. No noise "
+          "figure (one seed): run the study with two or more seeds first.")
+    return 0
+
+
 def run(args: argparse.Namespace) -> int:
     import os
     import time
@@ -69,6 +120,10 @@ def run(args: argparse.Namespace) -> int:
     from ..reproduce.studies import list_studies
     from . import UserError
 
+    if args.power is not None:
+        return power(args.power, _targets(args.targets))
+    if args.targets:
+        raise UserError("--target needs --power DIR")
     if args.list:
         for name, desc, defaults in list_studies():
             print(f"{name}: {desc}")

@@ -10,10 +10,19 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Dict
 
-from .verdict import CONTRADICTED, INCONCLUSIVE, NOT_MEASURED, REPRODUCED, RULES_TEXT, UNRESOLVED, claim_verdict
+from .verdict import (
+    CONTRADICTED,
+    EQUIVALENT,
+    INCONCLUSIVE,
+    NOT_MEASURED,
+    REPRODUCED,
+    RULES_TEXT,
+    UNRESOLVED,
+    claim_verdict,
+)
 
-__all__ = ["build_report", "claim_verdict", "RULES_TEXT", "REPRODUCED", "CONTRADICTED", "INCONCLUSIVE", "UNRESOLVED",
-           "NOT_MEASURED"]
+__all__ = ["build_report", "claim_verdict", "RULES_TEXT", "REPRODUCED", "CONTRADICTED", "EQUIVALENT", "INCONCLUSIVE",
+           "UNRESOLVED", "NOT_MEASURED"]
 
 
 def build_report(out_dir, study, pipeline) -> Dict[str, Path]:

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any, Dict, List, Optional, Tuple
 
 from ..evaluate.suites import Column, all_suites, get_suite
-from .intervals import holm, min_detectable, paired_comparison
+from .intervals import holm, margin_tests, min_detectable, paired_comparison
 from .lead import LEAD_RULE, lead_paragraph
 from .paper import PAPER_LABEL, PAPER_ROWS
 from .sparsity import collect_sparsity
@@ -263,44 +263,85 @@ def _seed_values(res: Dict[str, Any], suite: str, key: str, metric: str) -> Dict
     return {seed: v for seed, v in vals.items() if v is not None}
 
 
-def _seed_scores(per_example: Dict[str, Any], suite: str, key: str, metric: str) -> Dict[str, Any]:
-    """``{seed: ExampleData}`` of one model's metric, where recorded."""
+def _seed_scores(per_example: Dict[str, Any], suite: str, key: str, metric: str,
+                 reference: Optional[str] = None) -> Dict[str, Any]:
+    """``{seed: ExampleData}`` of one model's metric, where recorded. With ``reference`` (the model
+    whose errors normalise the suite's mCE), mCE's reference errors are recomputed on every resample
+    (:mod:`rpc_attention.report.mce`)."""
+    from ..evaluate.corruptions import MCE
     from ..evaluate.per_example import example_data
+    from .mce import mce_example_data
 
+    records = per_example.get(suite, {})
+    refs = records.get(reference, {}) if reference else {}
     out = {}
-    for seed, rec in per_example.get(suite, {}).get(key, {}).items():
-        data = example_data(rec, metric)
+    for seed, rec in records.get(key, {}).items():
+        data = None
+        if metric == MCE and refs:
+            data = mce_example_data(rec, refs.get(seed) or next(iter(refs.values())), metric)
+        data = data if data is not None else example_data(rec, metric)
         if data is not None:
             out[seed] = data
     return out
 
 
 def compare_models(res: Dict[str, Any], per_example: Dict[str, Any], suite: str, metric: str,
-                   baseline: str, rpc: str) -> Dict[str, Any]:
+                   baseline: str, rpc: str, reference: Optional[str] = None) -> Dict[str, Any]:
     """RPC - baseline of one metric with its seed and example intervals (``intervals.paired_comparison``)."""
     return paired_comparison(_seed_values(res, suite, baseline, metric), _seed_values(res, suite, rpc, metric),
-                             _seed_scores(per_example, suite, baseline, metric),
-                             _seed_scores(per_example, suite, rpc, metric))
+                             _seed_scores(per_example, suite, baseline, metric, reference),
+                             _seed_scores(per_example, suite, rpc, metric, reference))
 
 
-def _collect_claims(res: Dict[str, Any], study, per_example: Dict[str, Any]) -> None:
-    """Each claim's verdict by the one rule of RULES_TEXT: paired seed interval, example interval where
-    both models have per-example records, margin, and the paired t test's p Holm-adjusted over the
-    study's claims; with the smallest difference the seeds could have resolved."""
+def _claim_rows(res: Dict[str, Any], study, per_example: Dict[str, Any]) -> List[tuple]:
+    """``(claim, baseline evals, RPC evals, baseline values, RPC values, effect, comparison)`` per claim,
+    with the margin tests of the comparison (``comparison["tests"]``)."""
+    refs = {ev.suite: ev.baseline_model for ev in study.evals if ev.baseline_model}
     rows = []
     for c in study.claims:
         b = res["evals"].get(c.suite, {}).get(c.baseline, {})
         r = res["evals"].get(c.suite, {}).get(c.rpc, {})
         bv = [v for v in (metric_value(e.get("metrics", {}), c.metric) for e in b.values()) if v is not None]
         rv = [v for v in (metric_value(e.get("metrics", {}), c.metric) for e in r.values()) if v is not None]
-        rows.append((c, b, r, bv, rv, effect(bv, rv, c.higher, c.margin, c.relative),
-                     compare_models(res, per_example, c.suite, c.metric, c.baseline, c.rpc)))
-    raw_p = [(iv.get("t_test") or {}).get("p") for *_, iv in rows]
-    family = sum(p is not None for p in raw_p)
-    for (c, b, r, bv, rv, e, iv), p_holm in zip(rows, holm(raw_p)):
-        iv["p_holm"], iv["family"] = p_holm, family
-        iv["min_detectable"] = min_detectable(list(iv["per_seed_diff"].values()), family)
-        v = claim_verdict(iv, c.higher, e.margin, p_holm)
+        e = effect(bv, rv, c.higher, c.margin, c.relative)
+        iv = compare_models(res, per_example, c.suite, c.metric, c.baseline, c.rpc, refs.get(c.suite))
+        margin = e.margin if e.margin is not None else c.margin
+        iv["tests"] = margin_tests(list(iv["per_seed_diff"].values()), margin, c.higher)
+        rows.append((c, b, r, bv, rv, e, iv))
+    return rows
+
+
+def _holm_by_family(rows: List[tuple]) -> None:
+    """Holm's adjustment of both tests within each claim's family (``p_holm``, ``p_equivalence_holm``),
+    the family's size and the MDE at its strictest step (``min_detectable``). A claim whose per-seed
+    differences have no spread enters Holm with p = 1 (it counts in the family, which is fixed before
+    the data) and gets no adjusted p."""
+    families: Dict[str, List[tuple]] = {}
+    for row in rows:
+        families.setdefault(row[0].family, []).append(row)
+    for members in families.values():
+        tests = [row[-1]["tests"] or {} for row in members]
+        flat = [t.get("no_spread", False) for t in tests]
+        p_dir = [1.0 if f else t.get("p") for t, f in zip(tests, flat)]
+        p_tost = [1.0 if f else t.get("p_equivalence") for t, f in zip(tests, flat)]
+        size = sum(p is not None for p in p_dir)
+        for row, f, p, q in zip(members, flat, holm(p_dir), holm(p_tost)):
+            c, e, iv = row[0], row[5], row[-1]
+            margin = e.margin if e.margin is not None else c.margin
+            iv["p_holm"], iv["p_equivalence_holm"] = (None, None) if f else (p, q)
+            iv["family"] = size
+            iv["min_detectable"] = min_detectable(list(iv["per_seed_diff"].values()), size, margin)
+
+
+def _collect_claims(res: Dict[str, Any], study, per_example: Dict[str, Any]) -> None:
+    """Each claim's verdict by the one rule of RULES_TEXT: the margin tests of the paired per-seed
+    differences Holm-adjusted within the claim's family, the example interval where both models have
+    per-example records, and the smallest effect the seeds could have resolved."""
+    rows = _claim_rows(res, study, per_example)
+    _holm_by_family(rows)
+    for c, b, r, bv, rv, e, iv in rows:
+        margin = e.margin if e.margin is not None else c.margin
+        v = claim_verdict(iv, c.higher, e.margin, iv["p_holm"], iv["p_equivalence_holm"])
         reason = v["reason"]
         if not bv or not rv:
             why = [x.get("reason") or x.get("status") for x in list(b.values()) + list(r.values())
@@ -309,10 +350,10 @@ def _collect_claims(res: Dict[str, Any], study, per_example: Dict[str, Any]) -> 
                 reason += f" ({why[0]})"
         res["claims"].append({
             "id": c.id, "title": c.title, "table": c.table, "suite": c.suite, "metric": c.metric,
+            "family": c.family, "target": c.target,
             "baseline": c.baseline, "baseline_label": res["models"].get(c.baseline, {}).get("label", c.baseline),
             "rpc": c.rpc, "rpc_label": res["models"].get(c.rpc, {}).get("label", c.rpc), "higher": c.higher,
-            "margin": e.margin if e.margin is not None else c.margin,
-            "relative_margin": c.relative, "baseline_values": bv, "rpc_values": rv,
+            "margin": margin, "relative_margin": c.relative, "baseline_values": bv, "rpc_values": rv,
             "verdict": v["verdict"], "reason": reason, "effect": e.as_dict(), "intervals": iv,
             "paper": PAPER_ROWS.get(getattr(c, "paper_id", None) or c.id),
         })

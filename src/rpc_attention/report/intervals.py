@@ -20,11 +20,12 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence
 
 import numpy as np
 
-__all__ = ["LEVEL", "ALPHA", "RESAMPLES", "t_interval", "paired_t", "holm", "min_detectable",
+from .power import ALPHA, margin_pvalues, mde
+
+__all__ = ["LEVEL", "ALPHA", "RESAMPLES", "t_interval", "paired_t", "margin_tests", "holm", "min_detectable",
            "paired_bootstrap", "paired_comparison"]
 
 LEVEL = 0.95
-ALPHA = 0.05
 RESAMPLES = 2000
 _CHUNK = 100  # resamples drawn at once (memory: _CHUNK x examples indices)
 
@@ -48,7 +49,7 @@ def t_interval(diffs: Sequence[float], level: float = LEVEL) -> Optional[Dict[st
 
 def paired_t(diffs: Sequence[float]) -> Optional[Dict[str, Any]]:
     """Two-sided paired t test of mean(diffs) = 0: ``{"t", "df", "p"}``; None with fewer than 2
-    differences. Differences without spread give p = 0 (mean != 0) or 1 (mean = 0)."""
+    differences. Differences without spread have no noise figure: t and p are None (never p = 0)."""
     from scipy import stats
 
     d = _diffs(diffs)
@@ -56,7 +57,7 @@ def paired_t(diffs: Sequence[float]) -> Optional[Dict[str, Any]]:
         return None
     mean, sd, df = float(d.mean()), float(d.std(ddof=1)), len(d) - 1
     if sd == 0.0:
-        return {"t": math.copysign(math.inf, mean) if mean else 0.0, "df": df, "p": 0.0 if mean else 1.0}
+        return {"t": None, "df": df, "p": None, "no_spread": True}
     t = mean / (sd / math.sqrt(len(d)))
     return {"t": t, "df": df, "p": float(2.0 * stats.t.sf(abs(t), df))}
 
@@ -74,16 +75,29 @@ def holm(pvalues: Sequence[Optional[float]]) -> List[Optional[float]]:
     return out
 
 
-def min_detectable(diffs: Sequence[float], family: int, alpha: float = ALPHA) -> Optional[float]:
-    """``t_{1 - alpha/(2 family), n-1} * sd / sqrt(n)`` of the per-seed differences: the smallest |mean|
-    whose two-sided paired t test stays below Holm's strictest threshold alpha / family; None with
+def margin_tests(diffs: Sequence[float], margin: float, higher_is_better: bool = True) -> Optional[Dict[str, Any]]:
+    """The rule's two tests of RPC - baseline per-seed differences against +-margin
+    (:func:`~rpc_attention.report.power.margin_pvalues`, oriented so that > 0 means RPC better):
+    ``{"p", "p_equivalence", "no_spread"}`` with p's None where the differences have no spread; None with
     fewer than 2 differences."""
-    from scipy import stats
+    d = _diffs(diffs) * (1.0 if higher_is_better else -1.0)
+    if len(d) < 2:
+        return None
+    sd = float(d.std(ddof=1))
+    if sd == 0.0:
+        return {"p": None, "p_equivalence": None, "no_spread": True}
+    p_dir, p_tost = margin_pvalues(float(d.mean()), sd, len(d), margin)
+    return {"p": float(p_dir), "p_equivalence": float(p_tost), "no_spread": False}
 
+
+def min_detectable(diffs: Sequence[float], family: int, margin: float = 0.0, alpha: float = ALPHA) -> Optional[float]:
+    """The effect these per-seed differences' spread would call reproduced with 80 % power at Holm's
+    strictest threshold alpha / family (:func:`~rpc_attention.report.power.mde`); None with fewer than
+    2 differences, no spread or an empty family."""
     d = _diffs(diffs)
     if len(d) < 2 or family < 1:
         return None
-    return float(stats.t.ppf(1.0 - alpha / (2 * family), len(d) - 1)) * float(d.std(ddof=1)) / math.sqrt(len(d))
+    return mde(float(d.std(ddof=1)), len(d), margin, alpha, family)
 
 
 def _mean_statistic(values: np.ndarray, strata: Optional[np.ndarray]) -> np.ndarray:

@@ -1,42 +1,32 @@
-"""The report's lead paragraph: the study's answer, written by fixed rules from the collected numbers
-(``results.json``): whether PAP's sparse step fired in each RPC model, and, for each RPC model, each
-claim's metric against its baseline with the numbers and the verdict word of the verdict table (the
-same metric, the same intervals, the same word: the lead never applies a rule of its own).
+"""The report's lead: at most five sentences answering the study's question, written by fixed rules from
+the collected numbers (``results.json``): whether PAP's sparse step fired in each RPC model, then the
+paper's claims (the primary family one by one, the secondary family counted) and the library's own
+claims apart, then the language model; each change with the verdict word of the family tables (the same
+metric, the same word: the lead never applies a rule of its own).
 """
 
 from __future__ import annotations
 
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List
 
-from .verdict import CONTRADICTED, INCONCLUSIVE, NOT_MEASURED, REPRODUCED, UNRESOLVED
+from .verdict import CONTRADICTED, EQUIVALENT, INCONCLUSIVE, NOT_MEASURED, REPRODUCED, UNRESOLVED
 
-__all__ = ["LEAD_RULE", "lead_paragraph"]
+__all__ = ["LEAD_RULE", "lead_paragraph", "MAX_SENTENCES"]
 
-LEAD_RULE = ("Each change is a claim of the verdict table: RPC - baseline (mean of the per-seed differences, in "
-             "the metric's units), its 95 % seed interval (t interval over the per-seed differences), its 95 % "
-             "example interval (paired bootstrap over test examples, seeds pooled), its Holm-adjusted p, and the "
-             "table's verdict.")
-
-
-def _ci_text(ci: Optional[Dict[str, Any]]) -> str:
-    return f"[{ci['lo']:+.2f}, {ci['hi']:+.2f}]" if ci else "n/a"
+MAX_SENTENCES = 5
+LEAD_RULE = ("Each change: RPC − baseline, the mean of the per-seed differences in the metric's units, with the "
+             "verdict of the tables above (their intervals and rules there).")
 
 
 def _change(c: Dict[str, Any]) -> str:
-    iv = c.get("intervals") or {}
-    diffs = list((iv.get("per_seed_diff") or {}).values())
+    diffs = list(((c.get("intervals") or {}).get("per_seed_diff") or {}).values())
+    label = c.get("rpc_label", c.get("rpc", ""))
     if not diffs:
-        return f"{c['suite']} {c['metric']}: {c['verdict']}"
-    mean = sum(diffs) / len(diffs)
-    seed = _ci_text(iv.get("seed_ci")) if len(diffs) > 1 else "n/a, one seed"
-    pooled = (iv.get("bootstrap") or {}).get("pooled")
-    p = iv.get("p_holm")
-    p_text = f", p (Holm) {p:.3g}" if p is not None else ""
-    return (f"{c['suite']} {c['metric']} {mean:+.2f} ({c['verdict']}; seed interval {seed}, "
-            f"example interval {_ci_text(pooled)}{p_text})")
+        return f"{label} {c['suite']} {c['metric']}: {c['verdict']}"
+    return f"{label} {c['suite']} {c['metric']} {sum(diffs) / len(diffs):+.2f} ({c['verdict']})"
 
 
-def _sparse_clause(res: Dict[str, Any]) -> str:
+def _sparse_sentence(res: Dict[str, Any]) -> str:
     models = (res.get("sparsity") or {}).get("models") or {}
     if not models:
         return "No RPC model recorded S activity."
@@ -48,33 +38,47 @@ def _sparse_clause(res: Dict[str, Any]) -> str:
     return "PAP's sparse step: " + "; ".join(parts) + "."
 
 
-def _model_clauses(res: Dict[str, Any]) -> List[str]:
-    by_model: Dict[tuple, List[Dict[str, Any]]] = {}
-    for c in res.get("claims") or []:
-        by_model.setdefault((c["rpc"], c["baseline"]), []).append(c)
-    out = []
-    for (key, base_key), claims in by_model.items():
-        label = res["models"].get(key, {}).get("label", key)
-        base = res["models"].get(base_key, {}).get("label", base_key)
-        n = max(len((c.get("intervals") or {}).get("seeds") or []) for c in claims)
-        out.append(f"Against {base}, {label} ({n} seed{'s' if n != 1 else ''}): "
-                   + "; ".join(_change(c) for c in claims) + ".")
-    return out
-
-
-def _claims_clause(res: Dict[str, Any]) -> str:
-    claims = res.get("claims") or []
-    if not claims:
-        return ""
+def _counts(claims: List[Dict[str, Any]]) -> str:
     parts = []
-    for v in (REPRODUCED, CONTRADICTED, INCONCLUSIVE, UNRESOLVED, NOT_MEASURED):
-        titles = [c["title"] for c in claims if c["verdict"] == v]
-        if titles:
-            parts.append(f"{v}: {', '.join(titles)}")
-    return "The paper's claims, by the verdict rule: " + "; ".join(parts) + "."
+    for v in (REPRODUCED, CONTRADICTED, EQUIVALENT, INCONCLUSIVE, UNRESOLVED, NOT_MEASURED):
+        n = sum(c["verdict"] == v for c in claims)
+        if n:
+            parts.append(f"{n} {v}")
+    return ", ".join(parts)
+
+
+def _family(claims: List[Dict[str, Any]], name: str) -> List[Dict[str, Any]]:
+    return [c for c in claims if c.get("family", "secondary") == name]
+
+
+def _paper_sentence(claims: List[Dict[str, Any]]) -> str:
+    primary, secondary = _family(claims, "primary"), _family(claims, "secondary")
+    parts = []
+    if primary:
+        parts.append("primary (powered): " + "; ".join(_change(c) for c in primary))
+    if secondary:
+        n = len(secondary)
+        parts.append(f"secondary (exploratory, {n} claim{'s' if n != 1 else ''}): {_counts(secondary)}")
+    return ("The paper's claims, " + "; ".join(parts) + ".") if parts else ""
+
+
+def _one_seed_sentence(claims: List[Dict[str, Any]]) -> str:
+    seeded = [c for c in claims if len((c.get("intervals") or {}).get("per_seed_diff") or {}) >= 2]
+    if claims and not seeded:
+        return ("Every model has one seed, so no claim can be decided: the differences are descriptive only "
+                "(a single run cannot separate an effect from run-to-run noise).")
+    return ""
 
 
 def lead_paragraph(res: Dict[str, Any]) -> str:
-    """One paragraph answering "what did PAP do, and does it help?" from ``res`` (``results.json``)."""
-    parts = [_sparse_clause(res)] + _model_clauses(res) + [_claims_clause(res)]
-    return " ".join(p for p in parts if p)
+    """At most :data:`MAX_SENTENCES` sentences from ``res`` (``results.json``)."""
+    claims = res.get("claims") or []
+    own, lm = _family(claims, "own"), _family(claims, "lm")
+    sentences = [_sparse_sentence(res), _one_seed_sentence(claims), _paper_sentence(claims),
+                 ("The library's own claims (not the paper's): " + "; ".join(_change(c) for c in own) + ".")
+                 if own else "",
+                 ("Language model (the paper's claims): " + "; ".join(_change(c) for c in lm) + ".") if lm else ""]
+    sentences = [s for s in sentences if s]
+    if len(sentences) > MAX_SENTENCES:  # the one-seed warning outranks the S-activity sentence
+        sentences = sentences[1:]
+    return " ".join(sentences)

@@ -10,8 +10,10 @@ from pathlib import Path
 from typing import Any, Dict, List
 
 from ..markdown import format_seconds, markdown_table
+from .families import by_family, family_tables, power_section
 from .rows import gather_rows
 from .sparsity import render_sparse_corruption, render_sparsity
+from .verdict import FAMILIES
 
 __all__ = ["render_markdown", "render_html", "fmt", "format_seconds", "task_table", "verdict_tables", "run_summary"]
 
@@ -118,8 +120,8 @@ def _claim_row(c: Dict[str, Any]) -> List[Any]:
     delta = fmt((1.0 if c["higher"] else -1.0) * sum(diffs) / len(diffs)) if diffs else "—"
     seed_ci = _ci(iv.get("seed_ci")) if iv.get("seed_ci") else ("n/a, one seed" if iv.get("seeds") else "—")
     pooled = (iv.get("bootstrap") or {}).get("pooled")
-    t = iv.get("t_test")
-    p_text = f"{fmt(t['p'], 3)} / {fmt(iv['p_holm'], 3)}" if t and iv.get("p_holm") is not None else "—"
+    p = (iv.get("tests") or {}).get("p")
+    p_text = f"{fmt(p, 3)} / {fmt(iv['p_holm'], 3)}" if p is not None and iv.get("p_holm") is not None else "—"
     p = c.get("paper")
     paper = f"{fmt(p['baseline'])} → {fmt(p['rpc'])} ({p['setting']}, {p['change']})" if p else "—"
     return [c["title"], f"{c['suite']}: {c['metric']} ({'higher' if c['higher'] else 'lower'} better)",
@@ -142,22 +144,37 @@ def _ci(ci: Dict[str, Any]) -> str:
     return f"{ci['diff']:+.2f} [{ci['lo']:+.2f}, {ci['hi']:+.2f}]"
 
 
+def _holm_note(claims: List[Dict[str, Any]]) -> str:
+    """What p (Holm) and the smallest resolvable |delta| were computed over: each family's claims with
+    a p, or that no claim has one (never "over the 0 claims")."""
+    sizes = {}
+    for name, members in by_family(claims).items():
+        size = max((c.get("intervals") or {}).get("family") or 0 for c in members)
+        if size:
+            sizes[name] = size
+    if not sizes:
+        return ("No claim has a p (each has fewer than two seeds, or per-seed differences with no spread): no p, "
+                "Holm adjustment or smallest resolvable difference.")
+    per = ", ".join(f"{n} {name}" for name, n in sizes.items())
+    return (f"p: the paired t test against the margin over the seeds; p (Holm): adjusted within each family over its "
+            f"claims that have a p ({per}). Smallest resolvable |delta|: the effect these seeds would call "
+            "reproduced with 80 % power at the family's strictest Holm threshold (Verdict rules).")
+
+
 def _verdicts_section(res: Dict[str, Any], claims: List[Dict[str, Any]]) -> List[str]:
     if not claims:
         return []
-    family = max((c.get("intervals") or {}).get("family") or 0 for c in claims)
-    L = ["## Verdicts", ""]
-    L += _table(["claim (paper)", "metric", "baseline (ours)", "RPC (ours)", "delta, RPC better > 0",
-                 "RPC − baseline, 95 % seed interval", "RPC − baseline, 95 % example interval", "p / p (Holm)",
-                 "smallest resolvable |delta|", "margin", "paper: baseline → RPC (its data set)", "verdict"],
-                [_claim_row(c) for c in claims])
+    L = ["## Verdicts in detail", ""]
+    header = ["claim (paper)", "metric", "baseline (ours)", "RPC (ours)", "delta, RPC better > 0",
+              "RPC − baseline, 95 % seed interval", "RPC − baseline, 95 % example interval", "p / p (Holm)",
+              "smallest resolvable |delta|", "margin", "paper: baseline → RPC (its data set)", "verdict"]
+    for name, members in by_family(claims).items():
+        fam = FAMILIES.get(name)
+        L += [f"**{fam.title if fam else name}**", ""] + _table(header, [_claim_row(c) for c in members])
     L += ["Intervals: RPC − baseline in the metric's units (not oriented). Seed interval: t interval over the "
           "per-seed differences (seeds paired). Example interval: paired bootstrap over test examples (the same "
           "resampled examples for both models and every seed, seeds pooled); per-seed intervals are in "
-          f"`results.json`. p: two-sided paired t test over the seeds; p (Holm): adjusted over the {family} claims "
-          f"of this study that have a p. Smallest resolvable |delta|: t_(1-0.05/(2 x {family})),n-1 x sd / sqrt(n) "
-          "of the per-seed differences, the difference these seeds could have resolved at Holm's strictest "
-          "threshold. Every verdict follows the one rule in Verdict rules.", ""]
+          f"`results.json`. {_holm_note(claims)} Every verdict follows the one rule in Verdict rules.", ""]
     L += _figs(res, "verdicts")
     L += ["Reasons:", ""]
     return L + [f"- {c['title']}: {c['verdict']} — {c['reason']}." for c in claims] + [""]
@@ -355,11 +372,14 @@ def render_markdown(res: Dict[str, Any]) -> str:
     """``report.md``: verdicts, setup, time per stage, one section per task, the rules, KPCA, problems."""
     L: List[str] = [f"# Reproduction report: `{res['study']}` study", ""]
     if (res.get("lead") or {}).get("text"):
-        L += [f"**The answer at this scale.** {res['lead']['text']}", "", f"*{res['lead']['rule']}*", ""]
+        L += [f"**The answer at this scale.** {res['lead']['text']}", ""]
+    if res.get("claims"):
+        L += ["## Verdicts", ""] + family_tables(res["claims"]) + [f"*{(res.get('lead') or {}).get('rule', '')}*", ""]
     L += [res.get("description", ""), "",
           f"Generated {res['generated']} by `rpc-attention reproduce --study {res['study']}` in `{res['out_dir']}`. "
           "Every number below is also in `results.json`; verdicts are computed by the rules stated at the end, "
           "never written by hand.", ""]
+    L += power_section(res)
     L += _verdicts_section(res, res.get("claims") or [])
     L += _setup_section(res)
     # the report stage writing this page is still running: it is not a pending stage

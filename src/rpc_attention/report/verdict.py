@@ -1,5 +1,6 @@
 """Verdict rule: turn a claim's baseline and RPC numbers (one per seed, and per-example records where
-the suite keeps them) into "reproduced / contradicted / inconclusive / unresolved (one seed)". The rule
+the suite keeps them) into "reproduced / contradicted / equivalent / inconclusive / unresolved (one
+seed)". The rule
 is stated in :data:`RULES_TEXT`, printed verbatim in every report, and is the only source of verdict
 text (nothing is hand-written). The same rule decides every claim; there is no second rule.
 
@@ -8,7 +9,8 @@ Definitions, for one claim and one metric:
   better, so delta > 0 always means "RPC better" (the paper's direction);
 - ``margin`` = the smallest effect the claim is about (metric units; e.g. 1 accuracy point); for
   relative margins (perplexity) it is a fraction of the baseline mean;
-- the seed interval, the paired t test and the Holm adjustment: :mod:`rpc_attention.report.intervals`.
+- the seed interval and the example bootstrap: :mod:`rpc_attention.report.intervals`; the tests
+  against the margin, Holm within a family and the power: :mod:`rpc_attention.report.power`.
 """
 
 from __future__ import annotations
@@ -20,40 +22,82 @@ from typing import Any, Dict, Optional, Sequence, Tuple
 from ..markdown import NOT_MEASURED
 from .intervals import ALPHA, RESAMPLES
 
-__all__ = ["REPRODUCED", "CONTRADICTED", "INCONCLUSIVE", "UNRESOLVED", "NOT_MEASURED", "VERDICTS", "Effect",
-           "effect", "claim_verdict", "oriented", "RULES_TEXT"]
+__all__ = ["REPRODUCED", "CONTRADICTED", "EQUIVALENT", "INCONCLUSIVE", "UNRESOLVED", "NOT_MEASURED", "VERDICTS",
+           "Effect", "effect", "claim_verdict", "oriented", "RULES_TEXT", "FAMILIES", "Family"]
 
 REPRODUCED = "reproduced"
 CONTRADICTED = "contradicted"
+EQUIVALENT = "equivalent"
 INCONCLUSIVE = "inconclusive"
 UNRESOLVED = "unresolved (one seed)"
-VERDICTS = (REPRODUCED, CONTRADICTED, INCONCLUSIVE, UNRESOLVED, NOT_MEASURED)
+VERDICTS = (REPRODUCED, CONTRADICTED, EQUIVALENT, INCONCLUSIVE, UNRESOLVED, NOT_MEASURED)
+
+
+@dataclass(frozen=True)
+class Family:
+    """A pre-registered family of claims: Holm's adjustment runs within it, never across families."""
+
+    name: str
+    title: str      # as the report heads its table
+    rule: str       # the family's rule, stated under its table
+    paper: bool     # the paper's claims (True) or the library's own (False)
+
+
+# The families, in report order. Which claim is in which family is study data (ClaimSpec.family).
+FAMILIES = {f.name: f for f in (
+    Family("primary", "Primary: the paper's headline vision claims this study is powered for",
+           f"confirmatory; Holm over this family at {ALPHA:g}; the seeds come from a power calculation on a pilot "
+           "(docs/reproduce.md#deciding-claims)", True),
+    Family("secondary", "Secondary: the paper's other claims (exploratory)",
+           f"exploratory: Holm within this family at {ALPHA:g}, separately from the primary family; the study is "
+           "not powered for these, so an inconclusive verdict here is expected and says little", True),
+    Family("own", "The library's own claims (not the paper's)",
+           f"Holm within this family at {ALPHA:g}: claims about this library's additions (robust PAP), kept apart "
+           "from the paper's", False),
+    Family("lm", "Language model",
+           f"Holm within this family at {ALPHA:g} (the paper's language-model claims)", True),
+)}
 
 RULES_TEXT = f"""\
 Verdicts are computed from the numbers by one fixed rule (never edited by hand), the same for every claim.
 For each claim, RPC - baseline is taken per seed (the seeds both models have, paired), with the sign
 flipped where lower is better, so that delta > 0 means RPC is better (the paper's direction); delta is the
 mean of those per-seed differences; margin = the smallest effect the claim is about (shown in each table).
+- Families: every claim belongs to one pre-registered family (primary, secondary, own, lm; each family's
+  table states its rule); the p-values below are Holm-adjusted within the claim's family only.
 - Seed interval: the 95 % t interval of the per-seed differences (mean +- t_0.975,n-1 x sd / sqrt(n)).
 - Example interval, where both models recorded per-example results (classification accuracy, corruption
   error and mCE, OOD AUPR, language-model perplexity): a paired bootstrap over test examples ({RESAMPLES}
   resamples of example indices, the same resample for both models and every seed, seeds pooled; OOD
   resamples in-distribution and OOD examples separately, perplexity resamples blocks of tokens) of the
-  metric recomputed on the resample.
-- p: the two-sided paired t test of the per-seed differences; p (Holm) adjusts it for the number of claims
-  in this study (Holm's step-down method: the k-th smallest of m p-values is multiplied by m - k + 1, then
-  made non-decreasing, capped at 1), so that the chance of calling any claim of the study reproduced or
-  contradicted when none has an effect stays below {ALPHA:g}.
-- **reproduced**: the seed interval and the example interval (where there is one) both lie above 0, delta
-  is at least the margin, and p (Holm) < {ALPHA:g}; **contradicted**: the mirror (both intervals below 0,
-  delta at most -margin, p (Holm) < {ALPHA:g}); otherwise **inconclusive**.
+  metric recomputed on the resample (mCE with the baseline's reference errors recomputed on the same
+  resample, so the baseline's mCE is 100 in every resample).
+- p: the paired t test of the per-seed differences against the margin, two-sided: twice the smaller of
+  the one-sided p's of "delta > +margin" and "delta < -margin" (with margin 0 the ordinary paired t
+  test). p (Holm) adjusts it over the claims of the family (Holm's step-down method: the k-th smallest of
+  m p-values is multiplied by m - k + 1, then made non-decreasing, capped at 1). p (Holm) < {ALPHA:g} is
+  the same as Holm's adjusted t interval lying past the margin: the interval's bound, not delta, decides.
+- p (equivalence): two one-sided tests (TOST) that delta > -margin and delta < +margin (the larger of
+  the two p's), Holm-adjusted within the family in the same way.
+- **reproduced**: p (Holm) < {ALPHA:g} with delta > 0, and the example interval (where there is one) lies
+  above +margin; **contradicted**: the mirror (delta < 0, example interval below -margin);
+  **equivalent** (a measured null: no effect beyond the margin either way): p (equivalence, Holm) <
+  {ALPHA:g} and the example interval (where there is one) inside (-margin, +margin); otherwise
+  **inconclusive**.
+- Per-seed differences with no spread (all equal) give no noise figure: both p's are 1 (inconclusive),
+  never p = 0.
 - One seed: **unresolved (one seed)** (a single run cannot separate an effect from run-to-run noise; the
   difference and its example interval are still reported). A number that was not measured (stage skipped
   or failed) gives **not measured**.
-- Smallest resolvable difference: t_{{1 - {ALPHA:g}/(2m)}},n-1 x sd / sqrt(n), with m the number of claims in
-  the study that have a p-value and sd the standard deviation of the per-seed differences: the smallest
-  |delta| whose p stays below Holm's strictest threshold {ALPHA:g}/m, so an inconclusive verdict says how large
-  an effect these seeds could have resolved (the rule also needs |delta| >= margin).
+- Smallest resolvable difference (MDE): the effect that would be called reproduced with 80 % power at
+  Holm's strictest per-test level {ALPHA:g}/m (m = claims of the family with a p), from the sd of these
+  per-seed differences: margin + about (t_{{1 - {ALPHA:g}/(2m)}},n-1 + t_0.8,n-1) x sd / sqrt(n) (solved
+  exactly with the noncentral t distribution), so an inconclusive verdict says how large an effect
+  these seeds could have resolved.
+Why two intervals and not one two-level bootstrap (seeds, then examples): with 3 seeds a seed bootstrap
+has 10 distinct resamples and its percentile interval is far too narrow; the t interval is exact for
+normal per-seed differences at any n. The two intervals answer two questions (does the effect survive
+another training seed; another draw of test examples), and both must hold.
 The paper's numbers are at ImageNet, WikiText-103 and ADE20K scale (docs/method.md#published-numbers): they
 give the expected direction, never a target value."""
 
@@ -111,11 +155,18 @@ def _text(iv: Optional[tuple]) -> str:
     return "none" if iv is None else f"[{iv[0]:+.3g}, {iv[1]:+.3g}]"
 
 
+def _facts(delta: float, seed, ex_text: str, p_dir, p_tost, margin: float) -> str:
+    p = "none (no spread)" if p_dir is None else f"{p_dir:.3g}"
+    q = "" if p_tost is None else f", p (equivalence, Holm) {p_tost:.3g}"
+    return f"delta {delta:+.3g}, seed interval {_text(seed)}{ex_text}, p (Holm) {p}{q}, margin {margin:.3g}"
+
+
 def claim_verdict(cmp: Dict[str, Any], higher_is_better: bool, margin: Optional[float],
-                  p_holm: Optional[float]) -> Dict[str, str]:
+                  p_holm: Optional[float], p_tost_holm: Optional[float] = None) -> Dict[str, str]:
     """``{"verdict", "reason"}`` of one claim by :data:`RULES_TEXT`. ``cmp`` is
     :func:`~rpc_attention.report.intervals.paired_comparison`'s result (seeds, per-seed differences,
-    ``seed_ci``, ``bootstrap``); ``p_holm`` the claim's Holm-adjusted p (None with fewer than 2 seeds)."""
+    ``seed_ci``, ``bootstrap``); ``p_holm`` the family's Holm-adjusted p of the test against the margin
+    and ``p_tost_holm`` that of the equivalence test (None with fewer than 2 seeds)."""
     diffs = list((cmp.get("per_seed_diff") or {}).values())
     if not diffs or margin is None:
         return {"verdict": NOT_MEASURED, "reason": "no numbers for the baseline and/or the RPC model"}
@@ -127,14 +178,18 @@ def claim_verdict(cmp: Dict[str, Any], higher_is_better: bool, margin: Optional[
         return {"verdict": UNRESOLVED, "reason": f"one seed: delta {delta:+.3g}{ex_text}; no run-to-run noise "
                                                   f"figure, so no verdict"}
     seed = oriented(cmp.get("seed_ci"), higher_is_better)
-    ivs = [iv for iv in (seed, ex) if iv is not None]
-    facts = f"delta {delta:+.3g}, seed interval {_text(seed)}{ex_text}, p (Holm) {p_holm:.3g}, margin {margin:.3g}"
+    facts = _facts(delta, seed, ex_text, p_holm, p_tost_holm, margin)
     significant = p_holm is not None and p_holm < ALPHA
-    if all(lo > 0 for lo, _ in ivs) and delta >= margin and significant:
-        return {"verdict": REPRODUCED, "reason": f"RPC better: {facts}"}
-    if all(hi < 0 for _, hi in ivs) and delta <= -margin and significant:
-        return {"verdict": CONTRADICTED, "reason": f"RPC worse: {facts}"}
+    if significant and delta > 0 and (ex is None or ex[0] > margin):
+        return {"verdict": REPRODUCED, "reason": f"RPC better by more than the margin: {facts}"}
+    if significant and delta < 0 and (ex is None or ex[1] < -margin):
+        return {"verdict": CONTRADICTED, "reason": f"RPC worse by more than the margin: {facts}"}
+    if p_tost_holm is not None and p_tost_holm < ALPHA and (ex is None or (ex[0] > -margin and ex[1] < margin)):
+        return {"verdict": EQUIVALENT, "reason": f"no effect beyond +-margin: {facts}"}
     missing = [what for what, ok in (
-        ("the intervals on one side of 0", all(lo > 0 for lo, _ in ivs) or all(hi < 0 for _, hi in ivs)),
-        ("|delta| >= margin", abs(delta) >= margin), (f"p (Holm) < {ALPHA:g}", significant)) if not ok]
-    return {"verdict": INCONCLUSIVE, "reason": f"{facts}; lacks {', '.join(missing)}"}
+        (f"p (Holm) < {ALPHA:g}", significant),
+        ("the example interval past the margin", ex is None or ex[0] > margin or ex[1] < -margin)) if not ok]
+    if p_holm is None:
+        missing = ["a noise figure (the per-seed differences have no spread)"]
+    lacks = ", ".join(missing) or "agreement of the seed test and the example interval"
+    return {"verdict": INCONCLUSIVE, "reason": f"{facts}; lacks {lacks}"}

@@ -51,9 +51,12 @@ class EvalSpec:
 
 @dataclass(frozen=True, kw_only=True)
 class ClaimSpec:
-    """A claim of the paper tested by one comparison: ``rpc`` against ``baseline`` on a suite's metric.
+    """A claim tested by one comparison: ``rpc`` against ``baseline`` on a suite's metric.
 
-    The title is ``subject`` (the RPC model as the claim names it) followed by ``says``.
+    The title is ``subject`` (the RPC model as the claim names it) followed by ``says``. ``family`` is
+    the pre-registered family the claim is decided in (``rpc_attention.report.verdict.FAMILIES``: Holm's
+    adjustment runs within it); ``target`` the effect the study is powered for (the paper's own
+    improvement in our units; None: no power target).
     """
 
     id: str                 # key into rpc_attention.report.paper.PAPER_ROWS, or our own id
@@ -68,6 +71,16 @@ class ClaimSpec:
     margin: float = 1.0
     relative: bool = False  # margin is a fraction of the baseline value
     paper_id: Optional[str] = None  # the paper's row this claim is compared with (default: id)
+    family: str = "secondary"
+    target: Optional[float] = None  # oriented effect (metric units) the design is powered for
+
+    def __post_init__(self) -> None:
+        from ..report.verdict import FAMILIES
+
+        if self.family not in FAMILIES:
+            raise ValueError(f"claim {self.id!r}: family {self.family!r} is not one of {', '.join(FAMILIES)}")
+        if self.target is not None and self.target <= self.margin:
+            raise ValueError(f"claim {self.id!r}: target {self.target} must exceed the margin {self.margin}")
 
     @property
     def title(self) -> str:

@@ -266,6 +266,7 @@ class StudyDef:
 
 STUDIES: Dict[str, StudyDef] = {d.name: d for d in (
     StudyDef("smoke", D.SMOKE, _fmnist_study), StudyDef("quick", D.QUICK, _fmnist_study),
+    StudyDef("decide", D.DECIDE, _fmnist_study),
     StudyDef("fmnist-full", D.FULL, _fmnist_full), StudyDef("imagenet", D.IMAGENET, _imagenet),
     StudyDef("wikitext103", D.WIKITEXT, _wikitext103),
     StudyDef("lm-gap", D.LM_GAP, _lm_gap))}
