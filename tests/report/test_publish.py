@@ -25,8 +25,10 @@ def _results(clean_rpc: float = 81.25) -> dict:
             "rows": [{"label": "SymViT", "cells": {"clean": cell(80.0, 1.0)}},
                      {"label": "RPC", "cells": {"clean": cell(clean_rpc, 0.5)}}],
             "paper": {"baseline": {}, "rpc": {}}}},
-        "claims": [{"title": "RPC raises clean top-1", "metric": "top1", "verdict": "inconclusive",
-                    "intervals": {"seed_ci": {"diff": 1.25, "lo": -0.5, "hi": 3.0}}}],
+        "claims": [{"title": "RPC raises clean top-1", "suite": "clean", "metric": "top1", "higher": True,
+                    "margin": 0.25, "family": "primary", "verdict": "inconclusive",
+                    "intervals": {"per_seed_diff": {"0": 0.5, "1": 1.25, "2": 2.0},
+                                  "seed_ci": {"diff": 1.25, "lo": -0.5, "hi": 3.0}}}],
     }
 
 

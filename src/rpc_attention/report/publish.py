@@ -56,9 +56,15 @@ def _view_table(res: Dict[str, Any], arg: str) -> List[str]:
 
 
 def _view_verdicts(res: Dict[str, Any], arg: str) -> List[str]:
-    from .render import verdict_tables
+    from .families import family_tables
 
-    return verdict_tables(res)
+    return family_tables(res.get("claims") or [])
+
+
+def _view_power(res: Dict[str, Any], arg: str) -> List[str]:
+    from .families import power_section
+
+    return power_section(res)[2:]  # without its heading: the document has its own
 
 
 def _view_run(res: Dict[str, Any], arg: str) -> List[str]:
@@ -69,7 +75,8 @@ def _view_run(res: Dict[str, Any], arg: str) -> List[str]:
 
 VIEWS: Dict[str, Callable[[Dict[str, Any], str], List[str]]] = {
     "table": _view_table,        # table:vision, table:lm: a task table (mean +- std over seeds, paper rows)
-    "verdicts": _view_verdicts,  # the claims' verdict tables, one per family
+    "verdicts": _view_verdicts,  # the claims' verdict tables, one per family, each under its rule
+    "power": _view_power,        # the primary claims' minimum detectable effects against their targets
     "run": _view_run,            # one line: stages, wall and CPU time, machine, date
 }
 

@@ -15,7 +15,7 @@ from .rows import gather_rows
 from .sparsity import render_sparse_corruption, render_sparsity
 from .verdict import FAMILIES
 
-__all__ = ["render_markdown", "render_html", "fmt", "format_seconds", "task_table", "verdict_tables", "run_summary"]
+__all__ = ["render_markdown", "render_html", "fmt", "format_seconds", "task_table", "run_summary"]
 
 
 def fmt(x: Any, digits: int = 2) -> str:
@@ -270,19 +270,6 @@ def task_table(res: Dict[str, Any], tname: str) -> List[str]:
             f"{fmt(t['paper']['rpc'][c['key']]['value'])} ({t['paper']['rpc'][c['key']]['change']})"
             if c["key"] in t["paper"]["rpc"] else "" for c in t["columns"]])
     return _table(header, rows)
-
-
-def verdict_tables(res: Dict[str, Any]) -> List[str]:
-    """The claims' verdicts: claim, RPC − baseline with its intervals, verdict."""
-    rows = []
-    for c in res.get("claims") or []:
-        iv = c.get("intervals") or {}
-        pooled = (iv.get("bootstrap") or {}).get("pooled")
-        rows.append([c["title"], _ci(iv["seed_ci"]) if iv.get("seed_ci") else "—",
-                     (_ci(pooled) + _ratio(pooled, c["metric"])) if pooled else "—", f"**{c['verdict']}**"])
-    if not rows:
-        return []
-    return _table(["claim", "RPC − baseline, seed interval", "example interval", "verdict"], rows)
 
 
 def run_summary(res: Dict[str, Any]) -> str:
