@@ -54,3 +54,26 @@ def test_quick_study_measures_robust_pap_on_the_key_corruption_dose_response():
     for other in ("smoke", "fmnist-full"):  # the quick study's addition only
         assert "rpc_robust" not in {m.key for m in get_study(other).models}
         assert next(e for e in get_study(other).evals if e.suite == "sparse").sets == []
+
+
+def test_quick_study_runs_the_patch_attack_on_the_listed_models():
+    study = get_study("quick")
+    patch = next(e for e in study.evals if e.suite == "patch")
+    assert patch.models == ["symvit", "rpc6", "rpc_robust"] and patch.limit == 100 and patch.steps == 20
+    assert patch.sets == ["patch.steps=20", "patch.restarts=2"]
+    claim = next(c for c in study.claims if c.id == "patch")
+    assert (claim.metric, claim.baseline, claim.rpc) == ("top1@1patch", "symvit", "rpc_robust")
+    # a listed model the study leaves out is skipped; a name no study model has is refused
+    bare = get_study("quick", ["preset_rpc_robust="])
+    assert next(e for e in bare.evals if e.suite == "patch").models == ["symvit", "rpc6"]
+    import pytest
+
+    from rpc_attention.reproduce import StudyError
+    with pytest.raises(StudyError, match="patch_models: no model rpc7"):
+        get_study("quick", ["patch_models=symvit,rpc7"])
+    # the estimate follows the steps
+    from rpc_attention.reproduce import build_stages
+
+    def estimate(settings):
+        return next(s.estimate_s for s in build_stages(get_study("quick", settings)) if s.name == "eval.symvit-s0.patch")
+    assert estimate(["patch_steps=40"]) > 1.8 * estimate([]) - 5

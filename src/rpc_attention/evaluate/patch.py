@@ -44,7 +44,7 @@ from .per_example import PerExample
 from .predict import chunks, top1_hits
 from .suites import Column, CommonOptions, Cost, StudyUse, list_option, register_suite
 
-__all__ = ["PatchGrid", "patch_grid", "cell_mask", "apply_patch", "cell_saliency", "choose_cells", "TokenAttention",
+__all__ = ["top1_patches", "PatchGrid", "patch_grid", "cell_mask", "apply_patch", "cell_saliency", "choose_cells", "TokenAttention",
            "patch_pgd", "bpda_surrogate", "patch_suite", "LOSSES", "SURROGATES"]
 
 LOSSES = ("ce", "attention")
@@ -420,7 +420,7 @@ register_suite(
     "patch", patch_suite, options=PatchOptions,
     description="adversarial patches on the patch grid (k = 1, 2), adaptive: CE and Patch-Fool losses, gradients "
                 "through PAP and BPDA; worst case per example",
-    metrics=(CLEAN_TOP1, top1_patches(1), top1_patches(2)), cost=Cost(1, 2 * 4 * 3 * 100 // 10),
+    metrics=(CLEAN_TOP1, top1_patches(1), top1_patches(2)), cost=Cost(3, 400, per_step=4.0),
     columns=(Column("vision", top1_patches(1), "adaptive 1-patch top-1 (%)", position=95),
              Column("vision", top1_patches(2), "adaptive 2-patch top-1 (%)", position=96)),
-    study=StudyUse(limit="patch_limit", steps=True, extra_sets="patch_sets"))
+    study=StudyUse(limit="patch_limit", steps=True, extra_sets="patch_sets", models="patch_models"))
