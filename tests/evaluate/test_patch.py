@@ -148,7 +148,7 @@ def test_bpda_changes_the_result_on_a_robust_pap_model(robust_tiny_model):
 
 
 def test_options_are_checked_up_front():
-    for bad, match in (({"losses": ["ce", "margin"]}, "losses"), ({"patches": [0.0]}, "whole numbers"),
+    for bad, match in (({"losses": ["ce", "margin"]}, "losses"), ({"patches": [0.0]}, "whole numbers"), ({"patches": [1.0, 1.0]}, "distinct"),
                        ({"bpda": "exact"}, "bpda"), ({"steps": 0}, "steps")):
         with pytest.raises(ValueError, match=match):
             PatchOptions(**bad)

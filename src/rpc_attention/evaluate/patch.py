@@ -316,7 +316,6 @@ def _attack_examples(judge: nn.Module, grad_model: nn.Module, x: Tensor, y: Tens
     return torch.cat(survived) if survived else torch.zeros(0, dtype=torch.bool)
 
 
-
 @torch.no_grad()
 def _clean_hits(scorer: nn.Module, x: Tensor, y: Tensor, bs: int, device: str) -> Tensor:
     return torch.cat([top1_hits(scorer(x[sl].to(device)).float().cpu(), y[sl]) for sl in chunks(len(y), bs, "patch clean")])
@@ -402,8 +401,9 @@ class PatchOptions(CommonOptions):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        if not self.patches or any(float(k) != int(k) or int(k) < 1 for k in self.patches):
-            raise ValueError(f"patch.patches: numbers of patches must be whole numbers >= 1, got {self.patches}")
+        if (not self.patches or any(float(k) != int(k) or int(k) < 1 for k in self.patches)
+                or len(set(self.patches)) != len(self.patches)):
+            raise ValueError(f"patch.patches: distinct numbers of patches, whole numbers >= 1, got {self.patches}")
         if int(self.steps) < 1 or int(self.restarts) < 1 or not float(self.step_size) > 0:
             raise ValueError(f"patch.steps and patch.restarts must be >= 1 and patch.step_size > 0, got "
                              f"{self.steps}, {self.restarts}, {self.step_size}")
