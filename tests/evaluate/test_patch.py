@@ -16,6 +16,7 @@ from rpc_attention.evaluate.patch import (
     TokenAttention,
     bpda_surrogate,
     cell_mask,
+    has_nondifferentiable_pap,
     patch_grid,
     patch_pgd,
 )
@@ -106,6 +107,13 @@ def test_bpda_surrogate_is_an_explicit_copy_with_the_same_weights():
         assert orig.shrink == "hard" and blk.qkv.weight.data_ptr() != orig.qkv.weight.data_ptr()
     with pytest.raises(ValueError, match="surrogate"):
         bpda_surrogate(model, "none")
+
+
+def test_bpda_runs_only_where_pap_has_steps_without_a_gradient():
+    assert has_nondifferentiable_pap(_tiny64("rpc_symvit_tiny_patch16_224", rpc_layers=[0], n_iter=2, **ROBUST))
+    assert has_nondifferentiable_pap(_tiny64("rpc_symvit_tiny_patch16_224", rpc_layers=[0], n_iter=2, shrink="hard"))
+    assert not has_nondifferentiable_pap(_tiny64("rpc_symvit_tiny_patch16_224", rpc_layers=[0], n_iter=6))  # official
+    assert not has_nondifferentiable_pap(_tiny64())
 
 
 def _run(model, cfg, limit, **sets):

@@ -17,8 +17,8 @@ pixels.
   patch tokens (mean over blocks, heads and queries; in ``[0, 1]``), read from the blocks' own keys
   by forward hooks (:class:`TokenAttention`). Both are maximised.
 * **Gradients.** ``model``: through the defended model itself, every PAP pass included (the hard
-  threshold and the medians pass the gradient of what they select). ``bpda``: where PAP has steps
-  that are not differentiable, a BPDA estimate (Athalye et al., ICML 2018): the gradient is that of
+  threshold and the medians pass the gradient of what they select). ``bpda``: where a PAP block has
+  steps that are not differentiable (hard shrinkage, a median or quantile threshold), a BPDA estimate (Athalye et al., ICML 2018): the gradient is that of
   an explicit surrogate (:func:`bpda_surrogate`: the same weights with each PAP block replaced by
   plain symmetric attention, or by PAP with soft shrinkage), while success is always judged on the
   defended model.
@@ -45,7 +45,7 @@ from .predict import chunks, top1_hits
 from .suites import Column, CommonOptions, Cost, StudyUse, list_option, register_suite
 
 __all__ = ["top1_patches", "PatchGrid", "patch_grid", "cell_mask", "apply_patch", "cell_saliency", "choose_cells", "TokenAttention",
-           "patch_pgd", "bpda_surrogate", "patch_suite", "LOSSES", "SURROGATES"]
+           "patch_pgd", "bpda_surrogate", "has_nondifferentiable_pap", "patch_suite", "LOSSES", "SURROGATES"]
 
 LOSSES = ("ce", "attention")
 SURROGATES = ("none", "symmetric", "soft")
@@ -262,6 +262,14 @@ def bpda_surrogate(model: nn.Module, kind: str = "symmetric") -> nn.Module:
     return out.eval()
 
 
+def has_nondifferentiable_pap(model: nn.Module) -> bool:
+    """Whether a PAP block of ``model`` has steps without a useful gradient: hard shrinkage, or a
+    threshold from medians (``mad``) or a quantile (``target_fraction``). Soft shrinkage and the
+    mean-based thresholds (the official options) are differentiable almost everywhere."""
+    return any(isinstance(m, rnn.RPCAttention) and (m.shrink == "hard" or m.threshold in ("mad", "target_fraction"))
+               for m in model.modules())
+
+
 @dataclass(frozen=True)
 class Variant:
     """One attack variant: its loss (``ce`` or ``attention``) and where its gradient comes from
@@ -277,14 +285,14 @@ class Variant:
 
 def _variants(model: nn.Module, opts: Mapping[str, Any]) -> Tuple[List[Variant], Optional[nn.Module], str]:
     """The variants to run, the BPDA surrogate (None when none runs) and a note on the BPDA setting."""
-    has_pap = any(isinstance(m, rnn.RPCAttention) for m in model.modules())
-    use_bpda = opts["bpda"] != "none" and has_pap
+    use_bpda = opts["bpda"] != "none" and has_nondifferentiable_pap(model)
     gradients = ["model"] + (["bpda"] if use_bpda else [])
     variants = [Variant(loss, g) for g in gradients for loss in opts["losses"]]
     if opts["bpda"] == "none":
         note = "not run (bpda=none)"
-    elif not has_pap:
-        note = "not run: the model has no PAP block, its gradients are exact"
+    elif not use_bpda:
+        note = ("not run: no PAP block with a hard threshold or a median / quantile threshold, the gradients "
+                "through the model are exact (almost everywhere)")
     else:
         note = f"surrogate: every PAP block as {'symmetric attention' if opts['bpda'] == 'symmetric' else 'soft-shrinkage PAP'}"
     return variants, (bpda_surrogate(model, opts["bpda"]) if use_bpda else None), note
