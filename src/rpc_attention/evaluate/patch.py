@@ -324,6 +324,11 @@ def _attack_examples(judge: nn.Module, grad_model: nn.Module, x: Tensor, y: Tens
     return torch.cat(survived) if survived else torch.zeros(0, dtype=torch.bool)
 
 
+def _percent(hits: Tensor) -> float:
+    """100 x the share of True in ``hits``, exactly (from the counts, not a float32 mean)."""
+    return 100.0 * int(hits.sum()) / max(len(hits), 1)
+
+
 @torch.no_grad()
 def _clean_hits(scorer: nn.Module, x: Tensor, y: Tensor, bs: int, device: str) -> Tensor:
     return torch.cat([top1_hits(scorer(x[sl].to(device)).float().cpu(), y[sl]) for sl in chunks(len(y), bs, "patch clean")])
@@ -352,11 +357,11 @@ def _run_k(k: int, models: Tuple[nn.Module, Optional[nn.Module]], x: Tensor, y: 
         name = f"{top1_patches(k)}_{variant.name}"
         record.add(name, survived)
         record.metric(name, [name])
-        metrics[name] = row[variant.name] = 100.0 * float(survived.float().mean())
+        metrics[name] = row[variant.name] = _percent(survived)
         worst &= survived
     record.add(top1_patches(k), worst)
     record.metric(top1_patches(k), [top1_patches(k)])
-    metrics[top1_patches(k)] = row["worst case"] = 100.0 * float(worst.float().mean())
+    metrics[top1_patches(k)] = row["worst case"] = _percent(worst)
     return row, metrics
 
 
@@ -376,7 +381,7 @@ def patch_suite(model: nn.Module, cfg: Mapping[str, Any], run_dir, opts: Dict[st
     clean = _clean_hits(judge, x, y, bs, device)
     record.add("clean", clean)
     record.metric(CLEAN_TOP1, ["clean"])
-    metrics: Dict[str, float] = {CLEAN_TOP1: 100.0 * float(clean.float().mean())}
+    metrics: Dict[str, float] = {CLEAN_TOP1: _percent(clean)}
     rows = []
     for k in ks:
         row, m = _run_k(k, (judge, surrogate_image), x, y, clean, grid, variants, opts, record)
