@@ -63,7 +63,7 @@ class FmnistSettings:
     sparse_sets: List[str] = setting(["sparse.key_magnitude=5,20,100"])
     # adversarial patches, the input-level sparse threat: 1 and 2 patches, each of 4 variants (CE and
     # attention loss, exact and BPDA gradients) x 2 restarts of patch_steps steps, on these models only
-    # (about 3 minutes for 3 models x 3 seeds; docs/robustness.md#adversarial-patch)
+    # (about 2.5 minutes for 3 models x 3 seeds; docs/robustness.md#adversarial-patch)
     patch_limit: int = 100
     patch_steps: int = 20
     patch_sets: List[str] = setting(["patch.restarts=2"])
