@@ -44,9 +44,6 @@ from .per_example import PerExample
 from .predict import chunks, top1_hits
 from .suites import Column, CommonOptions, Cost, StudyUse, list_option, register_suite
 
-__all__ = ["top1_patches", "PatchGrid", "patch_grid", "cell_mask", "apply_patch", "cell_saliency", "choose_cells", "TokenAttention",
-           "patch_pgd", "bpda_surrogate", "has_nondifferentiable_pap", "patch_suite", "LOSSES", "SURROGATES"]
-
 LOSSES = ("ce", "attention")
 SURROGATES = ("none", "symmetric", "soft")
 CLEAN_TOP1 = "clean_top1"
