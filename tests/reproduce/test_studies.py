@@ -40,22 +40,6 @@ def test_pgd_estimate_follows_the_study_steps_and_budgets():
     assert 1.7 < (long - E.EVAL_OVERHEAD_S) / (short - E.EVAL_OVERHEAD_S) < 2.0
 
 
-def test_quick_study_measures_robust_pap_on_the_key_corruption_dose_response():
-    study = get_study("quick")
-    robust = next(m for m in study.models if m.key == "rpc_robust")
-    assert robust.preset == "fmnist-rpc-symvit-robust"
-    sparse = next(e for e in study.evals if e.suite == "sparse")
-    assert "rpc_robust" in sparse.models and "sparse.key_magnitude=5,20,100" in sparse.sets
-    claim = next(c for c in study.claims if c.id == "sparse_keys")
-    assert (claim.metric, claim.baseline, claim.rpc) == ("mean_top1_keys", "symvit", "rpc_robust")
-    # an empty preset leaves the model and its claim out
-    bare = get_study("quick", ["preset_rpc_robust="])
-    assert "rpc_robust" not in {m.key for m in bare.models} and "sparse_keys" not in {c.id for c in bare.claims}
-    for other in ("smoke", "fmnist-full"):  # the quick study's addition only
-        assert "rpc_robust" not in {m.key for m in get_study(other).models}
-        assert next(e for e in get_study(other).evals if e.suite == "sparse").sets == []
-
-
 def test_quick_study_runs_the_patch_attack_on_the_listed_models():
     study = get_study("quick")
     patch = next(e for e in study.evals if e.suite == "patch")
@@ -77,3 +61,20 @@ def test_quick_study_runs_the_patch_attack_on_the_listed_models():
     def estimate(settings):
         return next(s.estimate_s for s in build_stages(get_study("quick", settings)) if s.name == "eval.symvit-s0.patch")
     assert estimate(["patch_steps=40"]) > 1.8 * estimate([]) - 5
+
+
+def test_quick_study_measures_robust_pap_on_the_key_corruption_dose_response():
+    study = get_study("quick")
+    robust = next(m for m in study.models if m.key == "rpc_robust")
+    assert robust.preset == "fmnist-rpc-symvit-robust"
+    sparse = next(e for e in study.evals if e.suite == "sparse")
+    assert "rpc_robust" in sparse.models and "sparse.key_magnitude=5,20,100" in sparse.sets
+    claim = next(c for c in study.claims if c.id == "sparse_keys")
+    assert (claim.metric, claim.baseline, claim.rpc) == ("mean_top1_keys", "symvit", "rpc_robust")
+    # an empty preset leaves the model and its claim out
+    bare = get_study("quick", ["preset_rpc_robust="])
+    assert "rpc_robust" not in {m.key for m in bare.models} and "sparse_keys" not in {c.id for c in bare.claims}
+    for other in ("smoke", "fmnist-full"):  # the quick study's addition only
+        assert "rpc_robust" not in {m.key for m in get_study(other).models}
+        assert next(e for e in get_study(other).evals if e.suite == "sparse").sets == []
+
