@@ -77,4 +77,3 @@ def test_quick_study_measures_robust_pap_on_the_key_corruption_dose_response():
     for other in ("smoke", "fmnist-full"):  # the quick study's addition only
         assert "rpc_robust" not in {m.key for m in get_study(other).models}
         assert next(e for e in get_study(other).evals if e.suite == "sparse").sets == []
-
