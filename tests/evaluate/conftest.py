@@ -34,19 +34,15 @@ def build_tiny(cfg=None):
     return timm.create_model(cfg["model"]["name"], **cfg["model"]["kwargs"])
 
 
-@pytest.fixture(scope="session")
-def tiny_model():
-    """(model, cfg): trained 2 epochs on 2000 images (about 1 s), roughly 50 % accuracy.
+def train_tiny(cfg):
+    """A model of ``cfg`` trained 2 epochs on 2000 images (about 1 s), seeded; in eval mode.
 
     The images are test images 5000-6999 (the small test file loads much faster than the training
     file); the suites are evaluated on the first test images, which the model has not seen."""
-    if not os.path.isdir(FMNIST):
-        pytest.skip("Fashion-MNIST not installed")
     from rpc_attention.data.images import fashion_mnist
 
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(0)
-        cfg = tiny_cfg()
         model = build_tiny(cfg)
         xi, yi = fashion_mnist("test")
         xi, yi = xi[5000:7000], yi[5000:7000]
@@ -59,8 +55,27 @@ def tiny_model():
                 opt.zero_grad()
                 loss.backward()
                 opt.step()
-    model.eval()
-    return model, cfg
+    return model.eval()
+
+
+@pytest.fixture(scope="session")
+def tiny_model():
+    """(model, cfg): the tiny RPC-SymViT trained by :func:`train_tiny`, roughly 50 % accuracy."""
+    if not os.path.isdir(FMNIST):
+        pytest.skip("Fashion-MNIST not installed")
+    cfg = tiny_cfg()
+    return train_tiny(cfg), cfg
+
+
+@pytest.fixture(scope="session")
+def robust_tiny_model():
+    """(model, cfg): the tiny model with robust PAP (MAD threshold lambda 4, L in key space, hard
+    shrinkage, no dual step; docs/method.md#robust-variants), trained by :func:`train_tiny`."""
+    if not os.path.isdir(FMNIST):
+        pytest.skip("Fashion-MNIST not installed")
+    cfg = tiny_cfg()
+    cfg["model"]["kwargs"].update(threshold="mad", lowrank="keys", shrink="hard", dual_step=0.0, lambd=4.0)
+    return train_tiny(cfg), cfg
 
 
 @pytest.fixture(scope="session")

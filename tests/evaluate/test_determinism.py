@@ -100,6 +100,7 @@ CASES = {
     "corruptions": ("gray", {}, 3),  # all 15 corruptions x 5 severities
     "ood": ("gray", {}, 16),
     "sparse": ("gray", {}, 8),
+    "patch": ("gray", {"patch.steps": "2", "patch.restarts": "2"}, 8),
     "imagenet-a": ("rgb", {}, 6),
     "imagenet-r": ("rgb", {}, 6),
     "ppl": ("lm", {"ppl.stride": "4"}, 60),

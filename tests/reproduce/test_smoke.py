@@ -26,6 +26,7 @@ def check_report(smoke_dir):
     names = [s["name"] for s in stages]
     assert {"train.symvit-s0", "train.rpc6-s0", "train.rpc2all-s0", "train.symlm-s0", "train.rpc_symlm-s0",
             "eval.rpc6-s0.pgd", "eval.rpc2all-s0.corruptions", "eval.symlm-s0.wordswap", "analyze.symvit-s0",
+            "eval.symvit-s0.patch", "eval.rpc6-s0.patch",
             "train.rpc_pcp-s0", "eval.rpc_pcp-s0.pgd", "eval.symvit-s0.sparse", "eval.rpc_pcp-s0.sparse",
             "report"} <= set(names)
     for n in names:
@@ -69,9 +70,9 @@ def check_rerun_does_nothing(smoke_dir, capsys):
     captured = capsys.readouterr()  # the pipeline logs its progress (stderr); the summary is output
     assert "> " not in "\n".join(l[:2] for l in captured.err.splitlines())   # no stage started
     assert "= report: done earlier" in captured.err
-    assert "36 cached" in captured.out
+    assert "38 cached" in captured.out
     assert main(["reproduce", "--study", "smoke", "--out", str(smoke_dir), "--dry-run"]) == 0
-    assert "0 of 36 stages to run" in capsys.readouterr().out
+    assert "0 of 38 stages to run" in capsys.readouterr().out
 
 
 def check_interrupted_training_resumes_from_checkpoint(smoke_dir, capsys):

@@ -40,6 +40,29 @@ def test_pgd_estimate_follows_the_study_steps_and_budgets():
     assert 1.7 < (long - E.EVAL_OVERHEAD_S) / (short - E.EVAL_OVERHEAD_S) < 2.0
 
 
+def test_quick_study_runs_the_patch_attack_on_the_listed_models():
+    study = get_study("quick")
+    patch = next(e for e in study.evals if e.suite == "patch")
+    assert patch.models == ["symvit", "rpc6", "rpc_robust"] and patch.limit == 100 and patch.steps == 20
+    assert patch.sets == ["patch.steps=20", "patch.restarts=2"]
+    claim = next(c for c in study.claims if c.id == "patch")
+    assert (claim.metric, claim.baseline, claim.rpc) == ("top1@1patch", "symvit", "rpc_robust")
+    # a listed model the study leaves out is skipped; a name no study model has is refused
+    bare = get_study("quick", ["preset_rpc_robust="])
+    assert next(e for e in bare.evals if e.suite == "patch").models == ["symvit", "rpc6"]
+    import pytest
+
+    from rpc_attention.reproduce import StudyError
+    with pytest.raises(StudyError, match="patch_models: no model rpc7"):
+        get_study("quick", ["patch_models=symvit,rpc7"])
+    # the estimate follows the steps
+    from rpc_attention.reproduce import build_stages
+
+    def estimate(settings):
+        return next(s.estimate_s for s in build_stages(get_study("quick", settings)) if s.name == "eval.symvit-s0.patch")
+    assert estimate(["patch_steps=40"]) > 1.8 * estimate([]) - 5
+
+
 def test_quick_study_measures_robust_pap_on_the_key_corruption_dose_response():
     study = get_study("quick")
     robust = next(m for m in study.models if m.key == "rpc_robust")

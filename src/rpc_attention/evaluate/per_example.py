@@ -54,6 +54,7 @@ EXAMPLE_METRICS: Dict[str, tuple] = {
     **{name: _ATTACK for name in ("fgsm", "pgd", "spsa", "sld", "cw", "noise", "square", "autoattack")},
     "corruptions": ("clean_error", "mean_corruption_error", "mCE"),
     "sparse": ("top1_*", "mean_top1", "mean_top1_keys"),
+    "patch": ("clean_top1", "top1@*patch", "top1@*patch_*"),
     "ood": ("AUPR",),
     "imagenet-a": ("top1",), "imagenet-r": ("top1",),
     "ppl": ("*_ppl_*",), "wordswap": ("*_ppl_*",),

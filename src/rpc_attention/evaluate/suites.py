@@ -89,7 +89,8 @@ class Cost:
     budget, so a study that sets the number of budgets or steps gets ``n_eps + 1`` forward and
     ``n_eps * steps`` backward passes. ``corrupts``: every copy of an example is corrupted first (that
     time is added). ``full_split_s``: the suite is timed as a whole (seconds for a split of 10,000
-    examples or more) instead of per pass.
+    examples or more) instead of per pass. ``per_step``: a suite without budgets whose work grows with
+    its steps (the patch attack): a study that sets ``steps`` gets ``per_step * steps`` backward passes.
     """
 
     forward: int = 2
@@ -97,9 +98,12 @@ class Cost:
     per_eps: Optional[int] = None
     corrupts: bool = False
     full_split_s: Optional[float] = None
+    per_step: Optional[float] = None
 
     def passes(self, n_eps: Optional[int] = None, steps: Optional[int] = None) -> Tuple[int, int]:
         """``(forward, backward)`` passes per example for ``n_eps`` budgets of ``steps`` steps each."""
+        if self.per_step is not None and steps is not None and self.per_eps is None:
+            return self.forward, int(round(self.per_step * int(steps)))
         if self.per_eps is None or (n_eps is None and steps is None):
             return self.forward, self.backward
         n = 6 if n_eps is None else int(n_eps)
@@ -131,7 +135,8 @@ class StudyUse:
     ``<suite>.names``); each name costs ``copies`` copies of an example (``all_names`` when the list is
     empty). ``extra_sets``: a study setting of further ``--set`` items. ``baseline``: the metric it
     normalises by the baseline model's run of the same seed (that model scores 100 on it by
-    definition), or None.
+    definition), or None. ``models``: a study setting listing the model keys it runs on (unset: every
+    vision model of the study).
     """
 
     limit: str = "eval_limit"
@@ -142,6 +147,7 @@ class StudyUse:
     copies: int = 1
     extra_sets: Optional[str] = None
     baseline: Optional[str] = None
+    models: Optional[str] = None
 
 
 @dataclass
@@ -208,7 +214,7 @@ def _register_builtin_suites() -> None:
     global _BUILTINS_REGISTERED
     if _BUILTINS_REGISTERED:
         return
-    from . import classification, corruptions, lm, ood, segmentation, sparse  # noqa: F401
+    from . import classification, corruptions, lm, ood, patch, segmentation, sparse  # noqa: F401
     _BUILTINS_REGISTERED = True
 
 

@@ -23,8 +23,6 @@ from typing import Any, Callable, Dict, List, Optional
 
 from ..files import atomic_write_json, atomic_write_text
 
-__all__ = ["RESULTS_DIR", "DOC_FILES", "Block", "find_blocks", "render_view", "render_blocks", "stale_blocks",
-           "publish_results", "PublishError", "VIEWS"]
 
 RESULTS_DIR = Path("docs") / "results"
 DOC_FILES = ("README.md", "docs/*.md")

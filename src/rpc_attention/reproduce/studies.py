@@ -55,9 +55,11 @@ def _claims(claims: Sequence[ClaimSpec], suites: Sequence[str]) -> List[ClaimSpe
     return [c for c in claims if c.suite in suites]
 
 
-def _vision_evals(s: Dict[str, Any], keys: List[str], suites: Sequence[str]) -> List[EvalSpec]:
+def _vision_evals(s: Dict[str, Any], keys: List[str], suites: Sequence[str],
+                  known: Optional[Sequence[str]] = None) -> List[EvalSpec]:
     """The evaluations of ``suites`` on the models ``keys``, each asked for as the suite says
-    (:class:`~rpc_attention.evaluate.suites.StudyUse`): its example limit, sweep, names and copies."""
+    (:class:`~rpc_attention.evaluate.suites.StudyUse`): its example limit, sweep, names, copies and
+    models (``known``: every model key a study setting may name, the study's models by default)."""
     out = []
     for name in suites:
         try:
@@ -66,11 +68,11 @@ def _vision_evals(s: Dict[str, Any], keys: List[str], suites: Sequence[str]) -> 
             raise StudyError(f"--set suites: {exc}") from None
         if "classification" not in suite.tasks:
             raise StudyError(f"--set suites: {name!r} is not an image-classification suite")
-        out.append(_study_eval(s, suite, keys))
+        out.append(_study_eval(s, suite, keys, known))
     return out
 
 
-def _study_eval(s: Dict[str, Any], suite, keys: List[str]) -> EvalSpec:
+def _study_eval(s: Dict[str, Any], suite, keys: List[str], known: Optional[Sequence[str]] = None) -> EvalSpec:
     use, name = suite.study, suite.name
     sets: List[str] = []
     n_eps = steps = None
@@ -88,6 +90,12 @@ def _study_eval(s: Dict[str, Any], suite, keys: List[str]) -> EvalSpec:
         copies = use.copies * (len(names) or use.all_names)
     if use.extra_sets:
         sets += list(s.get(use.extra_sets) or [])
+    if use.models and s.get(use.models):  # the suite runs on the listed models only
+        listed = [str(m) for m in s[use.models]]
+        unknown = sorted(set(listed) - set(known or keys))
+        if unknown:
+            raise StudyError(f"--set {use.models}: no model {', '.join(unknown)} (models: {', '.join(known or keys)})")
+        keys = [k for k in keys if k in listed]  # a listed model the study leaves out (empty preset) is skipped
     return EvalSpec(suite=name, models=keys, sets=sets, limit=s.get(use.limit) or s.get("eval_limit"), n_eps=n_eps,
                     steps=steps, copies=copies, baseline_model="symvit" if use.baseline else None)
 
@@ -149,7 +157,7 @@ def _fmnist_study(name: str, s: Dict[str, Any]) -> Study:
     common, samples = _fmnist_common(s)
     models = _models(D.FMNIST_VISION, s, seeds, common + list(s.get("train_overrides") or []), samples,
                      int(s["depth"]))
-    evals = _vision_evals(s, [m.key for m in models], suites)
+    evals = _vision_evals(s, [m.key for m in models], suites, [r.key for r in D.FMNIST_VISION])
     analyses = [{"model": "symvit", "sets": list(s.get("analyze_sets") or [])}]
     keys = {m.key for m in models}
     claims = [c for c in _claims(D.VISION_CLAIMS + D.PCP_CLAIMS + D.ROBUST_CLAIMS, suites) if c.rpc in keys]

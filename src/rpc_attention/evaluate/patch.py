@@ -1,0 +1,436 @@
+"""Adversarial patches: suite ``patch`` (docs/robustness.md#adversarial-patch).
+
+``k`` patches of the model's patch size, on its patch grid (each replaces exactly one token's
+embedding, the worst case for a ViT), whose pixels are free in ``[0, 1]``; the rest of the image is
+unchanged. Pixel space: the model is wrapped with its normalisation and the attack works on ``[0, 1]``
+pixels.
+
+* **Location.** Searched per example: the first restart puts the patches on the ``k`` grid cells with
+  the largest input-gradient saliency (sum of ``|d loss / d x|`` over the cell, from the variant's
+  gradient model on the clean image); each further restart on ``k`` distinct random cells (seeded).
+* **Pixels.** PGD: uniform random start in ``[0, 1]``, ``steps`` signed-gradient steps of
+  ``step_size`` on the patch pixels, clipped to ``[0, 1]``. An example is broken at its first
+  misclassified iterate (as the ``pgd`` suite's ``keep_best``); restarts run only on the examples
+  still unbroken.
+* **Losses.** ``ce``: cross-entropy. ``attention``: Patch-Fool's attention-aware loss (Fu et al., ICLR
+  2022), cross-entropy plus ``attention_weight`` times the attention mass every block puts on the
+  patch tokens (mean over blocks, heads and queries; in ``[0, 1]``), read from the blocks' own keys
+  by forward hooks (:class:`TokenAttention`). Both are maximised.
+* **Gradients.** ``model``: through the defended model itself, every PAP pass included (the hard
+  threshold and the medians pass the gradient of what they select). ``bpda``: where a PAP block has
+  steps that are not differentiable (hard shrinkage, a median or quantile threshold), a BPDA estimate (Athalye et al., ICML 2018): the gradient is that of
+  an explicit surrogate (:func:`bpda_surrogate`: the same weights with each PAP block replaced by
+  plain symmetric attention, or by PAP with soft shrinkage), while success is always judged on the
+  defended model.
+
+An example counts as correct under ``k`` patches only when it survives every attack variant
+(``loss x gradient``) and is correct on the clean image (the worst case per example).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+from dataclasses import dataclass
+from typing import Any, Dict, List, Mapping, Optional, Tuple
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from .. import nn as rnn
+from .inputs import Normalized, data_name, eval_indices, load_eval_data, norm_stats
+from .per_example import PerExample
+from .predict import chunks, top1_hits
+from .suites import Column, CommonOptions, Cost, StudyUse, list_option, register_suite
+
+LOSSES = ("ce", "attention")
+SURROGATES = ("none", "symmetric", "soft")
+CLEAN_TOP1 = "clean_top1"
+
+
+def top1_patches(k: int) -> str:
+    """The worst-case metric under ``k`` patches, e.g. ``top1@1patch``."""
+    return f"top1@{k}patch"
+
+
+@dataclass(frozen=True)
+class PatchGrid:
+    """The model's token grid: patch size in pixels, rows and columns, and the tokens before the patch
+    tokens (class token, registers); grid cell ``c`` is token ``prefix + c`` (row-major)."""
+
+    patch: int
+    rows: int
+    cols: int
+    prefix: int
+
+    @property
+    def cells(self) -> int:
+        return self.rows * self.cols
+
+
+def patch_grid(model: nn.Module, image_shape: Tuple[int, ...]) -> PatchGrid:
+    """The :class:`PatchGrid` of a ViT (``patch_embed.patch_size``, ``num_prefix_tokens``) on images
+    of ``image_shape`` (``(C, H, W)`` or ``(N, C, H, W)``)."""
+    size = getattr(getattr(model, "patch_embed", None), "patch_size", None)
+    if size is None:
+        raise ValueError("the patch attack needs a ViT with a patch grid (model.patch_embed.patch_size); this "
+                         f"model ({type(model).__name__}) has none")
+    ph, pw = (size, size) if isinstance(size, int) else tuple(size)
+    h, w = image_shape[-2:]
+    if ph != pw or h % ph or w % pw:
+        raise ValueError(f"the patch attack needs square patches that tile the image; got patch {ph}x{pw} on "
+                         f"{h}x{w} images")
+    return PatchGrid(int(ph), h // ph, w // pw, int(getattr(model, "num_prefix_tokens", 0) or 0))
+
+
+def cell_mask(cells: Tensor, grid: PatchGrid, like: Tensor) -> Tensor:
+    """``[B, 1, H, W]`` mask (dtype of ``like``): 1 on the grid cells ``cells`` (``[B, k]``) of each image."""
+    b = cells.shape[0]
+    onehot = torch.zeros(b, grid.cells, dtype=like.dtype, device=like.device)
+    onehot.scatter_(1, cells.to(like.device), 1.0)
+    small = onehot.view(b, 1, grid.rows, grid.cols)
+    return small.repeat_interleave(grid.patch, dim=2).repeat_interleave(grid.patch, dim=3)
+
+
+def apply_patch(x: Tensor, mask: Tensor, values: Tensor) -> Tensor:
+    """``x`` with its pixels under ``mask`` replaced by ``values`` (every channel)."""
+    return x * (1 - mask) + values * mask
+
+
+def cell_saliency(model: nn.Module, x: Tensor, y: Tensor, grid: PatchGrid) -> Tensor:
+    """``[B, cells]``: the sum over each grid cell (and channels) of ``|d CE / d x|`` at ``x``."""
+    x = x.detach().requires_grad_(True)
+    (grad,) = torch.autograd.grad(F.cross_entropy(model(x), y, reduction="sum"), x)
+    per_pixel = grad.abs().sum(1, keepdim=True)
+    return F.avg_pool2d(per_pixel, grid.patch).flatten(1)
+
+
+def choose_cells(saliency: Tensor, k: int, restart: int, generator: torch.Generator) -> Tensor:
+    """``[B, k]`` distinct cells: the ``k`` most salient at restart 0, random ones (seeded) after."""
+    if restart == 0:
+        return saliency.topk(k, dim=1).indices.cpu()
+    draw = torch.rand(saliency.shape, generator=generator)
+    return draw.argsort(dim=1)[:, :k]
+
+
+def _attention_probs(mod: nn.Module, x: Tensor) -> Tensor:
+    """``[B, H, N, N]`` softmax attention a block's output used, recomputed with gradients from its
+    ``qkv`` projection (PAP blocks: from the cleaned keys of their final pass, ``last_state``)."""
+    if isinstance(mod, rnn.RPCAttention) and mod.last_state is not None:
+        q = k = mod.last_state.cleaned_keys
+    else:
+        b, n, _ = x.shape
+        parts = mod.qkv(x).reshape(b, n, mod.n_proj, mod.num_heads, mod.head_dim).permute(2, 0, 3, 1, 4)
+        k = parts[0] if isinstance(mod, rnn.SymmetricAttention) else parts[1]
+        q = k if isinstance(mod, rnn.SymmetricAttention) else parts[0]
+    return torch.softmax(mod.scale * (q @ k.transpose(-2, -1)), dim=-1)
+
+
+class TokenAttention:
+    """Context manager: forward hooks on every :mod:`rpc_attention.nn` attention block of ``model``
+    that add up, per example, the attention mass on the tokens :attr:`tokens` (``[B, k]``; set before
+    each forward), as a differentiable ``[B]`` tensor per block (:attr:`masses`). PAP blocks keep
+    their state during it (``keep_state``) so the final pass's cleaned keys are read."""
+
+    def __init__(self, model: nn.Module) -> None:
+        self.blocks = [m for m in model.modules() if isinstance(m, (rnn.Attention, rnn.SymmetricAttention))]
+        if not self.blocks:
+            raise ValueError("the attention-aware patch loss reads rpc_attention.nn attention blocks; this model has "
+                             "none (drop it with --set patch.losses=ce)")
+        self.tokens: Optional[Tensor] = None
+        self.masses: List[Tensor] = []
+        self._handles: list = []
+        self._kept: Dict[int, bool] = {}
+
+    def _hook(self, mod: nn.Module, args, output) -> None:
+        probs = _attention_probs(mod, args[0])
+        idx = self.tokens.to(probs.device)
+        on = probs.gather(-1, idx.view(-1, 1, 1, idx.shape[1]).expand(*probs.shape[:3], idx.shape[1]))
+        self.masses.append(on.sum(-1).mean(dim=(1, 2)))
+
+    def mass(self) -> Tensor:
+        """``[B]``: mean over the blocks of the last forward of the mass on the tokens; clears it."""
+        out = torch.stack(self.masses).mean(0)
+        self.masses = []
+        return out
+
+    def __enter__(self) -> TokenAttention:
+        for m in self.blocks:
+            if isinstance(m, rnn.RPCAttention):
+                self._kept[id(m)], m.keep_state = m.keep_state, True
+            self._handles.append(m.register_forward_hook(self._hook))
+        return self
+
+    def __exit__(self, *exc) -> None:
+        for h in self._handles:
+            h.remove()
+        self._handles = []
+        for m in self.blocks:
+            if id(m) in self._kept:
+                m.keep_state, m.last_state = self._kept.pop(id(m)), None
+
+
+@dataclass(frozen=True)
+class PatchAttack:
+    """The pixel search of one attack variant: ``steps`` signed-gradient steps of ``step_size`` on
+    the patch pixels, maximising the cross-entropy plus ``attention_weight`` times the attention mass
+    on the patch tokens (only with a :class:`TokenAttention` on the gradient model)."""
+
+    steps: int = 100
+    step_size: float = 0.05
+    attention_weight: float = 1.0
+
+
+def _forward(model: nn.Module, adv: Tensor, attention: Optional[TokenAttention], tokens: Tensor):
+    """``(logits, attention mass [B] or None)`` of one forward of ``model`` on ``adv``."""
+    if attention is None:
+        return model(adv), None
+    attention.masses, attention.tokens = [], tokens
+    logits = model(adv)
+    return logits, attention.mass()
+
+
+def patch_pgd(judge: nn.Module, grad_model: nn.Module, x: Tensor, y: Tensor, mask: Tensor, attack: PatchAttack,
+              generator: torch.Generator, attention: Optional[TokenAttention] = None,
+              tokens: Optional[Tensor] = None) -> Tuple[Tensor, Tensor]:
+    """PGD on the pixels under ``mask`` (``[B, 1, H, W]``) of the ``[0, 1]`` images ``x``.
+
+    Gradients come from ``grad_model`` (the defended model, or a BPDA surrogate); whether an iterate
+    is misclassified is judged on ``judge``. Starts from ``U(0, 1)`` patch pixels (drawn from
+    ``generator`` for the whole image, so the draw does not depend on where the patch is). Returns
+    ``(adversarial images, broken [B])``: an example broken at some iterate keeps its first
+    misclassified iterate and is not attacked further; the others get the last iterate.
+    """
+    x = x.detach()
+    values = torch.rand(x.shape, generator=generator).to(x)
+    best = apply_patch(x, mask, values)
+    broken = torch.zeros(len(y), dtype=torch.bool, device=x.device)
+    for step in range(int(attack.steps) + 1):
+        act = (~broken).nonzero().flatten()
+        if len(act) == 0:
+            break
+        last = step == int(attack.steps)
+        v = values[act].requires_grad_(not last)
+        adv = apply_patch(x[act], mask[act], v)
+        with torch.set_grad_enabled(not last):
+            logits, mass = _forward(grad_model, adv, attention, None if tokens is None else tokens[act])
+        if judge is grad_model:
+            judged = logits.detach()
+        else:
+            with torch.no_grad():
+                judged = judge(adv.detach())
+        first = judged.argmax(-1) != y[act]
+        best[act] = adv.detach()
+        broken[act[first]] = True
+        if last:
+            break
+        loss = F.cross_entropy(logits, y[act], reduction="sum")
+        if mass is not None:
+            loss = loss + float(attack.attention_weight) * mass.sum()
+        (grad,) = torch.autograd.grad(loss, v)
+        values[act] = (v.detach() + float(attack.step_size) * grad.sign()).clamp(0.0, 1.0)
+    return best, broken
+
+
+def _replacement(mod: rnn.RPCAttention, kind: str) -> nn.Module:
+    """A block with ``mod``'s weights: plain symmetric attention, or PAP with soft shrinkage."""
+    base = dict(dim=mod.dim, num_heads=mod.num_heads, qkv_bias=mod.qkv.bias is not None,
+                fused_attn=mod.fused_attn)
+    if kind == "symmetric":
+        new: nn.Module = rnn.SymmetricAttention(**base)
+    else:
+        new = rnn.RPCAttention(**base, **{**mod.pap_options(), "shrink": "soft"})
+    new.load_state_dict(mod.state_dict())
+    return new.to(device=mod.qkv.weight.device, dtype=mod.qkv.weight.dtype).eval()
+
+
+def bpda_surrogate(model: nn.Module, kind: str = "symmetric") -> nn.Module:
+    """A copy of ``model`` whose every PAP block (:class:`rpc_attention.nn.RPCAttention`) is rebuilt
+    with the same weights as plain symmetric attention (``kind="symmetric"``: no sparse step at all) or
+    as PAP with soft shrinkage (``"soft"``: the other options kept); ``model`` is left unchanged."""
+    if kind not in SURROGATES[1:]:
+        raise ValueError(f"BPDA surrogate must be one of {', '.join(SURROGATES[1:])}, got {kind!r}")
+    out = copy.deepcopy(model)
+    for name, mod in list(out.named_modules()):
+        if isinstance(mod, rnn.RPCAttention):
+            parent, _, child = name.rpartition(".")
+            setattr(out.get_submodule(parent) if parent else out, child, _replacement(mod, kind))
+    return out.eval()
+
+
+def has_nondifferentiable_pap(model: nn.Module) -> bool:
+    """Whether a PAP block of ``model`` has steps without a useful gradient: hard shrinkage, or a
+    threshold from medians (``mad``) or a quantile (``target_fraction``). Soft shrinkage and the
+    mean-based thresholds (the official options) are differentiable almost everywhere."""
+    return any(isinstance(m, rnn.RPCAttention) and (m.shrink == "hard" or m.threshold in ("mad", "target_fraction"))
+               for m in model.modules())
+
+
+@dataclass(frozen=True)
+class Variant:
+    """One attack variant: its loss (``ce`` or ``attention``) and where its gradient comes from
+    (``model``: the defended model; ``bpda``: the surrogate)."""
+
+    loss: str
+    gradient: str = "model"
+
+    @property
+    def name(self) -> str:
+        return self.loss if self.gradient == "model" else f"{self.loss}_bpda"
+
+
+def _variants(model: nn.Module, opts: Mapping[str, Any]) -> Tuple[List[Variant], Optional[nn.Module], str]:
+    """The variants to run, the BPDA surrogate (None when none runs) and a note on the BPDA setting."""
+    use_bpda = opts["bpda"] != "none" and has_nondifferentiable_pap(model)
+    gradients = ["model"] + (["bpda"] if use_bpda else [])
+    variants = [Variant(loss, g) for g in gradients for loss in opts["losses"]]
+    if opts["bpda"] == "none":
+        note = "not run (bpda=none)"
+    elif not use_bpda:
+        note = ("not run: no PAP block with a hard threshold or a median / quantile threshold, the gradients "
+                "through the model are exact (almost everywhere)")
+    else:
+        note = f"surrogate: every PAP block as {'symmetric attention' if opts['bpda'] == 'symmetric' else 'soft-shrinkage PAP'}"
+    return variants, (bpda_surrogate(model, opts["bpda"]) if use_bpda else None), note
+
+
+def _attack_examples(judge: nn.Module, grad_model: nn.Module, x: Tensor, y: Tensor, k: int, grid: PatchGrid,
+                     variant: Variant, opts: Mapping[str, Any], generator: torch.Generator) -> Tensor:
+    """``[N]`` bool: which examples (all correct on the clean image) survive one variant with ``k``
+    patches: every restart (salient cells first, random cells after) misses them."""
+    device, bs = opts["device"], int(opts["batch_size"])
+    attack = PatchAttack(int(opts["steps"]), float(opts["step_size"]), float(opts["attention_weight"]))
+    survived = []
+    for sl in chunks(len(y), bs, desc=f"patch k={k} {variant.name}"):
+        xb, yb = x[sl].to(device), y[sl].to(device)
+        alive = torch.ones(len(yb), dtype=torch.bool)
+        saliency = cell_saliency(grad_model, xb, yb, grid)
+        attention = TokenAttention(grad_model) if variant.loss == "attention" else None
+        with attention if attention is not None else contextlib.nullcontext():
+            for restart in range(int(opts["restarts"])):
+                idx = alive.nonzero().flatten()
+                if len(idx) == 0:
+                    break
+                cells = choose_cells(saliency[idx.to(saliency.device)], k, restart, generator)
+                mask = cell_mask(cells, grid, xb)
+                _, broken = patch_pgd(judge, grad_model, xb[idx], yb[idx], mask, attack, generator, attention,
+                                      cells + grid.prefix)
+                alive[idx[broken.cpu()]] = False
+        survived.append(alive)
+    return torch.cat(survived) if survived else torch.zeros(0, dtype=torch.bool)
+
+
+def _percent(hits: Tensor) -> float:
+    """100 x the share of True in ``hits``, exactly (from the counts, not a float32 mean)."""
+    return 100.0 * int(hits.sum()) / max(len(hits), 1)
+
+
+@torch.no_grad()
+def _clean_hits(scorer: nn.Module, x: Tensor, y: Tensor, bs: int, device: str) -> Tensor:
+    return torch.cat([top1_hits(scorer(x[sl].to(device)).float().cpu(), y[sl]) for sl in chunks(len(y), bs, "patch clean")])
+
+
+def _patch_counts(opts: Mapping[str, Any], grid: PatchGrid) -> List[int]:
+    ks = [int(k) for k in opts["patches"]]
+    if max(ks) > grid.cells:
+        raise ValueError(f"patch.patches: {max(ks)} patches do not fit on the model's {grid.rows}x{grid.cols} grid "
+                         f"of {grid.patch}-pixel patches")
+    return ks
+
+
+def _run_k(k: int, models: Tuple[nn.Module, Optional[nn.Module]], x: Tensor, y: Tensor, clean: Tensor,
+           grid: PatchGrid, variants: List[Variant], opts: Mapping[str, Any], record: PerExample):
+    """``(row, metrics)`` of ``k`` patches: top-1 (%) under each variant and the per-example worst case."""
+    judge, surrogate = models
+    idx = clean.nonzero().flatten()
+    worst, row, metrics = clean.clone(), {"patches": k}, {}
+    for i, variant in enumerate(variants):
+        gen = torch.Generator().manual_seed(int(opts["seed"]) * 1_000_003 + 101 * k + i)
+        grad_model = judge if variant.gradient == "model" else surrogate
+        survived = clean.clone()
+        if len(idx):
+            survived[idx] = _attack_examples(judge, grad_model, x[idx], y[idx], k, grid, variant, opts, gen)
+        name = f"{top1_patches(k)}_{variant.name}"
+        record.add(name, survived)
+        record.metric(name, [name])
+        metrics[name] = row[variant.name] = _percent(survived)
+        worst &= survived
+    record.add(top1_patches(k), worst)
+    record.metric(top1_patches(k), [top1_patches(k)])
+    metrics[top1_patches(k)] = row["worst case"] = _percent(worst)
+    return row, metrics
+
+
+def patch_suite(model: nn.Module, cfg: Mapping[str, Any], run_dir, opts: Dict[str, Any]) -> Dict[str, Any]:
+    device, bs = opts["device"], int(opts["batch_size"])
+    model.to(device).eval()
+    x, y = load_eval_data(cfg, "test", opts.get("limit"))
+    if len(y) == 0:
+        raise ValueError("the evaluation split is empty")
+    stats = norm_stats(cfg, x.shape[1])
+    judge = Normalized(model, *stats).to(device)
+    grid = patch_grid(model, tuple(x.shape))
+    ks = _patch_counts(opts, grid)
+    variants, surrogate, bpda_note = _variants(model, opts)
+    surrogate_image = None if surrogate is None else Normalized(surrogate, *stats).to(device)
+    record = PerExample(eval_indices(cfg, "test", opts.get("limit")))
+    clean = _clean_hits(judge, x, y, bs, device)
+    record.add("clean", clean)
+    record.metric(CLEAN_TOP1, ["clean"])
+    metrics: Dict[str, float] = {CLEAN_TOP1: _percent(clean)}
+    rows = []
+    for k in ks:
+        row, m = _run_k(k, (judge, surrogate_image), x, y, clean, grid, variants, opts, record)
+        rows.append(row)
+        metrics.update(m)
+    return {"metrics": metrics, "rows": rows, "n_examples": len(y), "per_example": record.as_dict(),
+            "data": {"dataset": data_name(cfg), "split": "test", "n_examples": len(y)},
+            "settings": {"patch_size": grid.patch, "grid": f"{grid.rows}x{grid.cols}", "bpda": bpda_note,
+                         "variants": [v.name for v in variants], "space": "pixel [0,1]"},
+            "protocol": (f"top-1 (%) under k adversarial patches on the {grid.patch}-pixel patch grid (pixels free in "
+                         "[0,1]; location: most salient cells, then random restarts; PGD with signed steps; "
+                         "cross-entropy and Patch-Fool attention losses; gradients through the model and BPDA "
+                         "through a surrogate); an example counts under its worst variant")}
+
+
+@dataclass(frozen=True)
+class PatchOptions(CommonOptions):
+    """Numbers of patches (one result each), the PGD budget (``steps`` of ``step_size`` per restart,
+    ``restarts`` locations), the losses (``ce``, ``attention``), the weight of the attention term and
+    the BPDA surrogate of PAP blocks (``symmetric``, ``soft`` or ``none``)."""
+
+    limit: Optional[int] = 500
+    patches: List[float] = list_option([1.0, 2.0])
+    steps: int = 100
+    restarts: int = 3
+    step_size: float = 0.05
+    losses: List[str] = list_option(list(LOSSES))
+    attention_weight: float = 1.0
+    bpda: str = "symmetric"
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if (not self.patches or any(float(k) != int(k) or int(k) < 1 for k in self.patches)
+                or len(set(self.patches)) != len(self.patches)):
+            raise ValueError(f"patch.patches: distinct numbers of patches, whole numbers >= 1, got {self.patches}")
+        if int(self.steps) < 1 or int(self.restarts) < 1 or not float(self.step_size) > 0:
+            raise ValueError(f"patch.steps and patch.restarts must be >= 1 and patch.step_size > 0, got "
+                             f"{self.steps}, {self.restarts}, {self.step_size}")
+        bad = [x for x in self.losses if x not in LOSSES]
+        if bad or not self.losses or len(set(self.losses)) != len(self.losses):
+            raise ValueError(f"patch.losses: a list of distinct losses from {', '.join(LOSSES)}, got {self.losses}")
+        if self.bpda not in SURROGATES:
+            raise ValueError(f"patch.bpda must be one of {', '.join(SURROGATES)}, got {self.bpda!r}")
+        if not float(self.attention_weight) >= 0:
+            raise ValueError(f"patch.attention_weight must be >= 0, got {self.attention_weight}")
+
+
+register_suite(
+    "patch", patch_suite, options=PatchOptions,
+    description="adversarial patches on the patch grid (k = 1, 2), adaptive: CE and Patch-Fool losses, gradients "
+                "through PAP and BPDA; worst case per example",
+    metrics=(CLEAN_TOP1, top1_patches(1), top1_patches(2)), cost=Cost(3, 400, per_step=4.0),
+    columns=(Column("vision", top1_patches(1), "adaptive 1-patch top-1 (%)", position=95),
+             Column("vision", top1_patches(2), "adaptive 2-patch top-1 (%)", position=96)),
+    study=StudyUse(limit="patch_limit", steps=True, extra_sets="patch_sets", models="patch_models"))

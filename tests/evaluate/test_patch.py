@@ -1,0 +1,162 @@
+"""The ``patch`` suite: adversarial patches on the patch grid, against a float64 from-scratch loop, its
+sanity checks (more steps or patches never help the model, a whole-image patch is an unbounded attack)
+and its adaptive BPDA variant on a robust PAP model."""
+
+import pytest
+import timm
+import torch
+import torch.nn.functional as F
+
+import rpc_attention.models  # noqa: F401  (registers the timm models)
+from rpc_attention import nn as rnn
+from rpc_attention.evaluate.inputs import Normalized
+from rpc_attention.evaluate.patch import (
+    PatchAttack,
+    PatchOptions,
+    TokenAttention,
+    bpda_surrogate,
+    cell_mask,
+    has_nondifferentiable_pap,
+    patch_grid,
+    patch_pgd,
+)
+from rpc_attention.evaluate.per_example import example_scores, has_example_record
+from rpc_attention.evaluate.suites import get_suite, resolve_options, run_suite
+
+MEAN, STD = 0.3, 0.4
+ROBUST = {"threshold": "mad", "lowrank": "keys", "shrink": "hard", "dual_step": 0.0, "lambd": 2.0}
+
+
+def _tiny64(name="symvit_tiny_patch16_224", **kw):
+    """An untrained float64 ViT on 8x8 one-channel images: patch 4, a 2x2 grid, 3 classes."""
+    torch.manual_seed(0)
+    model = timm.create_model(name, img_size=8, patch_size=4, in_chans=1, embed_dim=16, depth=2, num_heads=2,
+                              num_classes=3, **kw)
+    with torch.no_grad():
+        model.head.weight.mul_(30.0)  # logits that a patch can move within a few steps
+    return Normalized(model.double().eval(), torch.tensor([MEAN]), torch.tensor([STD]))
+
+
+def _reference(model, x, y, cells, steps, step, weight, seed):
+    """The patch PGD written out per example in float64: paste the patch, take the loss (cross-entropy
+    plus ``weight`` x the attention mass on the patch token, from the keys each block's qkv projection
+    returns), step the patch pixels by the sign of the gradient, stop at the first misclassified
+    iterate."""
+    values = torch.rand(x.shape, generator=torch.Generator().manual_seed(seed)).double()
+    keys = []
+    blocks = [m for m in model.modules() if isinstance(m, rnn.SymmetricAttention)]
+    hooks = [m.qkv.register_forward_hook(lambda mod, a, out: keys.append(out)) for m in blocks]
+    out, broken = [], []
+    try:
+        for b in range(len(y)):
+            r, c = divmod(int(cells[b, 0]), 2)
+            patch = values[b, :, 4 * r:4 * r + 4, 4 * c:4 * c + 4].clone()
+            for i in range(steps + 1):
+                patch.requires_grad_(True)
+                img = x[b:b + 1].clone()
+                img[0, :, 4 * r:4 * r + 4, 4 * c:4 * c + 4] = patch
+                keys.clear()
+                logits = model(img)
+                if logits.argmax(-1).item() != y[b].item() or i == steps:
+                    break
+                mass = 0.0
+                for blk, out_qkv in zip(blocks, keys):
+                    k = out_qkv[0, :, :16].reshape(5, 2, 8).transpose(0, 1)  # (heads, tokens, head dim)
+                    attn = torch.softmax(blk.scale * k @ k.transpose(-1, -2), dim=-1)
+                    mass = mass + attn[:, :, 1 + int(cells[b, 0])].mean() / len(blocks)
+                loss = F.cross_entropy(logits, y[b:b + 1], reduction="sum") + weight * mass
+                (g,) = torch.autograd.grad(loss, patch)
+                patch = (patch.detach() + step * g.sign()).clamp(0, 1)
+            out.append(img.detach()[0])
+            broken.append(logits.argmax(-1).item() != y[b].item())
+    finally:
+        for h in hooks:
+            h.remove()
+    return torch.stack(out), torch.tensor(broken)
+
+
+@pytest.mark.parametrize("weight", [0.0, 3.0])
+def test_patch_pgd_matches_a_float64_loop(weight):
+    model = _tiny64()
+    x = torch.rand(6, 1, 8, 8, generator=torch.Generator().manual_seed(1)).double()
+    with torch.no_grad():
+        model.model.head.bias.sub_(model(x).mean(0))  # near ties, which a patch can break in a few steps
+        y = model(x).argmax(-1)  # every example starts correct
+    cells = torch.tensor([[0], [1], [2], [3], [1], [2]])
+    grid = patch_grid(model.model, x.shape)
+    assert (grid.patch, grid.rows, grid.cols, grid.prefix) == (4, 2, 2, 1)
+    attack = PatchAttack(steps=6, step_size=0.2, attention_weight=weight)
+    with TokenAttention(model) as attention:
+        adv, broken = patch_pgd(model, model, x, y, cell_mask(cells, grid, x), attack,
+                                torch.Generator().manual_seed(5), attention, cells + grid.prefix)
+    ref, ref_broken = _reference(model, x, y, cells, 6, 0.2, weight, 5)
+    assert torch.equal(broken, ref_broken) and broken.any()
+    torch.testing.assert_close(adv, ref, rtol=0, atol=1e-12)  # float64, same operations: exact up to rounding
+    outside = cell_mask(cells, grid, x) == 0
+    assert torch.equal(adv[outside.expand_as(adv)], x[outside.expand_as(x)])  # only the patch changed
+    assert adv.min() >= 0 and adv.max() <= 1
+
+
+def test_bpda_surrogate_is_an_explicit_copy_with_the_same_weights():
+    model = _tiny64("rpc_symvit_tiny_patch16_224", rpc_layers=[0], n_iter=2, **ROBUST)
+    for kind, cls in (("symmetric", rnn.SymmetricAttention), ("soft", rnn.RPCAttention)):
+        sur = bpda_surrogate(model, kind)
+        blk, orig = sur.model.blocks[0].attn, model.model.blocks[0].attn
+        assert type(blk) is cls and torch.equal(blk.qkv.weight, orig.qkv.weight)
+        assert kind == "symmetric" or (blk.shrink, blk.threshold, blk.lowrank) == ("soft", "mad", "keys")
+        assert orig.shrink == "hard" and blk.qkv.weight.data_ptr() != orig.qkv.weight.data_ptr()
+    with pytest.raises(ValueError, match="surrogate"):
+        bpda_surrogate(model, "none")
+
+
+def test_bpda_runs_only_where_pap_has_steps_without_a_gradient():
+    assert has_nondifferentiable_pap(_tiny64("rpc_symvit_tiny_patch16_224", rpc_layers=[0], n_iter=2, **ROBUST))
+    assert has_nondifferentiable_pap(_tiny64("rpc_symvit_tiny_patch16_224", rpc_layers=[0], n_iter=2, shrink="hard"))
+    assert not has_nondifferentiable_pap(_tiny64("rpc_symvit_tiny_patch16_224", rpc_layers=[0], n_iter=6))  # official
+    assert not has_nondifferentiable_pap(_tiny64())
+
+
+def _run(model, cfg, limit, **sets):
+    suite = get_suite("patch")
+    opts = resolve_options(suite, {f"patch.{k}": v for k, v in sets.items()}, limit=limit)
+    return run_suite(suite, model, cfg, None, opts)
+
+
+def test_accuracy_falls_with_steps_and_patches(tiny_model):  # skips without Fashion-MNIST (the fixture)
+    model, cfg = tiny_model
+    few = _run(model, cfg, 40, steps="2", restarts="1", patches="1,2,4", losses="ce", bpda="none")
+    many = _run(model, cfg, 40, steps="12", restarts="1", patches="1", losses="ce", bpda="none")
+    m = few["metrics"]
+    for name, value in m.items():  # every metric has its per-example record, for the paired intervals
+        assert has_example_record("patch", name)
+        assert example_scores(few["per_example"], name).mean() == pytest.approx(value)
+    assert m["clean_top1"] > m["top1@1patch"] >= m["top1@2patch"] >= m["top1@4patch"]
+    # one restart, the same seed: the first 2 steps of the longer run are the short run's
+    short = few["per_example"]["correct"]["top1@1patch"]
+    long_ = many["per_example"]["correct"]["top1@1patch"]
+    assert all(a >= b for a, b in zip(short, long_)) and many["metrics"]["top1@1patch"] < m["top1@1patch"]
+
+
+def test_a_patch_covering_the_image_is_an_unbounded_attack(tiny_model):
+    model, cfg = tiny_model
+    rec = _run(model, cfg, 30, steps="10", restarts="1", patches="16", losses="ce", bpda="none")
+    assert rec["metrics"]["clean_top1"] == 30.0 and rec["metrics"]["top1@16patch"] == 0.0
+
+
+def test_bpda_changes_the_result_on_a_robust_pap_model(robust_tiny_model):
+    robust, cfg = robust_tiny_model  # robust PAP (hard threshold, medians) in its one block
+    plain = _run(robust, cfg, 40, steps="1", restarts="1", patches="1", losses="ce", bpda="none")
+    adaptive = _run(robust, cfg, 40, steps="1", restarts="1", patches="1", losses="ce")
+    assert plain["settings"]["variants"] == ["ce"] and adaptive["settings"]["variants"] == ["ce", "ce_bpda"]
+    bits = adaptive["per_example"]["correct"]
+    assert bits["top1@1patch_ce"] == plain["per_example"]["correct"]["top1@1patch_ce"]  # the same seeded variant
+    # the surrogate's gradient breaks examples the defended model's own gradient does not
+    assert any(a == "1" and b == "0" for a, b in zip(bits["top1@1patch_ce"], bits["top1@1patch_ce_bpda"]))
+    assert adaptive["metrics"]["top1@1patch"] < plain["metrics"]["top1@1patch"]
+
+
+def test_options_are_checked_up_front():
+    for bad, match in (({"losses": ["ce", "margin"]}, "losses"), ({"patches": [0.0]}, "whole numbers"), ({"patches": [1.0, 1.0]}, "distinct"),
+                       ({"bpda": "exact"}, "bpda"), ({"steps": 0}, "steps")):
+        with pytest.raises(ValueError, match=match):
+            PatchOptions(**bad)
