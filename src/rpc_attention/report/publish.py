@@ -23,7 +23,6 @@ from typing import Any, Callable, Dict, List, Optional
 
 from ..files import atomic_write_json, atomic_write_text
 
-
 RESULTS_DIR = Path("docs") / "results"
 DOC_FILES = ("README.md", "docs/*.md")
 _BLOCK = re.compile(r"<!-- results (?P<name>[\w.-]+) (?P<view>[\w:.-]+) -->\n(?P<body>.*?)<!-- /results -->",
