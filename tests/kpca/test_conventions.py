@@ -241,3 +241,9 @@ def test_cli_refuses_a_bad_convention_and_writes_the_ones_used(tmp_path, capsys)
     assert data["protocols"]["exact"]["conventions"]["standardization"] == "none (raw q, k)"
     assert "1e-08" in data["protocols"]["paper"]["conventions"]["standardization"]
     assert "eigenvector signs canonical" in (tmp_path / "ok" / "summary.md").read_text()
+
+
+def test_conventions_as_study_settings_reach_the_analysis():
+    o = options_from_settings(["vhat_rank=magnitude", "eig_signs=canonical", "standardize_eps=1e-8"])
+    kw = o.analysis_kwargs()
+    assert (kw["vhat_rank"], kw["eig_signs"], kw["standardize_eps"]) == ("magnitude", "canonical", 1e-8)
