@@ -317,3 +317,19 @@ def test_analyze_keeps_an_earlier_analysis_unless_force(tmp_path, capsys):
     assert out.joinpath("kpca.json").read_text() == "EARLIER"
     assert main(argv + ["--force"]) == 0
     assert json.loads(out.joinpath("kpca.json").read_text())["meta"]["source"] == "timm"
+
+
+def test_random_init_probes_are_seeded_and_leave_the_global_rng_alone():
+    from rpc_attention.kpca.sources import probe_from_hf, probe_from_timm
+
+    kw = dict(img_size=16, patch_size=8, depth=1, embed_dim=16, num_heads=2)
+    state = torch.random.get_rng_state()
+    a, b = probe_from_timm("vit_tiny_patch16_224", limit=1, **kw), probe_from_timm("vit_tiny_patch16_224", limit=1, **kw)
+    other = probe_from_timm("vit_tiny_patch16_224", limit=1, seed=1, **kw)
+    assert torch.equal(torch.random.get_rng_state(), state)
+    wa, wb, wo = (p.model.blocks[0].attn.qkv.weight for p in (a, b, other))
+    assert torch.equal(wa, wb) and not torch.equal(wa, wo)
+    assert a.description["weights"] == "random init (seed 0)"
+    ha, hb = probe_from_hf("bert-tiny-config", limit=1, seq_len=8), probe_from_hf("bert-tiny-config", limit=1, seq_len=8)
+    for (name, pa), pb in zip(ha.model.named_parameters(), hb.model.parameters()):
+        assert torch.equal(pa, pb), name

@@ -179,3 +179,40 @@ def test_hf_bert_and_vit_hooks_match_forward_and_cli(tmp_path):
     data = json.loads((out / "kpca.json").read_text())
     assert len(data["protocols"]["paper"]["layers"]) == 2 and data["failures"] == []
     assert data["protocols"]["exact"]["layers"][0]["tokens"] == 80
+
+
+@pytest.mark.parametrize("qk_norm", [False, True])
+def test_timm_capture_computes_q_k_v_in_float64(qk_norm):
+    """q, k, v come from the hooked input and the layer's weights in float64 (the module's own float32
+    projection differs by its rounding), q_norm / k_norm included: a float64 reference written out."""
+    from timm.models.vision_transformer import Attention
+
+    torch.manual_seed(0)
+    mod = Attention(16, num_heads=2, qkv_bias=True, qk_norm=qk_norm, norm_layer=torch.nn.LayerNorm).eval()
+    if qk_norm:
+        for norm in (mod.q_norm, mod.k_norm):
+            norm.weight.data.uniform_(0.5, 1.5)
+            norm.bias.data.uniform_(-0.5, 0.5)
+    x = _x(seed=6)
+    with AttentionCapture(mod) as cap:
+        mod(x)
+    c = cap.captures[0]
+    w, bias = mod.qkv.weight.double(), mod.qkv.bias.double()
+    ref = torch.zeros(3, 2, 2, 7, 8, dtype=torch.float64)  # (q|k|v, batch, head, token, dim)
+    for b in range(2):
+        for i in range(7):
+            row = w @ x[b, i].double() + bias
+            for part in range(3):
+                for h in range(2):
+                    ref[part, b, h, i] = row[part * 16 + h * 8: part * 16 + (h + 1) * 8]
+    if qk_norm:
+        for part, norm in ((0, mod.q_norm), (1, mod.k_norm)):
+            t = ref[part]
+            z = (t - t.mean(-1, keepdim=True)) / torch.sqrt(t.var(-1, unbiased=False, keepdim=True) + norm.eps)
+            ref[part] = z * norm.weight.double() + norm.bias.double()
+    for got, want in zip((c.q, c.k, c.v), ref):
+        assert got.dtype == torch.float64
+        torch.testing.assert_close(got, want, atol=1e-12, rtol=0)  # float64 rounding, values O(1)
+    # the module's float32 projection, cast, is farther off than float64 rounding
+    f32 = mod.qkv(x).reshape(2, 7, 3, 2, 8).permute(2, 0, 3, 1, 4)[2].double()
+    assert (f32 - c.v).abs().max() > 1e-9

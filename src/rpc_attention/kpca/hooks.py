@@ -6,8 +6,8 @@ Supported attention modules (found by type or by structure, never by copying the
   (q = k = the PAP-cleaned keys the final softmax used, read from ``last_state`` with
   ``keep_state=True``; the raw keys and the sparse part S are kept too), :class:`ScaledAttention`
   (the effective values ``(I - S) V`` or ``(I - alpha softmax(s K K^T)) V`` are kept next to V);
-* timm ``Attention`` (ViT/DeiT): q, k, v recomputed from the module's ``qkv`` Linear (plus its
-  ``q_norm``/``k_norm``) on the hooked input;
+* timm ``Attention`` (ViT/DeiT): q, k, v recomputed in float64 from the module's ``qkv`` Linear (plus
+  float64 copies of its ``q_norm``/``k_norm``) on the hooked input;
 * Hugging Face self-attention with ``query``/``key``/``value`` (BERT-style) or ``q_proj``/``k_proj``/
   ``v_proj`` (ViT in transformers 5) Linear layers, recomputed on the hooked ``hidden_states``.
 
@@ -237,16 +237,28 @@ def _projector(layer: nn.Module, pre: Optional[nn.Module] = None) -> Callable[[T
     return project
 
 
+def _module64(module: nn.Module, x64: Tensor) -> Tensor:
+    """``module(x64)`` in float64 on the CPU: an identity passes through; any other module (timm's
+    ``q_norm``/``k_norm``: LayerNorm, RmsNorm) runs as a float64 copy, so nothing is rounded to float32."""
+    if isinstance(module, nn.Identity):
+        return x64
+    import copy
+
+    return copy.deepcopy(module).to(device="cpu", dtype=torch.float64)(x64)
+
+
 def _capture_timm(name: str, mod: nn.Module, args: tuple, kwargs: dict, output: Any) -> LayerCapture:
+    """q, k, v recomputed in float64 from the hooked input and the layer's weights (``qkv``, then
+    ``q_norm``/``k_norm``), not the module's float32 projection cast afterwards."""
     x = _get(args, kwargs, 0, "x")
     attn_mask = _get(args, kwargs, 1, "attn_mask")
     is_causal = bool(_get(args, kwargs, 2, "is_causal", False))
     b, n, _ = x.shape
-    qkv = mod.qkv(x).reshape(b, n, 3, mod.num_heads, mod.head_dim).permute(2, 0, 3, 1, 4)
+    qkv = _linear64(mod.qkv, x).reshape(b, n, 3, mod.num_heads, mod.head_dim).permute(2, 0, 3, 1, 4)
     q, k, v = qkv.unbind(0)
-    q, k = mod.q_norm(q), mod.k_norm(k)
+    q, k = _module64(mod.q_norm, q), _module64(mod.k_norm, k)
     return LayerCapture(
-        name=name, kind="timm", q=_to64(q), k=_to64(k), v=_to64(v), scale=float(mod.scale), causal=is_causal,
+        name=name, kind="timm", q=q, k=k, v=v, scale=float(mod.scale), causal=is_causal,
         mask=_bool_mask(attn_mask, b, n), output=_to64(output),
         _project=_projector(mod.proj, getattr(mod, "norm", None)),
     )

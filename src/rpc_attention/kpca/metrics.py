@@ -108,7 +108,8 @@ def projection_loss(
 
     Returns per-head ``(H,)`` float64 tensors: ``jproj``, ``phi2`` (mean ||varphi(q)||^2), ``h2``
     (mean ||h||^2), ``log_phi2``/``log_h2`` (logs of those means, computed by logsumexp so they are
-    finite even where the means themselves would overflow).
+    finite even where the means themselves would overflow); and the per-token logs of the valid
+    queries, ``token_log_phi2``/``token_log_h2`` ``(H, N_valid)``.
     """
     terms = log_feature_norms(q, k, v, scale, causal=causal, key_valid=key_valid, mask=mask)
     lp, lh = terms["log_phi2"], terms["log_h2"]
@@ -118,7 +119,17 @@ def projection_loss(
     log_phi2 = _log_mean_exp(lp, -1)
     log_h2 = _log_mean_exp(lh, -1)
     phi2, h2 = torch.exp(log_phi2), torch.exp(log_h2)
-    return {"jproj": phi2 - h2, "phi2": phi2, "h2": h2, "log_phi2": log_phi2, "log_h2": log_h2}
+    return {"jproj": phi2 - h2, "phi2": phi2, "h2": h2, "log_phi2": log_phi2, "log_h2": log_h2,
+            "token_log_phi2": lp, "token_log_h2": lh}
+
+
+def per_token_relative_errors(log_phi2: Tensor, log_h2: Tensor, eps: float = 1e-8) -> Dict[str, Tensor]:
+    """The reproduction study's training-time relative errors (its ``Reconstruction/softmax.py``), per
+    token: ``|phi2 - h2| / (h2 + eps)`` and ``|phi2 - h2| / (phi2 + eps)`` from the per-token logs of
+    ||varphi(q_i)||^2 and ||h_i||^2 (same shape out; inf where phi2 overflows float64)."""
+    phi2, h2 = torch.exp(log_phi2.double()), torch.exp(log_h2.double())
+    err = (phi2 - h2).abs()
+    return {"wrt_h2": err / (h2 + eps), "wrt_phi2": err / (phi2 + eps)}
 
 
 def centred_gram(k: Tensor, scale: float) -> Dict[str, Tensor]:
@@ -139,16 +150,38 @@ def centred_gram(k: Tensor, scale: float) -> Dict[str, Tensor]:
     return {"k_phi": k_phi, "k_c": k_c, "log_g": log_g}
 
 
-def gram_eigen(k_c: Tensor, n_axes: int) -> Dict[str, Tensor]:
-    """Top ``n_axes`` eigenpairs of ``K_c`` (descending). ``eig`` are eigenvalues of ``K_c``
-    (``= N lambda``), ``lam = eig / N``, ``vecs`` ``(H, N, n_axes)`` unit columns."""
+EIG_RANKS = ("value", "magnitude")
+EIG_SIGNS = ("eigh", "canonical")
+
+
+def gram_eigen(k_c: Tensor, n_axes: int, rank: str = "value") -> Dict[str, Tensor]:
+    """Top ``n_axes`` eigenpairs of ``K_c``. ``rank="value"``: the largest eigenvalues (descending; the
+    principal axes, as the study's ``eigenvalues.py`` and ``gammas.py``); ``"magnitude"``: the largest
+    |eigenvalue| (its ``value_vectors.py``; differs only where rounding-level negative eigenvalues
+    compete with small positive ones). ``eig`` are eigenvalues of ``K_c`` (``= N lambda``),
+    ``lam = eig / N``, ``vecs`` ``(H, N, n_axes)`` unit columns with ``torch.linalg.eigh``'s signs."""
     n = k_c.shape[-1]
     if n_axes > n:
         raise ValueError(f"KPCA needs Dv <= N: {n_axes} principal axes requested from {n} tokens")
+    if rank not in EIG_RANKS:
+        raise ValueError(f"rank must be one of {EIG_RANKS}, got {rank!r}")
     evals, evecs = torch.linalg.eigh(k_c)
-    evals = evals.flip(-1)[..., :n_axes]
-    evecs = evecs.flip(-1)[..., :n_axes]
+    evals, evecs = evals.flip(-1), evecs.flip(-1)  # descending by value
+    if rank == "magnitude":
+        order = torch.argsort(evals.abs(), dim=-1, descending=True, stable=True)
+        evals = torch.gather(evals, -1, order)
+        evecs = torch.gather(evecs, -1, order.unsqueeze(-2).expand_as(evecs))
+    evals, evecs = evals[..., :n_axes], evecs[..., :n_axes]
     return {"eig": evals, "lam": evals / n, "vecs": evecs}
+
+
+def canonical_signs(vecs: Tensor) -> Tensor:
+    """Each column ``(..., N, D)`` multiplied by the sign that makes its entry of largest magnitude
+    positive (the first such entry on a tie): a sign convention that does not depend on the LAPACK
+    build, unlike ``eigh``'s arbitrary signs. Neither published code fixes one."""
+    idx = vecs.abs().argmax(dim=-2, keepdim=True)
+    sign = torch.sign(torch.gather(vecs, -2, idx))
+    return vecs * torch.where(sign == 0, torch.ones_like(sign), sign)
 
 
 def kpca_values(log_g: Tensor, a: Tensor) -> Tensor:

@@ -33,11 +33,15 @@ class AnalysisOptions:
     figures: bool = True
     device: str = "cpu"
     threads: Optional[int] = None
+    vhat_rank: str = "value"  # value (largest eigenvalues) | magnitude (largest |eigenvalue|, value_vectors.py)
+    eig_signs: str = "eigh"  # eigh (as returned, both codes) | canonical (largest-|entry| positive)
+    standardize_eps: float = 0.0  # `paper`'s standardisation eps (official: 0; the study's scripts: 1e-8)
 
     def analysis_kwargs(self) -> Dict[str, Any]:
         """Keyword arguments of :func:`rpc_attention.kpca.runner.run_analysis`."""
         return dict(protocols=self.protocols, perturb=self.perturb, fgsm_eps=self.fgsm_eps,
-                    noise_sigma=self.noise_sigma, seed=self.seed, figures=self.figures)
+                    noise_sigma=self.noise_sigma, seed=self.seed, figures=self.figures,
+                    vhat_rank=self.vhat_rank, eig_signs=self.eig_signs, standardize_eps=self.standardize_eps)
 
 
 _D = AnalysisOptions()  # the defaults, written once above
@@ -63,6 +67,15 @@ def add_analysis_arguments(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--no-figures", action="store_true", help="write kpca.json and summary.md only")
     g.add_argument("--device", default=_D.device, help="torch device: cpu (default), cuda, cuda:1, ...")
     g.add_argument("--threads", type=int, default=_D.threads, help="torch threads (default: torch's)")
+    g.add_argument("--vhat-rank", default=_D.vhat_rank, metavar="value|magnitude",
+                   help="eigenpairs V_hat is built from: the largest eigenvalues (value, default) or the largest "
+                        "|eigenvalue| (magnitude, the reproduction study's value_vectors.py)")
+    g.add_argument("--eig-signs", default=_D.eig_signs, metavar="eigh|canonical",
+                   help="eigenvector signs: as torch.linalg.eigh returns them (eigh, default, as both published "
+                        "codes) or each column's largest-magnitude entry positive (canonical)")
+    g.add_argument("--standardize-eps", type=float, default=_D.standardize_eps, metavar="EPS",
+                   help="eps of the paper protocol's per-token standardisation (x - mean) / (std + eps): 0 as the "
+                        "official code (default), 1e-8 as the reproduction study's scripts")
 
 
 def _protocols(value: str) -> Tuple[str, ...]:
@@ -77,6 +90,10 @@ def _checked(options: AnalysisOptions) -> AnalysisOptions:
     if not 0 <= options.fgsm_eps <= 1:
         raise ValueError(f"--fgsm-eps is in pixel units [0, 1], got {options.fgsm_eps!r}; "
                          f"did you mean {options.fgsm_eps:g}/255?")
+    from .analysis import GramSettings, check_conventions
+
+    check_conventions(options.protocols, options.standardize_eps,
+                      GramSettings(perturb=options.perturb, vhat_rank=options.vhat_rank, eig_signs=options.eig_signs))
     return options
 
 
@@ -85,7 +102,8 @@ def options_from_namespace(args: argparse.Namespace) -> AnalysisOptions:
     return _checked(AnalysisOptions(
         protocols=_protocols(args.protocol), limit=args.limit, ema=args.ema,
         fgsm_eps=parse_number(args.fgsm_eps, "--fgsm-eps"), noise_sigma=args.noise_sigma, perturb=args.perturb,
-        seed=args.seed, figures=not args.no_figures, device=args.device, threads=args.threads))
+        seed=args.seed, figures=not args.no_figures, device=args.device, threads=args.threads,
+        vhat_rank=args.vhat_rank, eig_signs=args.eig_signs, standardize_eps=args.standardize_eps))
 
 
 def options_from_settings(items: Sequence[str]) -> AnalysisOptions:

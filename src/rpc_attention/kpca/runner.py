@@ -15,7 +15,15 @@ import torch
 from ..files import atomic_write_json, atomic_write_text
 from ..markdown import NOT_MEASURED, markdown_table
 from ..train.sparsity import FIRED_RULE, measure_sparsity, probe_sparsity, sparsity_summary, sparsity_verdict
-from .analysis import ALIGN_METRICS, analyze_captures, chance_baselines, gram_not_applicable, pap_stats
+from .analysis import (
+    ALIGN_METRICS,
+    GramSettings,
+    analyze_captures,
+    chance_baselines,
+    check_conventions,
+    gram_not_applicable,
+    pap_stats,
+)
 from .hooks import AttentionCapture
 from .sources import Probe
 
@@ -116,14 +124,21 @@ def run_analysis(
     seed: int = 0,
     figures: bool = True,
     alignment: bool = True,
+    vhat_rank: str = "value",
+    eig_signs: str = "eigh",
+    standardize_eps: float = 0.0,
 ) -> Dict[str, Any]:
     """Capture, analyse under each protocol, study PAP under perturbation, write everything.
 
     Files in ``out_dir``: ``kpca.json``, ``summary.md`` and (``figures=True``) PNGs. Returns the
     result dict (the JSON content). A part of the analysis that cannot run on this model (the Gram
     analysis when Dv > N) is logged once as a warning before the work starts and recorded as
-    ``result["not_applicable"]``.
+    ``result["not_applicable"]``. ``vhat_rank``, ``eig_signs``, ``standardize_eps``: see
+    :func:`rpc_attention.kpca.analysis.analyze_captures`; checked before the capture.
     """
+    conv = dict(vhat_rank=vhat_rank, eig_signs=eig_signs, standardize_eps=standardize_eps)
+    check_conventions(protocols, standardize_eps,
+                      GramSettings(alignment=alignment, perturb=perturb, vhat_rank=vhat_rank, eig_signs=eig_signs))
     out_dir = Path(out_dir)
     t0 = time.perf_counter()
     cap = _capture(probe)
@@ -135,7 +150,7 @@ def run_analysis(
         log.warning(note)
     result: Dict[str, Any] = {
         "meta": {**probe.description, "protocols": list(protocols), "dtype": "float64", "seed": seed,
-                 "perturbed_control": perturb, "torch": torch.__version__, "python": platform.python_version(),
+                 "perturbed_control": perturb, **conv, "torch": torch.__version__, "python": platform.python_version(),
                  "layers": [c.name for c in cap.captures]},
         "rules": RULES,
         "not_applicable": note,
@@ -143,23 +158,29 @@ def run_analysis(
         "protocols": {},
     }
     for proto in protocols:
-        res = analyze_captures(cap.captures, proto, perturb=perturb, seed=seed, alignment=alignment)
+        res = analyze_captures(cap.captures, proto, perturb=perturb, seed=seed, alignment=alignment,
+                               **{**conv, "standardize_eps": standardize_eps if proto == "paper" else 0.0})
         result["failures"].extend({**f, "protocol": proto} for f in res.pop("failures"))
         result["protocols"][proto] = res
     result["chance"] = _chance(cap.captures, seed)
     _add_pap_records(result, probe, cap, fgsm_eps, noise_sigma, seed)
     out_dir.mkdir(parents=True, exist_ok=True)
     if figures:
-        from .plots import make_figures
-
-        try:
-            result["figures"] = make_figures(result, out_dir)
-        except Exception as exc:
-            result["failures"].append({"stage": "figures", "error": f"{type(exc).__name__}: {exc}"})
+        _add_figures(result, out_dir)
     result["meta"]["seconds"] = round(time.perf_counter() - t0, 2)  # capture to figures, not model loading
     atomic_write_json(out_dir / "kpca.json", result, sort_keys=False, default=str)
     atomic_write_text(out_dir / "summary.md", summary_markdown(result))
     return result
+
+
+def _add_figures(result: Dict[str, Any], out_dir: Path) -> None:
+    """The PNGs into ``out_dir``, their names into ``result["figures"]``; a failure is recorded, not raised."""
+    from .plots import make_figures
+
+    try:
+        result["figures"] = make_figures(result, out_dir)
+    except Exception as exc:
+        result["failures"].append({"stage": "figures", "error": f"{type(exc).__name__}: {exc}"})
 
 
 def _chance(captures, seed: int) -> Dict[str, Any]:
@@ -310,6 +331,10 @@ def _jproj_terms(proto: str, model: dict) -> str:
             s += f"; the terms differ by {_fmt(max(ratio, 1 / ratio), 1)}x, so J_proj is dominated by {big}"
         else:
             s += f"; the terms are within 10x ({_fmt(ratio, 2)})"
+    if "log_mean_jproj_official" in model:
+        s += (f"; the official code's J_proj form: ln of the pooled mean {_fmt(model.get('log_mean_jproj_official'))}, "
+              f"mean over layers of each layer's ln (the official code's logged figure) "
+              f"{_fmt(model.get('mean_layer_log_jproj_official'))}")
     return s + "."
 
 
@@ -390,6 +415,9 @@ def summary_markdown(result: dict) -> str:
                  f"probe: {meta.get('examples')} examples ({meta.get('inputs', meta.get('split', ''))}); "
                  f"layers analysed: {len(meta.get('layers', []))}; float64. Every number names its protocol "
                  "(`paper`: per-token standardised q, k; `exact`: the definitions).")
+    lines.append(f"Conventions: V_hat from the eigenpairs ranked by {meta.get('vhat_rank', 'value')}, eigenvector "
+                 f"signs {meta.get('eig_signs', 'eigh')}, `paper` standardisation eps "
+                 f"{meta.get('standardize_eps', 0.0):g} (every number's convention: kpca.json, `conventions`).")
     lines.append("")
     if result.get("not_applicable"):
         lines += [f"Not applicable to this model: {result['not_applicable']}.", ""]

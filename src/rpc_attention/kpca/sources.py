@@ -104,14 +104,16 @@ def _load_state(path: Path) -> Dict[str, Tensor]:
 def probe_from_timm(name: str, checkpoint: Optional[str] = None, limit: int = 8, seed: int = 0,
                     device: str = "cpu", **kwargs) -> Probe:
     """A timm model (``pretrained=False``, optionally a local checkpoint) on seeded random images
-    (uniform [0, 1], normalised with the model's own mean/std)."""
+    (uniform [0, 1], normalised with the model's own mean/std). The random initialisation is seeded by
+    ``seed`` too (the global RNG is left as it was), so an analysis of a random-init model repeats exactly."""
     from ..models.factory import create_model  # (importing models registers the SymViT family in timm)
 
     try:
-        model = create_model(name, pretrained=False, **kwargs)
+        model = _seeded(lambda: create_model(name, pretrained=False, **kwargs), seed)
     except RuntimeError as exc:
         raise ValueError(f"unknown timm model {name!r}: {exc}") from None
-    desc = {"source": "timm", "model": name, "checkpoint": checkpoint, "weights": "random init", "examples": limit,
+    desc = {"source": "timm", "model": name, "checkpoint": checkpoint, "weights": f"random init (seed {seed})",
+            "examples": limit,
             "inputs": f"uniform random images (seed {seed})", "kwargs": kwargs}
     if checkpoint:
         missing, unexpected = model.load_state_dict(_load_state(Path(checkpoint)), strict=False)
@@ -142,6 +144,13 @@ HF_BUILTIN_CONFIGS = {
 }
 
 
+def _seeded(build, seed: int):
+    """``build()`` with torch's global RNG seeded by ``seed``, the caller's RNG state restored afterwards."""
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        return build()
+
+
 def probe_from_hf(name_or_path: str, limit: int = 8, seed: int = 0, seq_len: int = 128, device: str = "cpu") -> Probe:
     """A Hugging Face model from a local directory (config.json, weights if present) or a built-in
     config name (:data:`HF_BUILTIN_CONFIGS`), offline. Text models get seeded random token ids
@@ -154,8 +163,8 @@ def probe_from_hf(name_or_path: str, limit: int = 8, seed: int = 0, seq_len: int
     if name_or_path in HF_BUILTIN_CONFIGS:
         mtype, kw = HF_BUILTIN_CONFIGS[name_or_path]
         config = transformers.AutoConfig.for_model(mtype, **kw)
-        model = AutoModel.from_config(config)
-        desc["weights"] = "random init (built-in config)"
+        model = _seeded(lambda: AutoModel.from_config(config), seed)
+        desc["weights"] = f"random init (built-in config, seed {seed})"
     else:
         path = Path(name_or_path)
         if not (path / "config.json").is_file():
@@ -164,8 +173,8 @@ def probe_from_hf(name_or_path: str, limit: int = 8, seed: int = 0, seq_len: int
                 "with config.json")
         config = AutoConfig.from_pretrained(str(path))
         has_weights = any((path / f).is_file() for f in ("model.safetensors", "pytorch_model.bin"))
-        model = AutoModel.from_pretrained(str(path)) if has_weights else AutoModel.from_config(config)
-        desc["weights"] = str(path) if has_weights else "random init (config only)"
+        model = AutoModel.from_pretrained(str(path)) if has_weights else _seeded(lambda: AutoModel.from_config(config), seed)
+        desc["weights"] = str(path) if has_weights else f"random init (config only, seed {seed})"
     model.eval().to(device)
     gen = torch.Generator().manual_seed(seed)
     if hasattr(config, "image_size") and not hasattr(config, "vocab_size"):
