@@ -93,12 +93,12 @@ def fake_eval(ctx):
         per_example = record.as_dict()
         extra = {"errors": {c: [(100 - base + s) / 100 for s in range(1, 6)] for c in names}}
     elif suite == "ood":
-        metrics = {"AUPR": base - 40, "AUROC": 90.0}
+        metrics = {"AUPR_msp": base - 40, "AUROC_msp": 90.0, "AUPR_energy": base - 30, "AUROC_energy": 92.0}
     elif suite == "sparse":
         rows = [{"corruption": "none (clean)", "level": "-", "top1": base},
                 {"corruption": "salt-and-pepper", "level": "5% of pixels", "top1": base - 20},
                 {"corruption": "key corruption", "level": "5% of block-1 keys, +-5 std", "top1": base - 30}]
-        metrics = {"top1_clean": base, "mean_top1": base - 25}
+        metrics = {"top1_clean": base, "mean_top1_input": base - 20}  # no key mean: those claims go unmeasured
     elif suite == "ppl":
         metrics = {"test_ppl_sliding": base, "valid_ppl_sliding": base + 1}
         blocks = [[math.log(base) * 10, 10]] * 5   # NLL per block of 10 tokens: exp(sum / count) = base
@@ -202,7 +202,7 @@ def check_report_files_and_tables(study_dir):
     assert "- **RPC-Symlm**: fired." in section
     # the sparse-corruption table, every vision model; the PCP-active model's verdict rows vs SymViT
     assert "**Sparse corruption**" in md and "| key corruption: 5% of block-1 keys, +-5 std | 50.15 ± 0.21 |" in md
-    assert claims["sparse_pcp"]["rpc"] == "rpc_pcp" and claims["sparse_pcp"]["baseline"] == "symvit"
+    assert claims["sparse_input_pcp"]["rpc"] == "rpc_pcp" and claims["sparse_input_pcp"]["baseline"] == "symvit"
     assert claims["clean_pcp"]["verdict"] == "contradicted"  # 79 < 80 by the margin on both seeds
     assert claims["clean_pcp"]["paper"] == claims["clean"]["paper"] is not None
     check_intervals_and_lead(md, res)
@@ -223,7 +223,7 @@ def check_intervals_and_lead(md, res):
     assert mce["bootstrap"]["pooled"]["diff"] == pytest.approx(sum(diffs) / len(diffs), abs=1e-9)
     assert mce["bootstrap"]["pooled"]["hi"] < 0                 # RPC-6's error is lower on every resample
     # the fake sparse suite records no per-example data: the seed interval only, the same rule
-    assert claims["sparse"]["intervals"]["bootstrap"] is None and claims["sparse"]["intervals"]["seed_ci"]
+    assert claims["sparse_input"]["intervals"]["bootstrap"] is None and claims["sparse_input"]["intervals"]["seed_ci"]
     # Holm over the claims with >= 2 seeds (the 11 vision claims; the LM pair has one seed)
     assert {c["intervals"]["family"] for c in claims.values()} == {11}
     assert claims["lm_ppl"]["intervals"]["p_holm"] is None and claims["lm_ppl"]["intervals"]["min_detectable"] is None

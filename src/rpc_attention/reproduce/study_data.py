@@ -13,9 +13,9 @@ from typing import List, Optional, Tuple
 from ..evaluate.classification import MEAN_TOP1, TOP1, top1_at
 from ..evaluate.corruptions import MCE
 from ..evaluate.lm import ppl_metric
-from ..evaluate.ood import AUPR
+from ..evaluate.ood import AUPR_ENERGY
 from ..evaluate.segmentation import CORRUPTED_MIOU, MIOU
-from ..evaluate.sparse import MEAN_TOP1_KEYS
+from ..evaluate.sparse import MEAN_TOP1_INPUT, MEAN_TOP1_KEYS
 from .specs import ClaimSpec, setting
 
 FMNIST_SUITES = ["clean", "fgsm", "pgd", "corruptions", "ood", "sparse"]
@@ -54,6 +54,8 @@ class FmnistSettings:
     corruptions: List[str] = setting(["gaussian_noise", "shot_noise", "impulse_noise", "defocus_blur", "motion_blur",
                                       "brightness", "contrast", "pixelate", "jpeg_compression"])
     corruption_limit: int = 100
+    # Fashion-MNIST test vs MNIST-5k digits, every OOD score; the OOD claim reads the energy score's AUPR
+    # (-max softmax left a one-epoch SymViT at chance: AUROC 55.7, energy 81.8, docs/robustness.md)
     ood_limit: int = 1000
     ood_sets: List[str] = setting([])
     strong_attack_limit: int = 200
@@ -246,18 +248,26 @@ VISION_CLAIMS = (
     _vision("pgd", "RPC (2 iters, all layers)", "is more accurate under PGD (mean over eps)", "pgd", MEAN_TOP1,
             rpc="rpc2all"),
     _vision("mce", RPC6, "lowers the corruption error (mCE relative to SymViT)", "corruptions", MCE, higher=False),
-    _vision("ood_aupr", "RPC (layer 1)", "detects out-of-distribution inputs better (AUPR)", "ood", AUPR),
-    # our own claim, the premise of PAP: keys with sparse corruption are where robust PCA helps
-    _vision("sparse", RPC6, "is more accurate under sparse corruption (salt-and-pepper, occlusion, corrupted keys; "
-            "mean)", "sparse", MEAN_TOP1),
+    # the paper's metric (AUPR) with the energy score: under the paper's -max softmax the baseline does not
+    # separate MNIST digits from Fashion-MNIST (AUROC 55.7), so a difference there would measure noise
+    _vision("ood_aupr", "RPC (layer 1)", "detects out-of-distribution inputs better (AUPR of the energy score, "
+            "MNIST digits against Fashion-MNIST)", "ood", AUPR_ENERGY),
+    # our own claims, the premise of PAP, kept apart: corruption a deployed model meets at its input, and
+    # corruption injected into the keys in exactly the sparse form robust PCA assumes
+    _vision("sparse_input", RPC6, "is more accurate under sparse input corruption (salt-and-pepper pixels, "
+            "occluded patches; mean)", "sparse", MEAN_TOP1_INPUT),
+    _vision("key_corruption", RPC6, "is more accurate when block 1's keys carry sparse corruption (a synthetic "
+            "test of the mechanism: corruption injected into block 1's keys in exactly the form the method "
+            "assumes; mean over magnitudes)", "sparse", MEAN_TOP1_KEYS),
     _vision("autoattack", RPC6, "is more accurate under AutoAttack", "autoattack", top1_at("1/255")),
     _vision("square", RPC6, "is more accurate under the Square attack", "square", top1_at("1/255")),
 )
 PCP_CLAIMS = tuple(c.variant("pcp", PCP_LABEL, "rpc_pcp") for c in VISION_CLAIMS if c.rpc == "rpc6")
 # Our claim for the robust PAP variant: 5 % of block 1's keys moved by +-5, 20 and 100 key std
 ROBUST_CLAIMS = (
-    _vision("sparse_keys", "RPC with robust PAP (2 iters, layer 1)", "removes sparse key corruption (top-1 under "
-            "5 % block-1 key corruption, mean over magnitudes)", "sparse", MEAN_TOP1_KEYS, rpc="rpc_robust"),
+    _vision("sparse_keys", "RPC with robust PAP (2 iters, layer 1)", "removes sparse key corruption (a synthetic "
+            "test of the mechanism: top-1 under corruption injected into 5 % of block 1's keys in exactly the form "
+            "the method assumes, mean over magnitudes)", "sparse", MEAN_TOP1_KEYS, rpc="rpc_robust"),
 )
 
 LM_CLAIMS = tuple(
