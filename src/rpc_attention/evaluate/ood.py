@@ -61,7 +61,7 @@ OOD_METRICS = tuple(ood_metric(m, s) for s in SCORES for m in (AUPR, AUROC, FPR9
 _DEFAULT_IN = ("fashion_mnist", "fashion-mnist", "fmnist")
 
 __all__ = ["auroc", "aupr", "fpr_at_recall", "ood_metrics", "msp_score", "max_logit_score", "energy_score",
-           "ood_scores", "ood_metric", "SCORES", "read_class_list"]
+           "ood_scores", "ood_metric", "match_format", "SCORES", "read_class_list"]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -135,7 +135,7 @@ def ood_scores(logits: Tensor, classes: Optional[Sequence[int]] = None) -> Dict[
 # data
 
 
-def _match_format(images_u8: np.ndarray, like: Tensor) -> Tensor:
+def match_format(images_u8: np.ndarray, like: Tensor) -> Tensor:
     """uint8 ``[N, H, W]`` (or ``[N, H, W, C]``) -> float ``[N, C, H', W']`` in [0, 1] shaped like ``like``."""
     x = torch.from_numpy(np.asarray(images_u8)).float() / 255.0
     x = x.unsqueeze(1) if x.ndim == 3 else x.permute(0, 3, 1, 2)
@@ -261,7 +261,7 @@ def _default_logits(model: nn.Module, cfg: Mapping[str, Any], opts: Dict[str, An
     device, bs, limit = opts["device"], int(opts["batch_size"]), opts.get("limit")
     x_in, _ = load_eval_data(cfg, "test", limit)
     xo_u8 = np.asarray(_images.mnist5k()[0])
-    x_out = _match_format(xo_u8 if limit is None else xo_u8[: int(limit)], x_in)
+    x_out = match_format(xo_u8 if limit is None else xo_u8[: int(limit)], x_in)
     scorer = Normalized(model, *norm_stats(cfg, x_in.shape[1])).to(device)
     li = predict_logits(scorer, x_in, bs, device, desc="ood in-dist")
     lo = predict_logits(scorer, x_out, bs, device, desc="ood OOD")

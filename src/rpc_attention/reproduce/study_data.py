@@ -256,9 +256,9 @@ VISION_CLAIMS = (
     # corruption injected into the keys in exactly the sparse form robust PCA assumes
     _vision("sparse_input", RPC6, "is more accurate under sparse input corruption (salt-and-pepper pixels, "
             "occluded patches; mean)", "sparse", MEAN_TOP1_INPUT),
-    _vision("key_corruption", RPC6, "is more accurate when block 1's keys carry sparse corruption (a synthetic "
-            "test of the mechanism: corruption injected into block 1's keys in exactly the form the method "
-            "assumes; mean over magnitudes)", "sparse", MEAN_TOP1_KEYS),
+    _vision("key_corruption", RPC6, "is more accurate under sparse key corruption (a synthetic test of the "
+            "mechanism: corruption injected into block 1's keys in exactly the form the method assumes; mean over "
+            "magnitudes)", "sparse", MEAN_TOP1_KEYS),
     _vision("autoattack", RPC6, "is more accurate under AutoAttack", "autoattack", top1_at("1/255")),
     _vision("square", RPC6, "is more accurate under the Square attack", "square", top1_at("1/255")),
 )
