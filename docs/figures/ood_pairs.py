@@ -2,8 +2,9 @@
 run against several OOD sets built from the embedded data: the suite's default (MNIST-5k digits), inverted
 digits, inverted / vertically flipped / 90-degree-rotated Fashion-MNIST test images, uniform and Gaussian
 noise images, and scikit-learn's 8x8 digits upscaled to 28x28. In-distribution: the run's first N test
-images; each OOD set has N images (seeded). Used to choose the suite's default pair and score
-(docs/robustness.md#ood-imagenet-oar); the suite itself offers only MNIST digits and ImageNet-O.
+images; each OOD set has N images (seeded). Used to choose the studies' OOD set and score
+(docs/robustness.md#ood-imagenet-oar); the suite itself offers MNIST digits, the 8x8 digits
+(``ood.ood_set``) and ImageNet-O.
 
     python docs/figures/ood_pairs.py RUN_DIR [N]      # N = 1000: about a minute on one core
 """
@@ -24,11 +25,9 @@ from rpc_attention.train import run_loader
 
 def ood_sets(x_in: torch.Tensor, n: int) -> dict:
     """The candidate OOD sets, each ``[n, C, H, W]`` in [0, 1] shaped like ``x_in``."""
-    from sklearn.datasets import load_digits
-
     g = torch.Generator().manual_seed(0)
     digits = np.asarray(images.mnist5k()[0])[:n]
-    small = (load_digits().images[:n] * 255 / 16).astype(np.uint8)
+    small = images.digits8x8()[0][:n]
     return {
         "MNIST-5k digits (the default)": match_format(digits, x_in),
         "inverted MNIST digits": 1 - match_format(digits, x_in),
@@ -37,7 +36,7 @@ def ood_sets(x_in: torch.Tensor, n: int) -> dict:
         "Fashion-MNIST rotated 90 degrees": x_in.rot90(1, (-2, -1)),
         "uniform noise": torch.rand(x_in.shape, generator=g),
         "Gaussian noise (0.5 +- 0.25)": (0.5 + 0.25 * torch.randn(x_in.shape, generator=g)).clamp(0, 1),
-        "scikit-learn 8x8 digits, upscaled": match_format(small, x_in),
+        "scikit-learn 8x8 digits (ood_set=digits8x8)": match_format(small, x_in),
     }
 
 
@@ -52,7 +51,7 @@ def main(run: str, n: int) -> None:
           + ", ".join(SCORES))
     for name, x_out in ood_sets(x_in, n).items():
         s_out = ood_scores(predict_logits(scorer, x_out, 250, "cpu", desc=name))
-        print(f"{name:36s} " + " / ".join(f"{100 * auroc(s_in[k], s_out[k]):.1f}" for k in SCORES))
+        print(f"{name:44s} " + " / ".join(f"{100 * auroc(s_in[k], s_out[k]):.1f}" for k in SCORES))
 
 
 if __name__ == "__main__":
