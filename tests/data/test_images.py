@@ -45,6 +45,15 @@ def test_mnist5k():
     assert y.shape == (5000,) and set(np.unique(y)) == set(range(10))
 
 
+def test_digits8x8_are_scikit_learns_digits_on_the_uint8_scale():
+    from sklearn.datasets import load_digits
+
+    x, y = I.digits8x8()
+    assert x.shape == (1797, 8, 8) and x.dtype == np.uint8 and x.max() == 255 and x.min() == 0
+    ref = load_digits()
+    assert np.array_equal(y, ref.target) and np.array_equal(x, np.rint(ref.images * 255 / 16).astype(np.uint8))
+
+
 def test_eval_dataset_normalisation_and_pixel_space():
     cfg = {"data": {"name": "fashion_mnist", "test_subset": 50, "mean": [0.286], "std": [0.353]}}
     raw = I.build_eval_dataset(cfg, "test", normalize=False)

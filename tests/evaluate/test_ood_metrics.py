@@ -5,7 +5,18 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from rpc_attention.evaluate.ood import aupr, auroc, fpr_at_recall, msp_score, ood_metrics
+from rpc_attention.evaluate.ood import (
+    aupr,
+    auroc,
+    energy_score,
+    fpr_at_recall,
+    max_logit_score,
+    msp_score,
+    ood_metric,
+    ood_metrics,
+    ood_scores,
+)
+from rpc_attention.evaluate.per_example import roc_area
 
 
 def test_hand_computed_toy():
@@ -77,7 +88,40 @@ def test_msp_score_and_class_restriction():
     s = msp_score(logits)
     assert s[1] == pytest.approx(-1 / 3) and s[0] < s[1]
     s2 = msp_score(logits, classes=[1, 2])
-    assert torch.allclose(s2, torch.tensor([-0.5, -0.5]))
+    assert s2.dtype == torch.float64 and s2.tolist() == [-0.5, -0.5]
+
+
+def test_max_logit_and_energy_scores_from_their_definitions_in_float64():
+    import math
+
+    import torch
+
+    logits = torch.tensor([[2.0, 0.0, -1.0], [0.5, 0.5, 0.5], [30.0, -30.0, 29.0]])
+    rows = logits.double().tolist()
+    assert max_logit_score(logits).tolist() == [-max(r) for r in rows]
+    energy = [-math.log(sum(math.exp(v) for v in r)) for r in rows]
+    assert energy_score(logits).tolist() == pytest.approx(energy, abs=1e-12)  # float64 sums of 3 terms
+    assert energy_score(logits, classes=[1, 2])[0].item() == pytest.approx(-math.log(1 + math.exp(-1)), abs=1e-12)
+    every = ood_scores(logits)
+    assert list(every) == ["msp", "max_logit", "energy"] and every["energy"].tolist() == energy_score(logits).tolist()
+    # a higher score means more OOD: the confident first row scores lowest under each of them
+    assert all(every[k][0] < every[k][1] for k in every)
+
+
+def test_ood_metric_names_say_which_score_produced_them():
+    assert ood_metric("AUPR", "energy") == "AUPR_energy" and ood_metric("FPR95", "msp") == "FPR95_msp"
+    with pytest.raises(ValueError, match="scores msp, max_logit, energy"):
+        ood_metric("AUPR", "softmax")
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_roc_area_of_resamples_is_scikit_learns_auroc_with_ties(seed):
+    rng = np.random.RandomState(seed)
+    scores = np.round(rng.randn(3, 60), 1)  # ties within and across the classes
+    positive = np.r_[np.zeros(35), np.ones(25)]
+    want = [auroc(row[:35], row[35:]) for row in scores]
+    # a rank sum of 60 float64 values: 1e-12 separates a different definition from summation order
+    assert roc_area(scores, positive) == pytest.approx(want, abs=1e-12)
 
 
 def test_bad_scores():

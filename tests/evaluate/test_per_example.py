@@ -78,8 +78,9 @@ def test_attack_sparse_and_corruption_suites_record_every_setting(tiny_model):
                        resolve_options(get_suite("sparse"), {"sparse.salt_pepper": "0.05", "sparse.occlusion": "2"},
                                        limit=40))
     _check_metrics_reproduced(sparse, 40)
-    assert set(sparse["per_example"]["metrics"]["mean_top1"]["settings"]) == {
-        "top1_salt_pepper@5%", "top1_occlusion@2", "top1_keys@5%"}
+    assert set(sparse["per_example"]["metrics"]["mean_top1_input"]["settings"]) == {
+        "top1_salt_pepper@5%", "top1_occlusion@2"}
+    assert sparse["per_example"]["metrics"]["mean_top1_keys"]["settings"] == ["top1_keys@5%"]
     corr = run_suite(get_suite("corruptions"), model, cfg, None,
                      resolve_options(get_suite("corruptions"), {"corruptions.names": "gaussian_noise,contrast"},
                                      limit=16))

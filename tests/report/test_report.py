@@ -96,12 +96,12 @@ def fake_eval(ctx):
         per_example = record.as_dict()
         extra = {"errors": {c: [(100 - base + s) / 100 for s in range(1, 6)] for c in names}}
     elif suite == "ood":
-        metrics = {"AUPR": base - 40, "AUROC": 90.0}
+        metrics = {"AUPR_msp": base - 40, "AUROC_msp": 90.0, "AUPR_energy": base - 30, "AUROC_energy": 92.0}
     elif suite == "sparse":
         rows = [{"corruption": "none (clean)", "level": "-", "top1": base},
                 {"corruption": "salt-and-pepper", "level": "5% of pixels", "top1": base - 20},
                 {"corruption": "key corruption", "level": "5% of block-1 keys, +-5 std", "top1": base - 30}]
-        metrics = {"top1_clean": base, "mean_top1": base - 25}
+        metrics = {"top1_clean": base, "mean_top1_input": base - 20}  # no key mean: those claims go unmeasured
     elif suite == "ppl":
         metrics = {"test_ppl_sliding": base, "valid_ppl_sliding": base + 1}
         blocks = [[math.log(base) * 10, 10]] * 5   # NLL per block of 10 tokens: exp(sum / count) = base
@@ -205,7 +205,7 @@ def check_report_files_and_tables(study_dir):
     assert "- **RPC-Symlm**: fired." in section
     # the sparse-corruption table, every vision model; the PCP-active model's verdict rows vs SymViT
     assert "**Sparse corruption**" in md and "| key corruption: 5% of block-1 keys, +-5 std | 50.15 ± 0.21 |" in md
-    assert claims["sparse_pcp"]["rpc"] == "rpc_pcp" and claims["sparse_pcp"]["baseline"] == "symvit"
+    assert claims["sparse_input_pcp"]["rpc"] == "rpc_pcp" and claims["sparse_input_pcp"]["baseline"] == "symvit"
     assert claims["clean_pcp"]["verdict"] == "contradicted"  # 79 < 80 by the margin on both seeds
     assert claims["clean_pcp"]["paper"] == claims["clean"]["paper"] is not None
     check_intervals_and_lead(md, res)
@@ -227,11 +227,11 @@ def check_intervals_and_lead(md, res):
     assert mce["bootstrap"]["pooled"]["diff"] == pytest.approx(sum(diffs) / len(diffs), abs=0.05)
     assert mce["bootstrap"]["pooled"]["hi"] < 0                 # RPC-6's error is lower on every resample
     # the fake sparse suite records no per-example data: the seed interval only, the same rule
-    assert claims["sparse"]["intervals"]["bootstrap"] is None and claims["sparse"]["intervals"]["seed_ci"]
+    assert claims["sparse_input"]["intervals"]["bootstrap"] is None and claims["sparse_input"]["intervals"]["seed_ci"]
     # Holm within each family over its claims with >= 2 seeds (the LM pair has one seed: no p)
     fam = {c["id"]: (c["family"], c["intervals"]["family"]) for c in claims.values()}
-    assert fam["clean"] == fam["mce"] == ("primary", 2) and fam["sparse_keys"] == ("own", 0)  # no fake key metric
-    assert fam["fgsm"] == fam["clean_pcp"] == ("secondary", 9)
+    assert fam["clean"] == fam["mce"] == ("primary", 2) and fam["sparse_keys"] == ("own", 1)  # no fake key metric
+    assert fam["fgsm"] == fam["clean_pcp"] == ("secondary", 8) and fam["sparse_input"] == ("own", 1)
     assert claims["lm_ppl"]["intervals"]["p_holm"] is None and claims["lm_ppl"]["intervals"]["min_detectable"] is None
     # the LM claim's example interval over token blocks, and its perplexity ratio 48 / 50
     assert "(ratio 0.960 [0.960, 0.960])" in md
@@ -248,7 +248,7 @@ def check_intervals_and_lead(md, res):
     assert ("The paper's claims, primary (powered): RPC-SymViT 6iter/layer1 clean top1 +2.00 (reproduced); "
             "RPC-SymViT 6iter/layer1 corruptions mCE") in lead
     assert "secondary (exploratory, 9 claims): " in lead
-    assert "The library's own claims (not the paper's): RPC-SymViT robust PAP 2iter/layer1 sparse " in lead
+    assert "The library's own claims (not the paper's): RPC-SymViT 6iter/layer1 sparse mean_top1_input " in lead
     assert "Language model (the paper's claims): RPC-Symlm ppl test_ppl_sliding -2.00 (unresolved (one seed))" in lead
     # the first screen: one table per family, each under its rule, before the description and setup
     first = md[:md.index("## Setup")]
@@ -258,7 +258,7 @@ def check_intervals_and_lead(md, res):
     assert first.index("### Primary") < first.index("Fashion-MNIST SymViT vs RPC-SymViT")
     assert "*Rule: confirmatory; Holm over this family at 0.05" in first
     assert "## Power of the primary claims" in md and "MDE against target" in md
-    assert "adjusted within each family over its claims that have a p (2 primary, 9 secondary)" in md
+    assert "adjusted within each family over its claims that have a p (2 primary, 8 secondary, 1 own)" in md
     for c in claims.values():   # every claim's verdict word in the tables is the detail table's
         assert f"**{c['verdict']}**" in md
 

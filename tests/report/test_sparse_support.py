@@ -4,7 +4,7 @@ from rpc_attention.report.sparsity import render_sparse_corruption
 
 
 def _record(top1, support):
-    metrics = {"mean_top1": top1}
+    metrics = {"mean_top1_keys": top1}
     for setting, (p, r) in support.items():
         metrics[f"s_precision_{setting}"], metrics[f"s_recall_{setting}"] = p, r
     return {"metrics": metrics, "n_examples": 10, "protocol": "fake",

@@ -33,8 +33,9 @@ def check_report(smoke_dir):
         assert (smoke_dir / "stages" / f"{n}.done.json").exists(), n
     res = json.loads((smoke_dir / "results.json").read_text())
     claims = {c["id"]: c for c in res["claims"]}
-    assert set(claims) == {"clean", "fgsm", "pgd", "mce", "ood_aupr", "sparse", "lm_ppl", "lm_wordswap",
-                           "clean_pcp", "fgsm_pcp", "mce_pcp", "ood_aupr_pcp", "sparse_pcp"}
+    assert set(claims) == {"clean", "fgsm", "pgd", "mce", "ood_aupr", "sparse_input", "key_corruption", "lm_ppl",
+                           "lm_wordswap", "clean_pcp", "fgsm_pcp", "mce_pcp", "ood_aupr_pcp", "sparse_input_pcp",
+                           "key_corruption_pcp"}
     for c in claims.values():  # every claim measured; one seed -> "unresolved (one seed)"
         assert c["verdict"] == "unresolved (one seed)", c
         # every claim gets an example interval from the real suites' records (mCE, AUPR and perplexity

@@ -63,6 +63,18 @@ def test_quick_study_runs_the_patch_attack_on_the_listed_models():
     assert estimate(["patch_steps=40"]) > 1.8 * estimate([]) - 5
 
 
+def test_fmnist_studies_detect_ood_on_the_8x8_digits_with_the_energy_score_and_keep_sparse_claims_apart():
+    for name in ("smoke", "quick", "fmnist-full"):
+        study = get_study(name)
+        ood = next(e for e in study.evals if e.suite == "ood")
+        assert ood.sets == ["ood.ood_set=digits8x8"], name
+        claims = {c.id: c for c in study.claims}
+        assert (claims["ood_aupr"].suite, claims["ood_aupr"].metric) == ("ood", "AUPR_energy")
+        assert "sparse" not in claims  # no claim on a mean of input-level and key corruption
+        assert (claims["sparse_input"].metric, claims["key_corruption"].metric) == ("mean_top1_input", "mean_top1_keys")
+        assert "synthetic test of the mechanism" in claims["key_corruption"].says
+
+
 def test_quick_study_measures_robust_pap_on_the_key_corruption_dose_response():
     study = get_study("quick")
     robust = next(m for m in study.models if m.key == "rpc_robust")
@@ -71,6 +83,7 @@ def test_quick_study_measures_robust_pap_on_the_key_corruption_dose_response():
     assert "rpc_robust" in sparse.models and "sparse.key_magnitude=5,20,100" in sparse.sets
     claim = next(c for c in study.claims if c.id == "sparse_keys")
     assert (claim.metric, claim.baseline, claim.rpc) == ("mean_top1_keys", "symvit", "rpc_robust")
+    assert "synthetic test of the mechanism" in claim.says
     # an empty preset leaves the model and its claim out
     bare = get_study("quick", ["preset_rpc_robust="])
     assert "rpc_robust" not in {m.key for m in bare.models} and "sparse_keys" not in {c.id for c in bare.claims}

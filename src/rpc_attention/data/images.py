@@ -29,7 +29,7 @@ from torch.utils.data import Dataset
 from ..overrides import unknown_key
 
 __all__ = [
-    "FASHION_MNIST_DIR", "FASHION_MNIST_CLASSES", "fashion_mnist", "mnist5k", "TensorImageDataset",
+    "FASHION_MNIST_DIR", "FASHION_MNIST_CLASSES", "fashion_mnist", "mnist5k", "digits8x8", "TensorImageDataset",
     "SeededTransformDataset", "build_datasets", "build_eval_dataset", "dataset_info", "FolderInfo",
     "inspect_imagefolder", "is_folder_data", "STATS_SAMPLE", "eval_split_name",
 ]
@@ -106,6 +106,16 @@ def mnist5k() -> Tuple[np.ndarray, np.ndarray]:
     if table.ndim != 2 or table.shape[1] != 785:
         raise ValueError(f"{path}: expected 785 columns (784 pixels + label), got shape {table.shape}")
     return table[:, :784].astype(np.uint8).reshape(-1, 28, 28), table[:, 784].astype(np.int64)
+
+
+def digits8x8() -> Tuple[np.ndarray, np.ndarray]:
+    """The 1,797 8x8 handwritten digits shipped with scikit-learn (``sklearn.datasets.load_digits``, no
+    download), grey levels 0-16 scaled to 0-255 (``round(v * 255 / 16)``).
+    Returns ``(uint8 [1797, 8, 8], int64 [1797])``."""
+    from sklearn.datasets import load_digits
+
+    bunch = load_digits()
+    return np.rint(bunch.images * 255.0 / 16.0).astype(np.uint8), bunch.target.astype(np.int64)
 
 
 # ------------------------------------------------------------------------------------------ data sets

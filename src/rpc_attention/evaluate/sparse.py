@@ -15,8 +15,11 @@ Three corruptions, each touching a small share of the input, on the same test im
   recorded (``key_sparse``).
 
 Every draw is seeded by ``(seed, corruption, level, example index)``, so a result does not depend on
-the batching or the device. Metrics: top-1 (%) clean and under each setting, and the mean over the
-corrupted settings.
+the batching or the device. Metrics: top-1 (%) clean and under each setting, and two means kept apart
+because they measure different things: ``mean_top1_input`` over the input-level settings
+(salt-and-pepper, occlusion: what a deployed model meets) and ``mean_top1_keys`` over the key
+corruptions (a synthetic test of the mechanism: corruption injected into block 1's keys in exactly
+the sparse form robust PCA assumes).
 """
 
 from __future__ import annotations
@@ -35,8 +38,8 @@ from .per_example import PerExample
 from .predict import top1_hits
 from .suites import Column, CommonOptions, Cost, StudyUse, list_option, register_suite
 
-MEAN_TOP1 = "mean_top1"  # mean top-1 (%) over the corrupted settings; each setting adds its own
-MEAN_TOP1_KEYS = "mean_top1_keys"  # mean top-1 (%) over the key-corruption magnitudes
+MEAN_TOP1_INPUT = "mean_top1_input"  # mean top-1 (%) over the input-level settings (salt-and-pepper, occlusion)
+MEAN_TOP1_KEYS = "mean_top1_keys"  # mean top-1 (%) over the key-corruption magnitudes (block-1 keys)
 
 __all__ = ["salt_and_pepper", "occlude_patches", "KeyCorruption", "SparseSupport", "first_attention", "sparse_suite"]
 
@@ -276,19 +279,24 @@ def sparse_suite(model: nn.Module, cfg: Mapping[str, Any], run_dir, opts: Dict[s
         metrics[name] = acc
         record.metric(name, [name])
         rows.append({"corruption": kind, "level": label, "top1": acc, "drop": clean - acc})
-    key_names = [_metric_name(kind, level) for kind, _, level in settings if kind == "key corruption"]
-    if key_names:
-        metrics[MEAN_TOP1_KEYS] = sum(metrics[k] for k in key_names) / len(key_names)
-        record.metric(MEAN_TOP1_KEYS, key_names)
-    if len(rows) > 1:
-        metrics[MEAN_TOP1] = sum(r["top1"] for r in rows[1:]) / (len(rows) - 1)
-        record.metric("mean_top1", [_metric_name(kind, level) for kind, _, level in settings])
+    _declare_means(metrics, record, settings)
     return {"metrics": metrics, "rows": rows, "n_examples": n, "per_example": record.as_dict(),
             "data": {"dataset": data_name(cfg), "split": "test", "n_examples": n},
             "settings": {"patch_size": patch}, "key_sparse": key_sparse,
             "protocol": ("top-1 (%) under sparse corruption: salt-and-pepper pixels, patch occlusion on the patch "
-                         "grid, and +-magnitude std added to a random share of the first attention block's keys; "
-                         "seeded per example")}
+                         "grid (mean_top1_input), and +-magnitude std added to a random share of the first attention "
+                         "block's keys (mean_top1_keys: a synthetic test of the mechanism, corruption in exactly the "
+                         "sparse form robust PCA assumes); seeded per example")}
+
+
+def _declare_means(metrics: Dict[str, float], record: PerExample, settings: List[Tuple[str, str, float]]) -> None:
+    """``mean_top1_input`` over the input-level settings and ``mean_top1_keys`` over the key corruptions,
+    each where the suite ran such a setting; never one mean over both (they measure different things)."""
+    for mean, keys in ((MEAN_TOP1_INPUT, False), (MEAN_TOP1_KEYS, True)):
+        names = [_metric_name(kind, level) for kind, _, level in settings if (kind == "key corruption") == keys]
+        if names:
+            metrics[mean] = sum(metrics[k] for k in names) / len(names)
+            record.metric(mean, names)
 
 
 def _check(cfg: Mapping[str, Any], opts: Dict[str, Any]) -> None:
@@ -327,7 +335,7 @@ register_suite(
     "sparse", sparse_suite,
     options=SparseOptions,
     description="sparse corruption: salt-and-pepper pixels, patch occlusion, sparse key corruption in block 1",
-    check=_check, metrics=(MEAN_TOP1, MEAN_TOP1_KEYS), cost=Cost(8, 0),
-    columns=(Column("vision", MEAN_TOP1, "sparse corruption top-1, mean (%)", position=90),
-             Column("vision", MEAN_TOP1_KEYS, "key corruption top-1, mean over magnitudes (%)", position=91)),
+    check=_check, metrics=(MEAN_TOP1_INPUT, MEAN_TOP1_KEYS), cost=Cost(8, 0),
+    columns=(Column("vision", MEAN_TOP1_INPUT, "salt-and-pepper / occlusion top-1, mean (%)", position=90),
+             Column("vision", MEAN_TOP1_KEYS, "block-1 key corruption top-1, mean (%; synthetic)", position=91)),
     study=StudyUse(limit="sparse_limit", extra_sets="sparse_sets"))

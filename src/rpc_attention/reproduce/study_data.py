@@ -13,10 +13,10 @@ from typing import Dict, List, Optional, Sequence, Tuple
 from ..evaluate.classification import MEAN_TOP1, TOP1, top1_at
 from ..evaluate.corruptions import MCE
 from ..evaluate.lm import ppl_metric
-from ..evaluate.ood import AUPR
+from ..evaluate.ood import AUPR_ENERGY
 from ..evaluate.patch import top1_patches
 from ..evaluate.segmentation import CORRUPTED_MIOU, MIOU
-from ..evaluate.sparse import MEAN_TOP1_KEYS
+from ..evaluate.sparse import MEAN_TOP1_INPUT, MEAN_TOP1_KEYS
 from .specs import ClaimSpec, setting
 
 FMNIST_SUITES = ["clean", "fgsm", "pgd", "corruptions", "ood", "sparse", "patch"]
@@ -55,8 +55,12 @@ class FmnistSettings:
     corruptions: List[str] = setting(["gaussian_noise", "shot_noise", "impulse_noise", "defocus_blur", "motion_blur",
                                       "brightness", "contrast", "pixelate", "jpeg_compression"])
     corruption_limit: int = 100
+    # Fashion-MNIST test vs scikit-learn's 8x8 digits; the OOD claim reads the energy score's AUPR. Against
+    # MNIST digits a one-epoch SymViT sat at chance under -max softmax (AUROC 55.7 / 52.5 / 38.9 over three
+    # seeds) and even the energy score was unstable (81.8 / 73.4 / 53.3); against the 8x8 digits the energy
+    # score's AUROC was 94.0 / 89.7 / 89.0 (docs/robustness.md#ood-imagenet-oar)
     ood_limit: int = 1000
-    ood_sets: List[str] = setting([])
+    ood_sets: List[str] = setting(["ood.ood_set=digits8x8"])
     strong_attack_limit: int = 200
     sparse_limit: int = 500                      # sparse corruption: 9 corrupted settings + clean per image
     # the key corruption as a dose-response (the robust-PAP claim is on its mean)
@@ -296,22 +300,29 @@ VISION_CLAIMS = (
     _vision("pgd", "RPC (2 iters, all layers)", "is more accurate under PGD (mean over eps)", "pgd", MEAN_TOP1,
             rpc="rpc2all"),
     _vision("mce", RPC6, "lowers the corruption error (mCE relative to SymViT)", "corruptions", MCE, higher=False),
-    _vision("ood_aupr", "RPC (layer 1)", "detects out-of-distribution inputs better (AUPR)", "ood", AUPR),
-    # our own claim, the premise of PAP: keys with sparse corruption are where robust PCA helps
-    _vision("sparse", RPC6, "is more accurate under sparse corruption (salt-and-pepper, occlusion, corrupted keys; "
-            "mean)", "sparse", MEAN_TOP1),
+    # the paper's metric (AUPR) with the energy score, on an OOD set the baseline separates (ood_sets):
+    # a difference of AUPRs near chance would measure noise
+    _vision("ood_aupr", "RPC (layer 1)", "detects out-of-distribution inputs better (AUPR of the energy score, "
+            "scikit-learn's 8x8 digits against Fashion-MNIST)", "ood", AUPR_ENERGY),
+    # our own claims, the premise of PAP, kept apart: corruption a deployed model meets at its input, and
+    # corruption injected into the keys in exactly the sparse form robust PCA assumes
+    _vision("sparse_input", RPC6, "is more accurate under sparse input corruption (salt-and-pepper pixels, "
+            "occluded patches; mean)", "sparse", MEAN_TOP1_INPUT, family="own"),
+    _vision("key_corruption", RPC6, "is more accurate under sparse key corruption (a synthetic test of the "
+            "mechanism: corruption injected into block 1's keys in exactly the form the method assumes; mean over "
+            "magnitudes)", "sparse", MEAN_TOP1_KEYS, family="own"),
     _vision("autoattack", RPC6, "is more accurate under AutoAttack", "autoattack", top1_at("1/255")),
     _vision("square", RPC6, "is more accurate under the Square attack", "square", top1_at("1/255")),
 )
 # the PCP-active variants are near-duplicates of the official claims: exploratory, whatever the original's family
 PCP_CLAIMS = tuple(replace(c.variant("pcp", PCP_LABEL, "rpc_pcp"), family="secondary")
                    for c in VISION_CLAIMS if c.rpc == "rpc6")
-# The library's own claims (family "own"): the robust PAP variant, 5 % of block 1's keys moved by +-5, 20
-# and 100 key std. A claim of the patch variant belongs here too when a study trains it.
+# The library's own claims (family "own") for the robust PAP variant: 5 % of block 1's keys moved by +-5, 20
+# and 100 key std (synthetic), and the adaptive adversarial patch (the input-level threat).
 ROBUST_CLAIMS = (
-    _vision("sparse_keys", "RPC with robust PAP (2 iters, layer 1)", "removes sparse key corruption (top-1 under "
-            "5 % block-1 key corruption, mean over magnitudes)", "sparse", MEAN_TOP1_KEYS, rpc="rpc_robust",
-            family="own"),
+    _vision("sparse_keys", "RPC with robust PAP (2 iters, layer 1)", "removes sparse key corruption (a synthetic "
+            "test of the mechanism: top-1 under corruption injected into 5 % of block 1's keys in exactly the form "
+            "the method assumes, mean over magnitudes)", "sparse", MEAN_TOP1_KEYS, rpc="rpc_robust", family="own"),
     # the input-level test of the same premise (our own claim): an adversarial patch on the patch grid
     # replaces one token, so block 1 sees a whole corrupted row of the keys; adaptive attack, worst case
     _vision("patch", "RPC with robust PAP (2 iters, layer 1)", "is more accurate under the adaptive 1-patch attack "
