@@ -11,7 +11,8 @@ import pytest
 import torch
 
 from rpc_attention import functional as RF
-from rpc_attention.functional.pap import outlier_rows
+from rpc_attention.functional import pap_robust
+from rpc_attention.functional.pap import outlier_rows, prepare_pap
 
 from .reference import rand, ref_feature_medians, ref_pap, ref_softmax_attention
 
@@ -207,3 +208,47 @@ def test_token_rule_changes_the_output_and_has_gradients():
 def test_bad_token_rule_raises(row_lambd, causal, match):
     with pytest.raises(ValueError, match=match):
         RF.check_pap_options(row_lambd=row_lambd, is_causal=causal, mu_mode="causal" if causal else None)
+
+
+# --- the dual-free fast path (rpc_attention.functional.pap_robust) against the loop ---------------------
+@pytest.mark.parametrize("threshold, lambd", [("mad", 3.0), ("lambda_mu", 0.5), ("target_fraction", 0.1)])
+@pytest.mark.parametrize("lowrank", ["keys", "values"])
+@pytest.mark.parametrize("n_iter, dual_step", [(1, 1.0), (2, 0.0), (4, 0.0)])
+@pytest.mark.parametrize("row_lambd", [None, 2.0])
+def test_dual_free_fast_path_matches_the_loop_values_and_gradients(threshold, lambd, lowrank, n_iter, dual_step,
+                                                                   row_lambd):
+    k = rand(2, 3, 10, 4, seed=70)
+    k[0, :, 3] += 6.0
+    k[1, 2, 5, 1] -= 20.0
+    k.requires_grad_()
+    v = rand(2, 3, 10, 4, seed=71).requires_grad_()
+    opts = dict(threshold=threshold, lambd=lambd, lowrank=lowrank, shrink="hard", dual_step=dual_step,
+                row_lambd=row_lambd)
+    assert pap_robust.dual_free("hard", dual_step, n_iter)
+    fast = RF.pap_attention(k, v, n_iter=n_iter, **opts)           # the fast path
+    loop = RF.pap_attention(k, v, n_iter=n_iter, fused=False, **opts)  # the definition
+    torch.testing.assert_close(fast, loop, rtol=0, atol=1e-10)
+    torch.testing.assert_close(fast.detach(), ref_pap(k.detach(), v.detach(), n_iter, **opts), rtol=0, atol=1e-10)
+    w = rand(*fast.shape, seed=72)
+    g_fast = torch.autograd.grad((fast * w).sum(), (k, v))
+    g_loop = torch.autograd.grad((loop * w).sum(), (k, v))
+    for a, b in zip(g_fast, g_loop):
+        torch.testing.assert_close(a, b, rtol=0, atol=1e-10)
+
+
+def test_dual_free_fast_path_runs_and_matches_with_a_mask():
+    B, H, N, d = 2, 2, 8, 4
+    k, v = rand(B, H, N, d, seed=73), rand(B, H, N, d, seed=74)
+    valid = torch.ones(B, N, dtype=torch.bool)
+    valid[0, 6:] = False
+    mask = valid[:, None, None, :]
+    opts = dict(TOKEN, row_lambd=2.0)
+    problem = prepare_pap(k, v, n_iter=2, attn_mask=mask, **opts)
+    direct = pap_robust.dual_free_pap(problem.keys, v, problem.tau, problem.start, problem.rows, problem.mask, n_iter=2, in_keys=True,
+                  is_causal=False, dropout_p=0.0, scale=problem.scale, fused=True)
+    out = RF.pap_attention(k, v, n_iter=2, attn_mask=mask, **opts)
+    torch.testing.assert_close(out, direct, rtol=0, atol=0)  # pap_attention took the fast path
+    loop = RF.pap_attention(k, v, n_iter=2, attn_mask=mask, fused=False, **opts)
+    torch.testing.assert_close(out[1], loop[1], rtol=0, atol=1e-10)
+    torch.testing.assert_close(out[0, :, :6], loop[0, :, :6], rtol=0, atol=1e-10)
+    assert not pap_robust.dual_free("soft", 0.0, 2) and not pap_robust.dual_free("hard", 0.5, 2)
