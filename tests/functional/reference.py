@@ -70,16 +70,17 @@ def ref_tau(threshold, lambd, mu, kk, vk, causal):
 
 
 def ref_outlier_rows(kk, vk, row_lambd):
-    """The token rule for one (batch, head): valid tokens whose distance from the per-feature median is
-    above median + row_lambd * max(1.4826 * MAD, 1e-12) of the valid tokens' distances."""
+    """The token rule for one (batch, head): valid tokens whose row score, the median over features of
+    |k - per-feature median|, is above median + row_lambd * max(1.4826 * MAD, 1e-12) of the valid
+    tokens' scores."""
     centre = ref_feature_medians(kk, vk)
-    dist = [math.sqrt(sum((float(kk[n, j]) - float(centre[j])) ** 2 for j in range(kk.shape[1])))
-            for n in range(kk.shape[0])]
-    valid_dist = [dist[n] for n in range(kk.shape[0]) if vk[n]]
-    mid = ref_median(valid_dist)
-    mad = ref_median([abs(x - mid) for x in valid_dist])
+    score = [ref_median([abs(float(kk[n, j]) - float(centre[j])) for j in range(kk.shape[1])])
+             for n in range(kk.shape[0])]
+    valid_score = [score[n] for n in range(kk.shape[0]) if vk[n]]
+    mid = ref_median(valid_score)
+    mad = ref_median([abs(x - mid) for x in valid_score])
     limit = mid + row_lambd * max(1.4826 * mad, 1e-12)
-    return torch.tensor([bool(vk[n]) and dist[n] > limit for n in range(kk.shape[0])])
+    return torch.tensor([bool(vk[n]) and score[n] > limit for n in range(kk.shape[0])])
 
 
 def ref_pap(k, v, n_iter, lambd, C=None, threshold="lambda_mu", mu_mode="global", valid=None, causal=False,

@@ -56,9 +56,9 @@ LOWRANKS = ("values", "keys")
 SHRINKS = ("soft", "hard")
 # 1.4826 * MAD estimates the standard deviation of normally distributed data.
 MAD_TO_STD = 1.4826
-# row_lambd (the token rule, docs/method.md#robust-variants): a token whose key row lies further from
-# the per-feature median than median + row_lambd * 1.4826 * MAD of all tokens' distances (per batch and
-# head) goes into S whole. A patch replaces one token's embedding: every entry of its key row moves.
+# row_lambd (the token rule, docs/method.md#robust-variants): a token whose row score (the median over
+# features of |k - per-feature median|) exceeds median + row_lambd * 1.4826 * MAD of all tokens' scores
+# (per batch and head) goes into S whole. A patch replaces one token's embedding: its whole key row moves.
 # global: official (sum over the whole sequence, width C); causal: per-position mu, width C;
 # head_dim / causal_head_dim: the same with the head width d in place of C.
 MU_MODES = ("global", "causal", "head_dim", "causal_head_dim")
@@ -161,17 +161,20 @@ def outlier_rows(keys: Tensor, row_lambd: float, valid: Optional[Tensor] = None,
                  centre: Optional[Tensor] = None) -> Tensor:
     """The token rule: bool ``(B, H, N, 1)``, True for the valid tokens whose key row is an outlier.
 
-    Per (batch, head) each token's distance ``r_n = ||k_n - m||_2`` from the per-feature median ``m``
-    is compared with the robust spread of those distances over the valid tokens: a token is flagged
-    when ``r_n > median(r) + row_lambd * max(1.4826 * MAD(r), 1e-12)``. The median and MAD are
-    unchanged while fewer than half of the tokens are corrupted. Computed without gradient."""
+    Per (batch, head) each token's row score ``r_n = median_j |k_nj - m_j|`` (the median over features
+    of its distance from the per-feature median ``m``) is compared with the robust spread of those
+    scores over the valid tokens: a token is flagged when ``r_n > median(r) + row_lambd *
+    max(1.4826 * MAD(r), 1e-12)``. A median over features moves only when most of a row moves (a whole
+    corrupted token), not for a few outlying entries, which the entrywise threshold takes; the median
+    and MAD over tokens are unchanged while fewer than half of the tokens are corrupted. Computed
+    without gradient."""
     with torch.no_grad():
         centre = feature_median(keys, valid) if centre is None else centre
-        dist = torch.linalg.vector_norm(keys - centre, dim=-1, keepdim=True)  # (B, H, N, 1)
-        mid = _masked_median(dist, valid, -2)
-        mad = _masked_median((dist - mid).abs(), valid, -2)
+        score = _lower_median((keys - centre).abs(), -1)  # (B, H, N, 1)
+        mid = _masked_median(score, valid, -2)
+        mad = _masked_median((score - mid).abs(), valid, -2)
         limit = mid + row_lambd * (MAD_TO_STD * mad).clamp_min(1e-12)
-        flagged = torch.nan_to_num(dist - limit, nan=-1.0) > 0
+        flagged = torch.nan_to_num(score - limit, nan=-1.0) > 0
         return flagged if valid is None else flagged & valid.expand_as(flagged)
 
 
