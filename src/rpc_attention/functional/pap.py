@@ -524,17 +524,28 @@ def pap_attention(
                           scale=scale, model_dim=model_dim, threshold=threshold, mu_mode=mu_mode, tol=tol,
                           lowrank=lowrank, shrink=shrink, dual_step=dual_step, row_lambd=row_lambd)
     dropout_p, tol = check_dropout(dropout_p), None if tol is None else float(tol)
-    if fused and not return_state and not problem.robust and not torch.compiler.is_compiling():
-        options = FusedPAPOptions(n_iter=n_iter, is_causal=bool(is_causal), dropout_p=dropout_p,
-                                  scale=problem.scale, tol=tol, checkpoint_iters=bool(checkpoint_iters))
-        return fused_pap(problem.keys, v, problem.tau, problem.mask, options)
-    if fused and not return_state and tol is None and not checkpoint_iters and dual_free(shrink, dual_step, n_iter):
-        return dual_free_pap(problem.keys, v, problem.tau, problem.start, problem.rows, problem.mask, n_iter=n_iter,
-                             in_keys=lowrank == "keys", is_causal=bool(is_causal), dropout_p=dropout_p,
-                             scale=problem.scale, fused=True)
+    if fused and not return_state:
+        out = _fast_path(problem, v, n_iter, bool(is_causal), dropout_p, tol, bool(checkpoint_iters))
+        if out is not None:
+            return out
     out, state = pap_loop(problem, v, n_iter=n_iter, is_causal=is_causal, dropout_p=dropout_p, tol=tol,
                           fused=fused, checkpoint_iters=bool(checkpoint_iters))
     return (out, state) if return_state else out
+
+
+def _fast_path(problem: PAPProblem, v: Tensor, n_iter: int, is_causal: bool, dropout_p: float,
+               tol: Optional[float], checkpoint_iters: bool) -> Optional[Tensor]:
+    """PAP's output on a fast path beside the loop when one applies, else None: the fused passes of
+    :mod:`.pap_fused` (the official options) or the dual-free passes of :mod:`.pap_robust`."""
+    if not problem.robust and not torch.compiler.is_compiling():
+        options = FusedPAPOptions(n_iter=n_iter, is_causal=is_causal, dropout_p=dropout_p, scale=problem.scale,
+                                  tol=tol, checkpoint_iters=checkpoint_iters)
+        return fused_pap(problem.keys, v, problem.tau, problem.mask, options)
+    if tol is None and not checkpoint_iters and dual_free(problem.shrink, problem.dual_step, n_iter):
+        return dual_free_pap(problem.keys, v, problem.tau, problem.start, problem.rows, problem.mask, n_iter=n_iter,
+                             in_keys=problem.lowrank == "keys", is_causal=is_causal, dropout_p=dropout_p,
+                             scale=problem.scale, fused=True)
+    return None
 
 
 # pap_decompose takes pap_attention's options: the same keywords mean the same thing in both, and
