@@ -44,32 +44,40 @@ def timed(fn, calls: int, rounds: int = 5) -> float:
     return statistics.median(out)
 
 
+def _median_times(x: torch.Tensor) -> str:
+    flat = x.flatten(-2)
+    mid, flat_mid = (x.shape[2] - 1) // 2, (flat.shape[-1] - 1) // 2
+    return (f"per feature torch {timed(lambda: x.median(dim=-2), 20):.2f} ms, numpy "
+            f"{timed(lambda: np.partition(x.numpy(), mid, axis=-2), 20):.2f} ms; pooled torch "
+            f"{timed(lambda: flat.median(dim=-1), 20):.2f} ms, numpy "
+            f"{timed(lambda: np.partition(flat.numpy(), flat_mid, axis=-1), 20):.2f} ms")
+
+
 def medians() -> None:
     for shape in SHAPES:
-        x = torch.randn(*shape)
-        flat = x.flatten(-2)
-        mid, flat_mid = (shape[2] - 1) // 2, (flat.shape[-1] - 1) // 2
-        print(f"median {shape}: per feature torch {timed(lambda: x.median(dim=-2), 20):.2f} ms, numpy "
-              f"{timed(lambda: np.partition(x.numpy(), mid, axis=-2), 20):.2f} ms; pooled torch "
-              f"{timed(lambda: flat.median(dim=-1), 20):.2f} ms, numpy "
-              f"{timed(lambda: np.partition(flat.numpy(), flat_mid, axis=-1), 20):.2f} ms")
+        print(f"median {shape}: {_median_times(torch.randn(*shape))}")
+
+
+def _robust_loop(k, v):
+    return pap_loop(prepare_pap(k, v, **ROBUST), v, n_iter=2)[0]
+
+
+def _layer_times(fn, shape, calls: int) -> str:
+    k, v = torch.randn(*shape), torch.randn(*shape)
+    kg, vg = k.clone().requires_grad_(), v.clone().requires_grad_()
+    with torch.no_grad():
+        infer = timed(lambda: fn(k, v), calls)
+    train = timed(lambda: fn(kg, vg).sum().backward(), calls)
+    return f"no-grad {infer:7.2f} ms  fwd+bwd {train:7.2f} ms"
 
 
 def layers() -> None:
-    def loop(k, v):
-        return pap_loop(prepare_pap(k, v, **ROBUST), v, n_iter=2)[0]
-
-    cases = {"symmetric": lambda k, v: RF.symmetric_attention(k, v), "robust loop": loop,
+    cases = {"symmetric": lambda k, v: RF.symmetric_attention(k, v), "robust loop": _robust_loop,
              "robust fast path": lambda k, v: RF.pap_attention(k, v, **ROBUST),
              "official 6 iter": lambda k, v: RF.pap_attention(k, v)}
     for shape, calls in zip(SHAPES, (100, 10)):
-        k, v = torch.randn(*shape), torch.randn(*shape)
-        kg, vg = k.clone().requires_grad_(), v.clone().requires_grad_()
         for name, fn in cases.items():
-            with torch.no_grad():
-                infer = timed(lambda: fn(k, v), calls)
-            train = timed(lambda: fn(kg, vg).sum().backward(), calls)
-            print(f"layer {shape} {name:17s} no-grad {infer:7.2f} ms  fwd+bwd {train:7.2f} ms")
+            print(f"layer {shape} {name:17s} {_layer_times(fn, shape, calls)}")
 
 
 def models() -> None:
