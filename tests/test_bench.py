@@ -106,7 +106,7 @@ def _tiny_config():
         bench.OpShape("tiny-mem", 1, 1, 16, 4, causal=True, pap_iters=(2,), official_iters=(2,), options=(),
                       timed=False),
     ]
-    cfg.models = ("symvit", "rpc6_layer1")
+    cfg.models = ("symvit", "rpc6_layer1", "rpc_robust")
     cfg.vision_kwargs = dict(embed_dim=16, depth=1, num_heads=2)
     cfg.img_size = 16
     cfg.fans = ("fan", "rpc_fan")
@@ -140,9 +140,13 @@ def test_suite_machinery_writes_tables_and_json(tmp_path):
                for r in g["rows"] if r["case"] == "official 2")
     assert mem["time"]["median"] is None and mem["saved_bytes"] > 0  # memory-only shape
     vision = next(f for f in data["models"] if f["family"] == "vision")
-    assert [r["key"] for r in vision["rows"]] == ["symvit", "rpc6_layer1"]
+    assert [r["key"] for r in vision["rows"]] == ["symvit", "rpc6_layer1", "rpc_robust"]
     assert all(r["train"]["median"] > 0 and r["infer_throughput"] > 0 for r in vision["rows"])
-    assert "train_vs_base" in vision["rows"][1]["ratios"]
+    assert "train_vs_base" in vision["rows"][1]["ratios"] and "infer_vs_base" in vision["rows"][2]["ratios"]
+    robust = {t["target"]: t for t in data["targets"] if "robust" in t["target"]}
+    assert set(robust) == {"RPC-SymViT-tiny robust 2iter/layer1 train step / SymViT-tiny",
+                           "RPC-SymViT-tiny robust 2iter/layer1 inference / SymViT-tiny"}
+    assert all(t["measured"] > 0 and t["goal"] == "<= 1.1" for t in robust.values())
     assert any(f["family"] == "lm" for f in data["models"])
     fan = next(f for f in data["models"] if f["family"] == "fan")
     assert fan["baseline"] == "fan" and [r["key"] for r in fan["rows"]] == ["fan", "rpc_fan"]

@@ -18,7 +18,8 @@ __all__ = ["Attention", "SymmetricAttention", "RPCAttention", "ScaledAttention",
            "softmax_attention"]
 
 # pap_attention keyword options a module or model may carry (besides masks and dropout).
-PAP_OPTION_NAMES = ("n_iter", "lambd", "threshold", "mu_mode", "model_dim", "tol", "lowrank", "shrink", "dual_step")
+PAP_OPTION_NAMES = ("n_iter", "lambd", "threshold", "mu_mode", "model_dim", "tol", "lowrank", "shrink", "dual_step",
+                    "row_lambd")
 
 
 def parse_layers(spec: Union[None, str, int, Iterable[int]], depth: Optional[int] = None,
@@ -99,13 +100,13 @@ def _symmetric_attention(k: Tensor, v: Tensor, attn_mask: Optional[Tensor], is_c
 def _pap_attention(k: Tensor, v: Tensor, attn_mask: Optional[Tensor], is_causal: bool, dropout_p: float,
                    scale: float, fused: bool, n_iter: int, lambd: float, model_dim: int, threshold: str,
                    mu_mode: Optional[str], tol: Optional[float], checkpoint_iters: bool, lowrank: str,
-                   shrink: str, dual_step: float) -> Tensor:
+                   shrink: str, dual_step: float, row_lambd: Optional[float]) -> Tensor:
     # typed arguments, not an options dict: a traced graph is scripted too, and TorchScript cannot
     # type a dict literal of mixed values
     return RF.pap_attention(k, v, attn_mask=attn_mask, is_causal=is_causal, dropout_p=dropout_p, scale=scale,
                             fused=fused, n_iter=n_iter, lambd=lambd, model_dim=model_dim, threshold=threshold,
                             mu_mode=mu_mode, tol=tol, checkpoint_iters=checkpoint_iters, lowrank=lowrank,
-                            shrink=shrink, dual_step=dual_step)
+                            shrink=shrink, dual_step=dual_step, row_lambd=row_lambd)
 
 
 @torch.jit.ignore
@@ -220,8 +221,8 @@ class RPCAttention(SymmetricAttention):
             ``"head_dim"``, ``"causal_head_dim"``.
         model_dim: width in mu, default ``dim`` (the official C).
         tol: optional early stop of the ADMM passes (inference).
-        lowrank, shrink, dual_step: the robust options of :func:`rpc_attention.functional.pap_attention`
-            (official: ``"values"``, ``"soft"``, 1.0).
+        lowrank, shrink, dual_step, row_lambd: the robust options of
+            :func:`rpc_attention.functional.pap_attention` (official: ``"values"``, ``"soft"``, 1.0, None).
         checkpoint_iters: keep only the cleaned keys and a 1-byte shrinkage pattern per ADMM pass
             for backward and recompute each pass's attention there (less memory, one extra
             attention forward per pass; same outputs and gradients). Performance option only.
@@ -246,13 +247,16 @@ class RPCAttention(SymmetricAttention):
         lowrank: str = "values",
         shrink: str = "soft",
         dual_step: float = 1.0,
+        row_lambd: Optional[float] = None,
         device=None,
         dtype=None,
     ) -> None:
         super().__init__(dim, num_heads, qkv_bias, attn_drop, proj_drop, fused_attn, device=device, dtype=dtype)
-        RF.check_pap_options(n_iter=n_iter, lambd=lambd, threshold=threshold, mu_mode=mu_mode,
-                             tol=tol, model_dim=model_dim, lowrank=lowrank, shrink=shrink, dual_step=dual_step)
+        RF.check_pap_options(n_iter=n_iter, lambd=lambd, threshold=threshold, mu_mode=mu_mode, tol=tol,
+                             model_dim=model_dim, lowrank=lowrank, shrink=shrink, dual_step=dual_step,
+                             row_lambd=row_lambd)
         self.lowrank, self.shrink, self.dual_step = lowrank, shrink, float(dual_step)
+        self.row_lambd = None if row_lambd is None else float(row_lambd)
         self.n_iter = n_iter
         self.lambd = float(lambd)
         self.threshold = threshold
@@ -268,7 +272,7 @@ class RPCAttention(SymmetricAttention):
             "n_iter": self.n_iter, "lambd": self.lambd, "threshold": self.threshold,
             "mu_mode": self.mu_mode, "model_dim": self.model_dim or self.dim, "tol": self.tol,
             "checkpoint_iters": self.checkpoint_iters, "lowrank": self.lowrank, "shrink": self.shrink,
-            "dual_step": self.dual_step,
+            "dual_step": self.dual_step, "row_lambd": self.row_lambd,
         }
 
     def forward(self, x: Tensor, attn_mask: Optional[Tensor] = None, is_causal: bool = False) -> Tensor:
@@ -278,7 +282,7 @@ class RPCAttention(SymmetricAttention):
         else:
             res = _pap_attention(k, v, attn_mask, is_causal, self._dropout_p, self.scale, self.fused_attn,
                                  self.n_iter, self.lambd, self._mu_width(), self.threshold, self.mu_mode, self.tol,
-                                 self.checkpoint_iters, self.lowrank, self.shrink, self.dual_step)
+                                 self.checkpoint_iters, self.lowrank, self.shrink, self.dual_step, self.row_lambd)
         return self._merge(res)
 
     @torch.jit.ignore
@@ -291,14 +295,16 @@ class RPCAttention(SymmetricAttention):
             k, v, attn_mask=attn_mask, is_causal=is_causal, dropout_p=self._dropout_p, scale=self.scale,
             fused=self.fused_attn, n_iter=self.n_iter, lambd=self.lambd, model_dim=self._mu_width(),
             threshold=self.threshold, mu_mode=self.mu_mode, tol=self.tol, checkpoint_iters=self.checkpoint_iters,
-            lowrank=self.lowrank, shrink=self.shrink, dual_step=self.dual_step, return_state=True)
+            lowrank=self.lowrank, shrink=self.shrink, dual_step=self.dual_step, row_lambd=self.row_lambd,
+            return_state=True)
         return res
 
     def extra_repr(self) -> str:
         return (f"dim={self.dim}, num_heads={self.num_heads}, n_iter={self.n_iter}, lambd={self.lambd}, "
                 f"threshold={self.threshold!r}, mu_mode={self.mu_mode!r}"
                 + ("" if (self.lowrank, self.shrink, self.dual_step) == ("values", "soft", 1.0) else
-                   f", lowrank={self.lowrank!r}, shrink={self.shrink!r}, dual_step={self.dual_step}"))
+                   f", lowrank={self.lowrank!r}, shrink={self.shrink!r}, dual_step={self.dual_step}")
+                + ("" if self.row_lambd is None else f", row_lambd={self.row_lambd}"))
 
 
 class ScaledAttention(_AttentionBase):

@@ -69,12 +69,30 @@ def ref_tau(threshold, lambd, mu, kk, vk, causal):
     return torch.tensor(mags[min(math.ceil(lambd * len(mags)), len(mags) - 1)], dtype=kk.dtype)
 
 
+def ref_outlier_rows(kk, vk, row_lambd):
+    """The token rule for one (batch, head): valid tokens whose row score, the median over features of
+    |k - per-feature median|, is above median + row_lambd * max(1.4826 * MAD, 1e-12) of the valid
+    tokens' scores."""
+    centre = ref_feature_medians(kk, vk)
+    score = [ref_median([abs(float(kk[n, j]) - float(centre[j])) for j in range(kk.shape[1])])
+             for n in range(kk.shape[0])]
+    valid_score = [score[n] for n in range(kk.shape[0]) if vk[n]]
+    mid = ref_median(valid_score)
+    mad = ref_median([abs(x - mid) for x in valid_score])
+    limit = mid + row_lambd * max(1.4826 * mad, 1e-12)
+    return torch.tensor([bool(vk[n]) and score[n] > limit for n in range(kk.shape[0])])
+
+
 def ref_pap(k, v, n_iter, lambd, C=None, threshold="lambda_mu", mu_mode="global", valid=None, causal=False,
-            lowrank="values", shrink="soft", dual_step=1.0):
+            lowrank="values", shrink="soft", dual_step=1.0, row_lambd=None):
     """PAP for (B, H, N, d) float64 tensors, one (batch, head) at a time, as docs/method.md#the-loop writes it
     (with the options of docs/method.md#robust-variants: L in key space started at the per-feature
-    median, hard shrinkage, a scaled dual step)."""
-    shrink_fn = ref_shrink if shrink == "soft" else ref_hard_shrink
+    median, hard shrinkage, a scaled dual step, the token rule putting whole outlier rows into S)."""
+    def shrink_fn(x, t, rows):
+        s = (ref_shrink if shrink == "soft" else ref_hard_shrink)(x, t)
+        s[rows] = x[rows]  # a flagged token's whole row goes into S
+        return s
+
     B, H, N, d = k.shape
     C = H * d if C is None else C
     out = torch.zeros(B, H, N, v.shape[-1], dtype=v.dtype)
@@ -95,16 +113,17 @@ def ref_pap(k, v, n_iter, lambd, C=None, threshold="lambda_mu", mu_mode="global"
                 total = float(kk[vk].abs().sum())
                 mu = torch.tensor(count * width / (4 * max(total, 1e-6)), dtype=kk.dtype)
             tau = ref_tau(threshold, lambd, mu, kk, vk, causal)
+            rows = torch.zeros(N, dtype=torch.bool) if row_lambd is None else ref_outlier_rows(kk, vk, row_lambd)
             L = torch.zeros_like(kk)
             if lowrank == "keys":
                 L = ref_feature_medians(kk, vk).expand_as(kk).clone()
             Y = torch.zeros_like(kk)
             for _ in range(n_iter - 1):
-                S = shrink_fn(kk - L + Y / mu, tau)
+                S = shrink_fn(kk - L + Y / mu, tau, rows)
                 K2 = kk - S - Y / mu
                 L = ref_softmax_attention(K2, K2, K2 if lowrank == "keys" else vv, 1 / math.sqrt(d), vk, causal)
                 Y = Y + dual_step * mu * (kk - L - S)
-            S = shrink_fn(kk - L + Y / mu, tau)
+            S = shrink_fn(kk - L + Y / mu, tau, rows)
             K2 = kk - S - Y / mu
             out[b, h] = ref_softmax_attention(K2, K2, vv, 1 / math.sqrt(d), vk, causal)
     return out

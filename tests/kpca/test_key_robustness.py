@@ -96,6 +96,42 @@ def test_parse_variant_reads_options():
                             "dual_step": 0.0}
 
 
+def test_token_and_feature_corruption_pick_whole_rows_and_columns():
+    keys = torch.randn(4, 3, 20, 5, generator=torch.Generator().manual_seed(2), dtype=torch.float64)
+    corrupted, hit = KR.corrupt_keys(keys, 0.1, 9.0, seed=1, pattern="tokens")
+    rows = hit.all(dim=-1).all(dim=1)  # (B, N): tokens hit in every head and feature
+    assert torch.equal(hit, rows[:, None, :, None].expand_as(hit)) and rows.sum(dim=1).tolist() == [2, 2, 2, 2]
+    assert len({tuple(r.nonzero().flatten().tolist()) for r in rows}) > 1  # drawn per example
+    for b in range(4):
+        delta = (corrupted[b] - keys[b])[hit[b]].abs()
+        torch.testing.assert_close(delta, torch.full_like(delta, 9.0 * float(keys[b].std())), rtol=0, atol=1e-12)
+    _, cols = KR.corrupt_keys(keys, 0.1, 9.0, seed=1, pattern="features")
+    per_col = cols.all(dim=2)  # (B, H, d): features hit at every token
+    assert torch.equal(cols, per_col[:, :, None, :].expand_as(cols))
+    assert per_col.flatten(1).sum(dim=1).tolist() == [2, 2, 2, 2]  # round(0.1 * 15) of the H d = 15 features
+    assert KR.corrupt_keys(keys, 0.1, 9.0, seed=1, pattern="tokens")[0].equal(corrupted)
+    with pytest.raises(ValueError, match="pattern"):
+        KR.corrupt_keys(keys, 0.1, 9.0, pattern="rows")
+
+
+def test_drop_control_masks_the_outlier_token_and_reports_the_others():
+    keys, values = KR.synthetic_keys(batch=2, heads=2, tokens=24, head_dim=8, rank=8, noise=0.0, seed=0)
+    corrupted, hit = KR.corrupt_keys(keys, 0.04, 50.0, seed=0, pattern="tokens")  # one token per example
+    keep = KR.drop_mask(corrupted, 6.0)
+    assert torch.equal(~keep[:, :, 0, :], hit.all(dim=-1))
+    spec = KR.parse_variant("robust=threshold:mad,lambd:6,lowrank:keys,shrink:hard,dual_step:0,n_iter:2,row_lambd:6")
+    grid = KR.robustness_grid(keys, values, [spec], [50.0], [0.04], patterns=("tokens",))
+    m = grid["cells"][0]["methods"]
+    dropped = RF.symmetric_attention(corrupted, values, attn_mask=keep)
+    clean_drop = RF.symmetric_attention(keys, values, attn_mask=KR.drop_mask(keys, 6.0))
+    assert m["drop"]["r"] == pytest.approx(KR.relative_change(dropped, clean_drop), rel=1e-12)
+    others = ~hit.any(dim=-1)
+    assert m["robust"]["r_others"] == pytest.approx(
+        KR.relative_change(RF.pap_attention(corrupted, values, **spec.options)[others],
+                           RF.pap_attention(keys, values, **spec.options)[others]), rel=1e-12)
+    assert m["robust"]["recall"] == 1.0 and m["robust"]["r_others"] < m["clip"]["r_others"]
+
+
 TINY = ["--batch", "2", "--heads", "2", "--tokens", "12", "--head-dim", "4", "--rank", "2",
         "--magnitudes", "5,50", "--densities", "0.1"]
 
@@ -103,10 +139,12 @@ TINY = ["--batch", "2", "--heads", "2", "--tokens", "12", "--head-dim", "4", "--
 def test_cli_writes_table_json_and_figure_and_refuses_to_overwrite(tmp_path, capsys):
     out = tmp_path / "rob"
     assert main(["robustness", "--out", str(out), *TINY]) == 0
-    assert "| 10 % | 50 |" in capsys.readouterr().out
+    assert "| tokens | 10 % | 50 |" in capsys.readouterr().out
     data = json.loads((out / "robustness.json").read_text())
-    assert [c["magnitude"] for c in data["sources"][0]["cells"]] == [5.0, 50.0]
-    assert set(data["sources"][0]["cells"][0]["methods"]) == {"symmetric", "clip", "oracle", "official", "robust"}
+    cells = data["sources"][0]["cells"]
+    assert [(c["pattern"], c["magnitude"]) for c in cells] == [(p, m) for p in KR.PATTERNS for m in (5.0, 50.0)]
+    assert set(cells[0]["methods"]) == {"symmetric", "clip", "drop", "oracle", "official", "robust", "rows", "values8"}
+    assert "r_others" in cells[2]["methods"]["robust"] and "r_others" not in cells[0]["methods"]["robust"]
     assert (out / "robustness.png").stat().st_size > 1000 and "| density |" in (out / "robustness.md").read_text()
     before = (out / "robustness.json").read_text()
     assert main(["robustness", "--out", str(out), *TINY, "--seed", "1"]) == 2
@@ -118,7 +156,8 @@ def test_cli_writes_table_json_and_figure_and_refuses_to_overwrite(tmp_path, cap
 
 @pytest.mark.parametrize("bad, match", [(["--densities", "1.5"], "densities"), (["--variant", "x=shrink:firm"], "shrink"),
                                         (["--no-synthetic"], "nothing to measure"), (["--run", "/nonexistent"], ""),
-                                        (["--variant", "a", "--variant", "a"], "distinct"), (["--clip", "0"], "clipping")])
+                                        (["--variant", "a", "--variant", "a"], "distinct"), (["--clip", "0"], "clipping"),
+                                        (["--patterns", "rows"], "patterns"), (["--drop", "-1"], "drop level")])
 def test_cli_bad_input_exits_2_with_one_line(tmp_path, capsys, bad, match):
     assert main(["robustness", "--out", str(tmp_path / "o"), *TINY, *bad]) == 2
     err = capsys.readouterr().err.strip()

@@ -65,3 +65,22 @@ def test_fan_lm_and_integrations_take_the_robust_options():
     assert state.sparse[0, 0, 2, 1] != 0 and state.sparse.count_nonzero() <= 3
     with pytest.raises(ValueError, match="shrink"):
         rpc_timm.convert(vit, rpc_layers=[0], shrink="firm")
+
+
+def test_token_rule_reaches_the_kernel_through_rpc_attention_and_symvit():
+    torch.manual_seed(1)
+    rule = dict(ROBUST, lambd=6.0, row_lambd=3.0)
+    layer = RPCAttention(8, num_heads=2, n_iter=2, **rule).double()
+    x = torch.randn(2, 9, 8, dtype=torch.float64)
+    x[:, 4] += 25.0  # one token far out
+    k, v = layer.qkv(x).reshape(2, 9, 2, 2, 4).permute(2, 0, 3, 1, 4).unbind(0)
+    ref = RF.pap_attention(k, v, n_iter=2, model_dim=8, **rule)
+    torch.testing.assert_close(layer(x), layer.proj(ref.transpose(1, 2).reshape(2, 9, 8)), rtol=0, atol=1e-12)
+    assert layer.pap_options()["row_lambd"] == 3.0 and "row_lambd=3.0" in repr(layer)
+    model = timm.create_model("rpc_symvit_tiny_patch16_224", img_size=28, patch_size=7, in_chans=1, num_classes=10,
+                              embed_dim=16, depth=2, num_heads=2, rpc_layers=[0], n_iter=2, **rule)
+    assert model.blocks[0].attn.row_lambd == 3.0 and model.rpc_cfg["row_lambd"] == 3.0
+    assert "row_lambd" not in timm.create_model("rpc_symvit_tiny_patch16_224", img_size=28, patch_size=7, in_chans=1,
+                                                embed_dim=16, depth=1, num_heads=2, rpc_layers=[0]).rpc_cfg
+    with pytest.raises(ValueError, match="row_lambd"):
+        RPCAttention(8, num_heads=2, row_lambd=-1.0)

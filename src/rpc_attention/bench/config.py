@@ -29,7 +29,7 @@ class Config:
 
     name: str
     shapes: List[OpShape]
-    models: Sequence[str] = ("symvit", "rpc6_layer1", "rpc2_all", "deit")
+    models: Sequence[str] = ("symvit", "rpc6_layer1", "rpc2_all", "rpc_robust", "deit")
     lms: Sequence[str] = ("symlm", "rpc_symlm")
     fans: Sequence[str] = ("fan", "symfan", "rpc_fan")
     img_size: int = 224
@@ -72,7 +72,7 @@ def _quick() -> Config:
             OpShape("long-4096", 1, 3, 4096, 64, pap_iters=(1, 6), official_iters=(), options=("ckpt",),
                     timed=False),
         ],
-        models=("symvit", "rpc6_layer1", "rpc2_all", "deit"), lms=("symlm", "rpc_symlm"),
+        models=("symvit", "rpc6_layer1", "rpc2_all", "rpc_robust", "deit"), lms=("symlm", "rpc_symlm"),
         img_size=224, train_batch=4, infer_batch=8, lm_batch=4, lm_context=128,
         repeats=2, min_run_time=0.2, model_min_run_time=0.2,
     )
@@ -86,7 +86,7 @@ def _smoke() -> Config:
             OpShape("tiny-causal", 1, 2, 10, 4, causal=True, pap_iters=(2,), official_iters=(2,), options=()),
             OpShape("tiny-mem", 1, 1, 64, 8, pap_iters=(2,), official_iters=(2,), options=("ckpt",), timed=False),
         ],
-        models=("symvit", "rpc6_layer1"), lms=("symlm",), img_size=32, train_batch=2, infer_batch=2,
+        models=("symvit", "rpc6_layer1", "rpc_robust"), lms=("symlm",), img_size=32, train_batch=2, infer_batch=2,
         vision_kwargs=dict(embed_dim=32, depth=2, num_heads=2),
         fans=("fan", "rpc_fan"), fan_kwargs=dict(embed_dim=32, depth=2, num_heads=4, patch_size=8),
         lm_kwargs=dict(n_layer=1, d_model=16, n_head=2, d_inner=32), lm_batch=2, lm_context=16,

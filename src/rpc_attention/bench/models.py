@@ -1,7 +1,7 @@
 """Model level: one training step (forward, cross-entropy, backward, AdamW step) and inference throughput.
 
 Families (:data:`FAMILIES`), each with its baseline: vision (SymViT-tiny, RPC-SymViT-tiny 6iter/layer1
-and 2iter/all-layer, timm's DeiT-tiny), FAN (FAN-tiny, the asymmetric baseline, SymFAN-tiny, RPC-FAN-tiny
+and 2iter/all-layer, the robust RPC-SymViT-tiny of the ``fmnist-rpc-symvit-robust`` preset, timm's DeiT-tiny), FAN (FAN-tiny, the asymmetric baseline, SymFAN-tiny, RPC-FAN-tiny
 4iter/layer1) and language models (Symlm-small vs RPC-Symlm-small, PAP in blocks 0-3, 4 iterations).
 A configuration lists the case keys of each family it runs (:class:`rpc_attention.bench.config.Config`).
 """
@@ -133,12 +133,15 @@ class Family:
 
 
 _RPC_VIT = "rpc_symvit_tiny_patch16_224"
+# The robust PAP of the fmnist-rpc-symvit-robust preset (docs/method.md#robust-variants) in block 0.
+ROBUST_PAP = dict(rpc_layers=[0], n_iter=2, lambd=6.0, threshold="mad", lowrank="keys", shrink="hard", dual_step=0.0)
 _VISION_CASES = (
     ModelCase("symvit", "SymViT-tiny", "symvit_tiny_patch16_224"),
     ModelCase("rpc6_layer1", "RPC-SymViT-tiny 6iter/layer1", _RPC_VIT, dict(rpc_layers=[0], n_iter=6)),
     ModelCase("rpc2_all", "RPC-SymViT-tiny 2iter/all-layer", _RPC_VIT, dict(rpc_layers="all", n_iter=2)),
     ModelCase("rpc6_layer1_ckpt", "RPC-SymViT-tiny 6iter/layer1 ckpt", _RPC_VIT, dict(rpc_layers=[0], n_iter=6),
               checkpoint_iters=True),
+    ModelCase("rpc_robust", "RPC-SymViT-tiny robust 2iter/layer1", _RPC_VIT, ROBUST_PAP),
     ModelCase("deit", "DeiT-tiny (timm, asymmetric)", "deit_tiny_patch16_224"),
 )
 _FAN_CASES = (

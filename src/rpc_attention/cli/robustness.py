@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import argparse
 
-HELP = "Layer-level robustness to sparse key corruption: PAP variants vs symmetric, clipping and oracle controls"
+HELP = ("Layer-level robustness to sparse key corruption (entries, whole tokens, whole features): PAP variants vs "
+        "symmetric, clipping, token-dropping and oracle controls")
 
 
 def _floats(text: str):
@@ -27,7 +28,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="corruption sizes in key standard deviations (default 2,5,10,30,100)")
     parser.add_argument("--densities", type=_floats, default=[0.01, 0.05, 0.2],
                         help="shares of key entries corrupted (default 0.01,0.05,0.2)")
+    parser.add_argument("--patterns", default="entries,tokens,features",
+                        help="corruption patterns: entries (scattered), tokens (whole key rows), features (whole "
+                             "key columns); default all three")
     parser.add_argument("--clip", type=float, default=4.0, help="clipping control: median +- CLIP robust std (4)")
+    parser.add_argument("--drop", type=float, default=6.0,
+                        help="drop control: mask out tokens whose key row is DROP robust deviations out (6)")
     parser.add_argument("--seed", type=int, default=0, help="seed of the keys and corruptions (default 0)")
     syn = parser.add_argument_group("synthetic keys")
     for flag, default in (("batch", 16), ("heads", 4), ("tokens", 64), ("head-dim", 16), ("rank", 4)):
@@ -51,7 +57,8 @@ def run(args: argparse.Namespace) -> int:
         synthetic = None if args.no_synthetic else dict(shape, noise=args.noise)
         result = robustness_study(variants, run_dir=args.run, synthetic=synthetic, magnitudes=args.magnitudes,
                                   densities=args.densities, examples=args.examples, seed=args.seed, clip=args.clip,
-                                  progress=lambda cells: progress(cells, total=len(cells), desc="cells"))
+                                  progress=lambda cells: progress(cells, total=len(cells), desc="cells"),
+                                  patterns=[p.strip() for p in args.patterns.split(",") if p.strip()], drop=args.drop)
         write_robustness(result, args.out, force=args.force)
     except (ValueError, FileNotFoundError, FileExistsError) as exc:
         raise UserError(str(exc)) from None

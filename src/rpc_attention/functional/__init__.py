@@ -7,6 +7,8 @@ no second copy of the PAP algorithm anywhere. Tensors are shaped ``(batch, heads
 - :mod:`.pap`: PAP's definition (:func:`pap_loop`, the plain loop), its options, mu and tau,
   and the entry points :func:`pap_attention` and :func:`pap_decompose`.
 - :mod:`.pap_fused`: the fused fast path beside it, with its derivation and hand-written backward.
+- :mod:`.pap_robust`: the fast path of the dual-free robust options (hard shrinkage, no dual step),
+  with its derivation.
 - :mod:`.pap_cache`: cached decoding for causal PAP (:func:`pap_prefill`, :class:`PAPCache`).
 """
 

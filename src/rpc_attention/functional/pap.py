@@ -19,7 +19,8 @@ Per (batch, head), with ``k, v`` of shape ``(N, d)`` and ``C`` the model width::
 :func:`pap_loop` below is that loop in plain autograd operations: it is the definition the rest is
 tested against. :func:`pap_attention` runs it for ``return_state=True``, ``fused=False`` and under
 ``torch.compile``; otherwise it runs the same passes on the fused path of
-:mod:`rpc_attention.functional.pap_fused` (an algebraically equal form with a hand-written backward).
+:mod:`rpc_attention.functional.pap_fused` (an algebraically equal form with a hand-written backward)
+or, for the dual-free hard-shrinkage options, on :mod:`rpc_attention.functional.pap_robust`.
 """
 
 from __future__ import annotations
@@ -28,11 +29,13 @@ import math
 from dataclasses import dataclass
 from typing import Dict, List, Optional, Tuple, Union
 
+import numpy as np
 import torch
 from torch import Tensor
 
 from .attention import attend, check_dropout, check_kv, normalise_mask, resolve_scale
 from .pap_fused import FusedPAPOptions, fused_pap, sparse_converged
+from .pap_robust import dual_free, dual_free_pap
 
 # How tau is set (docs/method.md#threshold-rules):
 #   lambda_mu        tau = lambd * mu                        (the official code)
@@ -53,6 +56,9 @@ LOWRANKS = ("values", "keys")
 SHRINKS = ("soft", "hard")
 # 1.4826 * MAD estimates the standard deviation of normally distributed data.
 MAD_TO_STD = 1.4826
+# row_lambd (the token rule, docs/method.md#robust-variants): a token whose row score (the median over
+# features of |k - per-feature median|) exceeds median + row_lambd * 1.4826 * MAD of all tokens' scores
+# (per batch and head) goes into S whole. A patch replaces one token's embedding: its whole key row moves.
 # global: official (sum over the whole sequence, width C); causal: per-position mu, width C;
 # head_dim / causal_head_dim: the same with the head width d in place of C.
 MU_MODES = ("global", "causal", "head_dim", "causal_head_dim")
@@ -94,11 +100,13 @@ class PAPProblem:
     shrink: str = "soft"      # SHRINKS
     dual_step: float = 1.0    # Y <- Y + dual_step * mu * (k - L - S)
     start: Optional[Tensor] = None  # L_0: None (0) or the per-feature median (lowrank="keys")
+    rows: Optional[Tensor] = None   # bool (B, H, N, 1): tokens the row rule puts into S whole, or None
 
     @property
     def robust(self) -> bool:
         """True when an option beyond the official loop is set (the fused path does not run those)."""
-        return self.lowrank != "values" or self.shrink != "soft" or self.dual_step != 1.0 or self.start is not None
+        return (self.lowrank != "values" or self.shrink != "soft" or self.dual_step != 1.0 or self.start is not None
+                or self.rows is not None)
 
 
 def soft_shrink(x: Tensor, tau: Union[Tensor, float]) -> Tensor:
@@ -111,22 +119,63 @@ def hard_shrink(x: Tensor, tau: Union[Tensor, float]) -> Tensor:
     return x * (x.abs() > tau).to(x.dtype)
 
 
+def _lower_median(x: Tensor, dim: int) -> Tensor:
+    """The lower median over ``dim`` (torch.median's convention), keeping the dimension, without
+    gradient. On the CPU numpy's introselect (``np.partition``) picks the same element 4-7 times
+    faster than torch's median (measured on PAP's key shapes, docs/method.md#robust-variants)."""
+    if x.device.type == "cpu" and x.dtype in (torch.float32, torch.float64):
+        kth = (x.shape[dim] - 1) // 2
+        picked = np.take(np.partition(x.detach().numpy(), kth, axis=dim), [kth], axis=dim)
+        return torch.from_numpy(np.ascontiguousarray(picked))
+    return x.median(dim=dim, keepdim=True).values
+
+
 def _masked_median(x: Tensor, valid: Optional[Tensor], dim) -> Tensor:
     """Median over ``dim`` (an int or a tuple of trailing dims) of the entries of valid rows."""
-    if valid is not None:
-        x = x.masked_fill(~valid.expand_as(x), float("nan"))
     if isinstance(dim, tuple):
-        x, dim = x.flatten(-len(dim)), -1
-    return x.nanmedian(dim=dim, keepdim=True).values
+        flat = x.flatten(-len(dim))
+        return _masked_median(flat, None if valid is None else valid.expand_as(x).flatten(-len(dim)), -1)
+    if valid is None:
+        return _lower_median(x, dim)
+    return x.masked_fill(~valid.expand_as(x), float("nan")).nanmedian(dim=dim, keepdim=True).values
 
 
-def robust_scale(keys: Tensor, valid: Optional[Tensor] = None) -> Tensor:
-    """``1.4826 * MAD`` per (batch, head), shape ``(B, H, 1, 1)``: the median over tokens and
-    features of ``|k - median over tokens of k|`` (valid tokens only). Computed without gradient."""
+def feature_median(keys: Tensor, valid: Optional[Tensor] = None) -> Tensor:
+    """The per-feature median over valid tokens, ``(B, H, 1, d)`` (0 where no token is valid).
+    Computed without gradient: it is a robust centre, not a learned quantity."""
     with torch.no_grad():
-        centre = _masked_median(keys, valid, -2)
+        return torch.nan_to_num(_masked_median(keys, valid, -2), nan=0.0)
+
+
+def robust_scale(keys: Tensor, valid: Optional[Tensor] = None, centre: Optional[Tensor] = None) -> Tensor:
+    """``1.4826 * MAD`` per (batch, head), shape ``(B, H, 1, 1)``: the median over tokens and
+    features of ``|k - median over tokens of k|`` (valid tokens only). Computed without gradient.
+    ``centre``: the per-feature median when the caller has it already (:func:`feature_median`)."""
+    with torch.no_grad():
+        centre = _masked_median(keys, valid, -2) if centre is None else centre
         mad = _masked_median((keys - centre).abs(), valid, (-2, -1))
         return (MAD_TO_STD * torch.nan_to_num(mad, nan=0.0)).unsqueeze(-1).clamp_min(1e-12)
+
+
+def outlier_rows(keys: Tensor, row_lambd: float, valid: Optional[Tensor] = None,
+                 centre: Optional[Tensor] = None) -> Tensor:
+    """The token rule: bool ``(B, H, N, 1)``, True for the valid tokens whose key row is an outlier.
+
+    Per (batch, head) each token's row score ``r_n = median_j |k_nj - m_j|`` (the median over features
+    of its distance from the per-feature median ``m``) is compared with the robust spread of those
+    scores over the valid tokens: a token is flagged when ``r_n > median(r) + row_lambd *
+    max(1.4826 * MAD(r), 1e-12)``. A median over features moves only when most of a row moves (a whole
+    corrupted token), not for a few outlying entries, which the entrywise threshold takes; the median
+    and MAD over tokens are unchanged while fewer than half of the tokens are corrupted. Computed
+    without gradient."""
+    with torch.no_grad():
+        centre = feature_median(keys, valid) if centre is None else centre
+        score = _lower_median((keys - centre).abs(), -1)  # (B, H, N, 1)
+        mid = _masked_median(score, valid, -2)
+        mad = _masked_median((score - mid).abs(), valid, -2)
+        limit = mid + row_lambd * (MAD_TO_STD * mad).clamp_min(1e-12)
+        flagged = torch.nan_to_num(score - limit, nan=-1.0) > 0
+        return flagged if valid is None else flagged & valid.expand_as(flagged)
 
 
 def check_pap_options(
@@ -141,6 +190,7 @@ def check_pap_options(
     lowrank: str = "values",
     shrink: str = "soft",
     dual_step: float = 1.0,
+    row_lambd: Optional[float] = None,
 ) -> str:
     """Validate PAP options up front; returns the resolved ``mu_mode``. Raises ``ValueError``."""
     if isinstance(n_iter, bool) or not isinstance(n_iter, int):
@@ -166,6 +216,7 @@ def check_pap_options(
         raise ValueError("threshold='mad' takes medians over the whole sequence, which would leak future tokens "
                          "into a causal layer; use 'candes' or 'lambda_over_mu' there")
     _check_robust_options(n_iter, lowrank, shrink, dual_step, is_causal)
+    _check_row_lambd(row_lambd, is_causal)
     if mu_mode is None:
         mu_mode = "causal" if is_causal else "global"
     if mu_mode not in MU_MODES:
@@ -205,6 +256,21 @@ def _check_robust_options(n_iter: int, lowrank: str, shrink: str, dual_step: flo
     if step != 1.0 and n_iter == 1:
         raise ValueError(f"dual_step={dual_step!r} has no effect with n_iter=1 (no ADMM pass updates the dual); "
                          f"give n_iter >= 2 or leave dual_step at 1")
+
+
+def _check_row_lambd(row_lambd: Optional[float], is_causal: bool) -> None:
+    """The token rule (:func:`outlier_rows`): None (off) or a finite robust z-score >= 0."""
+    if row_lambd is None:
+        return
+    try:
+        value = float(row_lambd)
+    except (TypeError, ValueError):
+        raise ValueError(f"row_lambd must be None or a finite number >= 0, got {row_lambd!r}") from None
+    if isinstance(row_lambd, bool) or math.isnan(value) or not 0.0 <= value < math.inf:
+        raise ValueError(f"row_lambd must be None (no token rule) or a finite number >= 0, got {row_lambd!r}")
+    if is_causal:
+        raise ValueError("row_lambd takes medians of the key rows over the whole sequence, which would leak future "
+                         "tokens into a causal layer; leave row_lambd=None there")
 
 
 def _compute_mu(keys: Tensor, valid: Optional[Tensor], mu_mode: str, width: int) -> Tuple[Tensor, Tensor]:
@@ -248,8 +314,8 @@ def _quantile_threshold(keys: Tensor, valid: Optional[Tensor], fraction: float) 
 
 
 def threshold_of(threshold: str, lambd: float, mu: Tensor, count: Tensor, keys: Tensor,
-               valid: Optional[Tensor]) -> Tensor:
-    """tau for the chosen rule (see THRESHOLDS)."""
+                 valid: Optional[Tensor], centre: Optional[Tensor] = None) -> Tensor:
+    """tau for the chosen rule (see THRESHOLDS); ``centre``: the per-feature median, when known."""
     if math.isinf(lambd):
         # S = 0 exactly; a constant threshold keeps inf * 0 out of the gradient of mu.
         return torch.full_like(mu, math.inf).detach()
@@ -260,7 +326,7 @@ def threshold_of(threshold: str, lambd: float, mu: Tensor, count: Tensor, keys: 
     if threshold == "candes":
         return lambd / (torch.sqrt(count.clamp_min(keys.shape[-1])) * mu)
     if threshold == "mad":  # global mu (causal is refused); a level set from the keys, not learned
-        return lambd * robust_scale(keys, valid)
+        return lambd * robust_scale(keys, valid, centre)
     return _quantile_threshold(keys, valid, lambd)  # target_fraction: mu is global (causal is refused)
 
 
@@ -268,14 +334,15 @@ def prepare_pap(k: Tensor, v: Tensor, *, n_iter: int = 6, lambd: float = 4.0,
                 attn_mask: Optional[Tensor] = None, is_causal: bool = False, scale: Optional[float] = None,
                 model_dim: Optional[int] = None, threshold: str = "lambda_mu", mu_mode: Optional[str] = None,
                 tol: Optional[float] = None, lowrank: str = "values", shrink: str = "soft",
-                dual_step: float = 1.0) -> PAPProblem:
+                dual_step: float = 1.0, row_lambd: Optional[float] = None) -> PAPProblem:
     """Validate PAP's inputs and options and compute the keys in the compute dtype, the bool mask,
-    mu and tau (and L_0 for ``lowrank="keys"``). Keys no query may attend to (padding) take no part
-    in mu, in N or in the medians."""
+    mu and tau (and L_0 for ``lowrank="keys"``, the flagged rows for ``row_lambd``). Keys no query may
+    attend to (padding) take no part in mu, in N or in the medians. The per-feature median is taken
+    once and shared by every statistic that needs it."""
     check_kv(k, v, need_same_dim=lowrank == "values")
     mu_mode = check_pap_options(n_iter=n_iter, lambd=lambd, threshold=threshold, mu_mode=mu_mode,
                                 is_causal=is_causal, tol=tol, model_dim=model_dim, lowrank=lowrank,
-                                shrink=shrink, dual_step=dual_step)
+                                shrink=shrink, dual_step=dual_step, row_lambd=row_lambd)
     lambd = float(lambd)
     b, h, n, d = k.shape
     width = d if mu_mode in ("head_dim", "causal_head_dim") else (h * d if model_dim is None else model_dim)
@@ -283,23 +350,27 @@ def prepare_pap(k: Tensor, v: Tensor, *, n_iter: int = 6, lambd: float = 4.0,
     valid = None if mask is None else mask.any(dim=-2).unsqueeze(-1)  # keys some query may see
     # State and thresholds in float32 at least (bf16/fp16 inputs), float64 stays float64.
     keys = k.to(torch.promote_types(k.dtype, torch.float32))
+    needs_centre = threshold == "mad" or lowrank == "keys" or row_lambd is not None
+    centre = feature_median(keys, valid) if needs_centre else None
     mu, count = _compute_mu(keys, valid, mu_mode, width)
-    tau = threshold_of(threshold, lambd, mu, count, keys, valid)
-    start = None
-    if lowrank == "keys":  # L_0: the per-feature median over valid tokens (no gradient: a starting point)
-        with torch.no_grad():
-            start = torch.nan_to_num(_masked_median(keys, valid, -2), nan=0.0).expand_as(keys)
+    tau = threshold_of(threshold, lambd, mu, count, keys, valid, centre=centre)
+    start = centre.expand_as(keys) if lowrank == "keys" else None  # L_0: the per-feature median
+    rows = None if row_lambd is None else outlier_rows(keys, float(row_lambd), valid, centre)
     return PAPProblem(keys=keys, mask=mask, mu=mu, tau=tau, scale=resolve_scale(scale, d), lowrank=lowrank,
-                      shrink=shrink, dual_step=float(dual_step), start=start)
+                      shrink=shrink, dual_step=float(dual_step), start=start, rows=rows)
 
 
 def pass_keys(k: Tensor, lowrank: Tensor, dual: Tensor, mu: Tensor, tau: Tensor,
-              shrink: str = "soft") -> Tuple[Tensor, Tensor]:
+              shrink: str = "soft", rows: Optional[Tensor] = None) -> Tuple[Tensor, Tensor]:
     """One pass's sparse term and cleaned keys, row by row (the definition's first two lines):
     ``S = shrink(k - L + Y / mu, tau)``, ``K2 = k - S - Y / mu``, with the soft or the hard
-    shrinkage. Returns ``(S, K2)``."""
+    shrinkage; the token rule's ``rows`` (bool ``(B, H, N, 1)``) take ``S = k - L + Y / mu`` whole.
+    Returns ``(S, K2)``."""
     inv_mu = 1.0 / mu
-    sparse = (soft_shrink if shrink == "soft" else hard_shrink)(k - lowrank + dual * inv_mu, tau)
+    residual = k - lowrank + dual * inv_mu
+    sparse = (soft_shrink if shrink == "soft" else hard_shrink)(residual, tau)
+    if rows is not None:
+        sparse = torch.where(rows, residual, sparse)
     return sparse, k - sparse - dual * inv_mu
 
 
@@ -321,7 +392,7 @@ def pap_loop(problem: PAPProblem, v: Tensor, *, n_iter: int, is_causal: bool = F
     in_keys = problem.lowrank == "keys"
 
     def admm_pass(lowrank: Tensor, dual: Tensor):
-        sparse, k2 = pass_keys(k, lowrank, dual, mu, tau, problem.shrink)
+        sparse, k2 = pass_keys(k, lowrank, dual, mu, tau, problem.shrink, problem.rows)
         k2 = k2.to(v.dtype)
         if record_keys is not None:
             record_keys.append(k2)
@@ -346,7 +417,7 @@ def pap_loop(problem: PAPProblem, v: Tensor, *, n_iter: int, is_causal: bool = F
         sparse = new_sparse
         if stop:
             break
-    sparse, k2 = pass_keys(k, lowrank, dual, mu, tau, problem.shrink)
+    sparse, k2 = pass_keys(k, lowrank, dual, mu, tau, problem.shrink, problem.rows)
     k2 = k2.to(v.dtype)
     if record_keys is not None:
         record_keys.append(k2)
@@ -404,8 +475,8 @@ def pap_attention(
     k: Tensor, v: Tensor, *, n_iter: int = 6, lambd: float = 4.0, attn_mask: Optional[Tensor] = None,
     is_causal: bool = False, dropout_p: float = 0.0, scale: Optional[float] = None, model_dim: Optional[int] = None,
     threshold: str = "lambda_mu", mu_mode: Optional[str] = None, tol: Optional[float] = None,
-    lowrank: str = "values", shrink: str = "soft", dual_step: float = 1.0, return_state: bool = False,
-    fused: bool = True, checkpoint_iters: bool = False,
+    lowrank: str = "values", shrink: str = "soft", dual_step: float = 1.0, row_lambd: Optional[float] = None,
+    return_state: bool = False, fused: bool = True, checkpoint_iters: bool = False,
 ) -> Union[Tensor, Tuple[Tensor, PAPState]]:
     """Principal Attention Pursuit: robust symmetric attention (the loop in the module docstring).
 
@@ -437,9 +508,11 @@ def pap_attention(
             K2, started at the per-feature median of the keys; then d_v may differ from d_k).
         shrink: ``"soft"`` (official) or ``"hard"`` (S takes an entry whole where it exceeds tau).
         dual_step: the dual update ``Y += dual_step * mu * (k - L - S)`` (official: 1; 0 keeps Y = 0,
-            so the final keys are ``k - S``). Options beyond the official loop
-            (docs/method.md#robust-variants) run :func:`pap_loop` (autograd keeps each pass's tensors:
-            more memory in training than the fused path, same attention kernel).
+            so the final keys are ``k - S``).
+        row_lambd: the token rule (:func:`outlier_rows`): None (off) or a robust z-score; a token whose
+            key row is that far out puts its whole row into S in every pass (not for causal layers).
+            Options beyond the official loop (docs/method.md#robust-variants) run :func:`pap_loop`,
+            or :mod:`~rpc_attention.functional.pap_robust` for hard shrinkage with a dual step of 0.
         return_state: also return a :class:`PAPState` (S, L, Y, mu, ...).
         fused: run each attention on ``scaled_dot_product_attention`` (O(N d) memory) with the fused
             passes of :mod:`~rpc_attention.functional.pap_fused`; ``False`` runs :func:`pap_loop`
@@ -449,15 +522,30 @@ def pap_attention(
     """
     problem = prepare_pap(k, v, n_iter=n_iter, lambd=lambd, attn_mask=attn_mask, is_causal=is_causal,
                           scale=scale, model_dim=model_dim, threshold=threshold, mu_mode=mu_mode, tol=tol,
-                          lowrank=lowrank, shrink=shrink, dual_step=dual_step)
+                          lowrank=lowrank, shrink=shrink, dual_step=dual_step, row_lambd=row_lambd)
     dropout_p, tol = check_dropout(dropout_p), None if tol is None else float(tol)
-    if fused and not return_state and not problem.robust and not torch.compiler.is_compiling():
-        options = FusedPAPOptions(n_iter=n_iter, is_causal=bool(is_causal), dropout_p=dropout_p,
-                                  scale=problem.scale, tol=tol, checkpoint_iters=bool(checkpoint_iters))
-        return fused_pap(problem.keys, v, problem.tau, problem.mask, options)
+    if fused and not return_state:
+        out = _fast_path(problem, v, n_iter, bool(is_causal), dropout_p, tol, bool(checkpoint_iters))
+        if out is not None:
+            return out
     out, state = pap_loop(problem, v, n_iter=n_iter, is_causal=is_causal, dropout_p=dropout_p, tol=tol,
                           fused=fused, checkpoint_iters=bool(checkpoint_iters))
     return (out, state) if return_state else out
+
+
+def _fast_path(problem: PAPProblem, v: Tensor, n_iter: int, is_causal: bool, dropout_p: float,
+               tol: Optional[float], checkpoint_iters: bool) -> Optional[Tensor]:
+    """PAP's output on a fast path beside the loop when one applies, else None: the fused passes of
+    :mod:`.pap_fused` (the official options) or the dual-free passes of :mod:`.pap_robust`."""
+    if not problem.robust and not torch.compiler.is_compiling():
+        options = FusedPAPOptions(n_iter=n_iter, is_causal=is_causal, dropout_p=dropout_p, scale=problem.scale,
+                                  tol=tol, checkpoint_iters=checkpoint_iters)
+        return fused_pap(problem.keys, v, problem.tau, problem.mask, options)
+    if tol is None and not checkpoint_iters and dual_free(problem.shrink, problem.dual_step, n_iter):
+        return dual_free_pap(problem.keys, v, problem.tau, problem.start, problem.rows, problem.mask, n_iter=n_iter,
+                             in_keys=problem.lowrank == "keys", is_causal=is_causal, dropout_p=dropout_p,
+                             scale=problem.scale, fused=True)
+    return None
 
 
 # pap_decompose takes pap_attention's options: the same keywords mean the same thing in both, and
@@ -478,6 +566,7 @@ def pap_decompose(
     lowrank: str = "values",
     shrink: str = "soft",
     dual_step: float = 1.0,
+    row_lambd: Optional[float] = None,
     fused: bool = True,
 ) -> PAPState:
     """PAP's decomposition without its final attention: the :class:`PAPState` that
@@ -490,6 +579,6 @@ def pap_decompose(
     """
     problem = prepare_pap(k, v, n_iter=n_iter, lambd=lambd, attn_mask=attn_mask, is_causal=is_causal,
                           scale=scale, model_dim=model_dim, threshold=threshold, mu_mode=mu_mode, tol=tol,
-                          lowrank=lowrank, shrink=shrink, dual_step=dual_step)
+                          lowrank=lowrank, shrink=shrink, dual_step=dual_step, row_lambd=row_lambd)
     return pap_loop(problem, v, n_iter=n_iter, is_causal=is_causal, tol=None if tol is None else float(tol),
                     fused=fused, final_attention=False)[1]

@@ -1,22 +1,30 @@
 """Layer-level robustness of attention to sparse key corruption (docs/robustness.md#layer-level-benchmark).
 
-For keys ``k`` and values ``v`` (float64, ``(B, H, N, d)``) and a sparse corruption ``s`` (a share
-``density`` of the entries, random sign, ``magnitude`` standard deviations of the example's keys), every
-method ``A`` gets the relative output change ``r = ||A(k + s) - A(k)|| / ||A(k)||`` (Frobenius norm over
-all examples and heads; the values stay fixed), as a dose-response over magnitudes and densities.
+For keys ``k`` and values ``v`` (float64, ``(B, H, N, d)``) and a sparse corruption ``s`` (random sign,
+``magnitude`` standard deviations of the example's keys), every method ``A`` gets the relative output
+change ``r = ||A(k + s) - A(k)|| / ||A(k)||`` (Frobenius norm over all examples and heads; the values
+stay fixed), as a dose-response over magnitudes and densities. Three patterns of corruption
+(:data:`PATTERNS`): scattered ``entries`` (a share ``density`` of the entries), whole ``tokens`` (rows:
+every entry of ``max(1, round(density N))`` tokens in every head, what an adversarial patch does to a
+ViT's keys) and whole ``features`` (columns: every token's entry in ``max(1, round(density H d))`` of
+the example's ``H d`` key features).
 
-Methods: PAP variants (named option sets of :func:`rpc_attention.functional.pap_attention`) and three
+Methods: PAP variants (named option sets of :func:`rpc_attention.functional.pap_attention`) and four
 controls computed on the same draws:
 
 * ``symmetric``: plain symmetric attention on the corrupted keys;
 * ``clip``: symmetric attention on keys clipped to ``median +- c * 1.4826 MAD`` (per batch, head and
   feature the median over tokens; the robust scale of :func:`rpc_attention.functional.robust_scale`);
+* ``drop``: symmetric attention with the tokens whose key row is a robust outlier (the token rule of
+  :func:`rpc_attention.functional.pap.outlier_rows` at ``drop`` robust deviations) masked out as keys;
 * ``oracle``: knows which entries are corrupted and replaces them by the per-feature median over
-  tokens of the uncorrupted entries, then symmetric attention (the floor of an entrywise repair).
+  tokens of the uncorrupted entries (0 where a whole feature is corrupted), then symmetric attention.
 
-For every method also the clean-key deviation ``||A(k) - A_sym(k)|| / ||A_sym(k)||`` and the key error
-``||k_used - k|| / ||k||`` (the keys the final attention used: for PAP the cleaned keys K2); for PAP
-variants the precision and recall of ``supp(S)`` against ``supp(s)``.
+For every method also the clean-key deviation ``||A(k) - A_sym(k)|| / ||A_sym(k)||``, the key error
+``||k_used - k|| / ||k||`` (the keys the final attention used: for PAP the cleaned keys K2) and, for
+token corruption, ``r_others``: r over the tokens that were not corrupted (a corrupted token's own
+output cannot be recovered from its keys); for PAP variants the precision and recall of ``supp(S)``
+against ``supp(s)``.
 """
 
 from __future__ import annotations
@@ -30,10 +38,12 @@ import torch
 from torch import Tensor
 
 from .. import functional as RF
+from ..functional.pap import outlier_rows
 
-CONTROLS = ("symmetric", "clip", "oracle")
+CONTROLS = ("symmetric", "clip", "drop", "oracle")
+PATTERNS = ("entries", "tokens", "features")
 PAP_DEFAULTS: Dict[str, Any] = {"n_iter": 6, "lambd": 4.0}
-_NUMBERS = {"n_iter": int, "lambd": float, "dual_step": float, "tol": float, "model_dim": int}
+_NUMBERS = {"n_iter": int, "lambd": float, "dual_step": float, "tol": float, "model_dim": int, "row_lambd": float}
 _WORDS = ("threshold", "mu_mode", "lowrank", "shrink")
 
 
@@ -71,20 +81,45 @@ def parse_variant(text: str) -> VariantSpec:
     return VariantSpec(name, options)
 
 
-# The official PAP and the best variant of docs/robustness.md.
-DEFAULT_VARIANTS = ("official", "robust=threshold:mad,lambd:6,lowrank:keys,shrink:hard,dual_step:0,n_iter:2")
+# The official PAP, the robust variant of docs/robustness.md, the value-space variant at lambd 8 and the
+# same with the token rule (the frontier of docs/robustness.md#structured-corruption).
+DEFAULT_VARIANTS = ("official", "robust=threshold:mad,lambd:6,lowrank:keys,shrink:hard,dual_step:0,n_iter:2",
+                    "values8=threshold:mad,lambd:8,lowrank:values,shrink:hard,dual_step:0,n_iter:2",
+                    "rows=threshold:mad,lambd:8,lowrank:values,shrink:hard,dual_step:0,n_iter:2,row_lambd:6")
 
 
 def _generator(seed: int, tag: str) -> torch.Generator:
     return torch.Generator().manual_seed((int(seed) * 1_000_003 + zlib.crc32(tag.encode())) % (2 ** 63))
 
 
-def corrupt_keys(keys: Tensor, density: float, magnitude: float, seed: int = 0) -> Tuple[Tensor, Tensor]:
-    """``(k + s, supp(s))``: ``s`` is ``+-magnitude * std(k_b)`` on a random share ``density`` of the
-    entries of example ``b`` (``std`` over its heads, tokens and features), 0 elsewhere. Seeded by
-    ``(seed, density, magnitude)``."""
-    g = _generator(seed, f"keys:{density:g}:{magnitude:g}")
-    hit = torch.rand(keys.shape, generator=g, dtype=torch.float64) < density
+def _pick(g: torch.Generator, batch: int, total: int, count: int) -> Tensor:
+    """bool ``(batch, total)``: ``count`` distinct positions per example, drawn without replacement."""
+    order = torch.rand(batch, total, generator=g, dtype=torch.float64).argsort(dim=1)
+    return torch.zeros(batch, total, dtype=torch.bool).scatter_(1, order[:, :count], True)
+
+
+def corruption_support(shape, density: float, pattern: str, g: torch.Generator) -> Tensor:
+    """bool ``(B, H, N, d)``: the corrupted entries of one draw (see :data:`PATTERNS`)."""
+    b, h, n, d = shape
+    if pattern == "entries":
+        return torch.rand(shape, generator=g, dtype=torch.float64) < density
+    if pattern == "tokens":
+        rows = _pick(g, b, n, max(1, round(density * n)))
+        return rows[:, None, :, None].expand(b, h, n, d).clone()
+    if pattern == "features":
+        cols = _pick(g, b, h * d, max(1, round(density * h * d))).reshape(b, h, 1, d)
+        return cols.expand(b, h, n, d).clone()
+    raise ValueError(f"corruption pattern must be one of {PATTERNS}, got {pattern!r}")
+
+
+def corrupt_keys(keys: Tensor, density: float, magnitude: float, seed: int = 0,
+                 pattern: str = "entries") -> Tuple[Tensor, Tensor]:
+    """``(k + s, supp(s))``: ``s`` is ``+-magnitude * std(k_b)`` (random sign per entry) on the entries of
+    example ``b`` that ``pattern`` picks, 0 elsewhere (``std`` over the example's heads, tokens and
+    features). Seeded by ``(seed, pattern, density, magnitude)``."""
+    tag = f"keys:{density:g}:{magnitude:g}" if pattern == "entries" else f"{pattern}:{density:g}:{magnitude:g}"
+    g = _generator(seed, tag)
+    hit = corruption_support(keys.shape, density, pattern, g)
     sign = torch.randint(0, 2, keys.shape, generator=g).to(keys.dtype) * 2 - 1
     std = keys.flatten(1).std(dim=1).reshape(-1, 1, 1, 1)
     return keys + hit.to(keys.dtype) * sign * magnitude * std, hit
@@ -99,6 +134,12 @@ def clip_keys(keys: Tensor, c: float) -> Tensor:
     """Keys clipped to ``median +- c * robust_scale`` (median per feature over tokens)."""
     centre, scale = _feature_median(keys), c * RF.robust_scale(keys)
     return torch.minimum(torch.maximum(keys, centre - scale), centre + scale)
+
+
+def drop_mask(keys: Tensor, level: float) -> Tensor:
+    """The ``drop`` control's key mask ``(B, H, 1, N)``: False for the tokens the token rule flags at
+    ``level`` robust deviations (:func:`rpc_attention.functional.pap.outlier_rows`)."""
+    return ~outlier_rows(keys, level).transpose(-1, -2)
 
 
 def oracle_keys(keys: Tensor, hit: Tensor) -> Tensor:
@@ -153,62 +194,94 @@ def _pap(keys: Tensor, values: Tensor, options: Dict[str, Any]):
     return RF.pap_attention(keys, values, return_state=True, **options)
 
 
-def _cell(keys: Tensor, values: Tensor, hit: Tensor, corrupted: Tensor, clean: Dict[str, Tuple[Tensor, Tensor]],
-          variants: Sequence[VariantSpec], clip: float) -> Dict[str, Dict[str, float]]:
-    """Every method's metrics on one corrupted draw, against its own clean output ``clean[name]``."""
+def _controls(corrupted: Tensor, values: Tensor, hit: Optional[Tensor], clip: float, drop: float):
+    """``{control: (output, keys used)}`` on one set of keys (no oracle without ``hit``)."""
     sym = RF.symmetric_attention
-    norm_k = float(torch.linalg.vector_norm(keys))
-    used = {"symmetric": corrupted, "clip": clip_keys(corrupted, clip), "oracle": oracle_keys(corrupted, hit)}
-    out: Dict[str, Dict[str, float]] = {}
-    for name, k_used in used.items():
-        out[name] = {"r": relative_change(sym(k_used, values), clean[name][0]),
-                     "key_error": float(torch.linalg.vector_norm(k_used - keys)) / norm_k}
-    for spec in variants:
-        res, state = _pap(corrupted, values, spec.options)
-        precision, recall = support_scores(state.sparse, hit)
-        out[spec.name] = {"r": relative_change(res, clean[spec.name][0]), "precision": precision, "recall": recall,
-                          "key_error": float(torch.linalg.vector_norm(state.cleaned_keys - keys)) / norm_k}
+    keep = drop_mask(corrupted, drop)
+    clipped = clip_keys(corrupted, clip)
+    out = {"symmetric": (sym(corrupted, values), corrupted), "clip": (sym(clipped, values), clipped),
+           "drop": (sym(corrupted, values, attn_mask=keep), corrupted * keep.transpose(-1, -2))}
+    if hit is not None:
+        repaired = oracle_keys(corrupted, hit)
+        out["oracle"] = (sym(repaired, values), repaired)
     return out
 
 
-def _clean_outputs(keys: Tensor, values: Tensor, variants: Sequence[VariantSpec], clip: float):
+def _metrics(out: Tensor, clean: Tensor, k_used: Tensor, keys: Tensor, others: Optional[Tensor]) -> Dict[str, float]:
+    """r, the key error and, for token corruption, r over the tokens that were not corrupted."""
+    found = {"r": relative_change(out, clean),
+             "key_error": float(torch.linalg.vector_norm(k_used - keys) / torch.linalg.vector_norm(keys))}
+    if others is not None:
+        found["r_others"] = relative_change(out[others], clean[others])
+    return found
+
+
+def _cell(keys: Tensor, values: Tensor, hit: Tensor, corrupted: Tensor, clean: Dict[str, Tuple[Tensor, float]],
+          variants: Sequence[VariantSpec], clip: float, drop: float, pattern: str) -> Dict[str, Dict[str, float]]:
+    """Every method's metrics on one corrupted draw, against its own clean output ``clean[name]``."""
+    others = None
+    if pattern == "tokens":  # (B, H, N, d_v) positions of the uncorrupted tokens
+        others = (~hit.any(dim=-1, keepdim=True)).expand(*hit.shape[:3], values.shape[-1])
+    out: Dict[str, Dict[str, float]] = {}
+    for name, (res, k_used) in _controls(corrupted, values, hit, clip, drop).items():
+        out[name] = _metrics(res, clean[name][0], k_used, keys, others)
+    for spec in variants:
+        res, state = _pap(corrupted, values, spec.options)
+        precision, recall = support_scores(state.sparse, hit)
+        out[spec.name] = {**_metrics(res, clean[spec.name][0], state.cleaned_keys, keys, others),
+                          "precision": precision, "recall": recall}
+    return out
+
+
+def _clean_outputs(keys: Tensor, values: Tensor, variants: Sequence[VariantSpec], clip: float, drop: float):
     """Each method's output on the clean keys, and its deviation from symmetric attention there."""
-    base = RF.symmetric_attention(keys, values)
-    clean = {"symmetric": base, "clip": RF.symmetric_attention(clip_keys(keys, clip), values), "oracle": base}
+    clean = {name: res for name, (res, _) in _controls(keys, values, None, clip, drop).items()}
+    base = clean["symmetric"]
+    clean["oracle"] = base
     for spec in variants:
         clean[spec.name] = _pap(keys, values, spec.options)[0]
     return {name: (o, relative_change(o, base)) for name, o in clean.items()}
 
 
 def robustness_grid(keys: Tensor, values: Tensor, variants: Sequence[VariantSpec], magnitudes: Sequence[float],
-                    densities: Sequence[float], seed: int = 0, clip: float = 4.0,
-                    progress=None) -> Dict[str, Any]:
+                    densities: Sequence[float], seed: int = 0, clip: float = 4.0, progress=None,
+                    patterns: Sequence[str] = ("entries",), drop: float = 6.0) -> Dict[str, Any]:
     """The dose-response of every method on one set of keys: ``{"clean_deviation": {method: x},
-    "cells": [{"density", "magnitude", "methods": {method: metrics}}]}``. ``progress`` wraps the
-    list of cells (a tqdm-like callable) when given."""
+    "cells": [{"pattern", "density", "magnitude", "share", "methods": {method: metrics}}]}`` (``share``:
+    the fraction of entries corrupted). ``progress`` wraps the list of cells (a tqdm-like callable)."""
     keys, values = keys.double(), values.double()
-    clean = _clean_outputs(keys, values, variants, clip)
-    grid = [(float(dens), float(mag)) for dens in densities for mag in magnitudes]
+    clean = _clean_outputs(keys, values, variants, clip, drop)
+    grid = [(pat, float(dens), float(mag)) for pat in patterns for dens in densities for mag in magnitudes]
     cells: List[Dict[str, Any]] = []
-    for dens, mag in (progress(grid) if progress else grid):
-        corrupted, hit = corrupt_keys(keys, dens, mag, seed)
-        cells.append({"density": dens, "magnitude": mag,
-                      "methods": _cell(keys, values, hit, corrupted, clean, variants, clip)})
+    for pat, dens, mag in (progress(grid) if progress else grid):
+        corrupted, hit = corrupt_keys(keys, dens, mag, seed, pat)
+        cells.append({"pattern": pat, "density": dens, "magnitude": mag, "share": float(hit.double().mean()),
+                      "methods": _cell(keys, values, hit, corrupted, clean, variants, clip, drop, pat)})
     return {"clean_deviation": {name: dev for name, (_, dev) in clean.items()}, "cells": cells}
+
+
+def _check_study(magnitudes, densities, patterns, clip: float, drop: float) -> None:
+    if not magnitudes or min(magnitudes) <= 0 or not densities or not all(0 < d <= 1 for d in densities):
+        raise ValueError(f"magnitudes must be > 0 and densities in (0, 1], got {list(magnitudes)} and "
+                         f"{list(densities)}")
+    bad = [p for p in patterns if p not in PATTERNS]
+    if not patterns or bad:
+        raise ValueError(f"corruption patterns must be among {PATTERNS}, got {list(patterns)}")
+    if clip <= 0:
+        raise ValueError(f"the clipping level must be > 0 robust standard deviations, got {clip}")
+    if not 0 <= drop < math.inf:
+        raise ValueError(f"the drop level must be a finite number >= 0 of robust deviations, got {drop}")
 
 
 def robustness_study(variants: Sequence[VariantSpec], *, run_dir=None, synthetic: Optional[Dict[str, Any]] = None,
                      magnitudes: Sequence[float] = (2, 5, 10, 30, 100), densities: Sequence[float] = (0.01, 0.05, 0.2),
-                     examples: int = 64, seed: int = 0, clip: float = 4.0, progress=None) -> Dict[str, Any]:
+                     examples: int = 64, seed: int = 0, clip: float = 4.0, progress=None,
+                     patterns: Sequence[str] = ("entries",), drop: float = 6.0) -> Dict[str, Any]:
     """:func:`robustness_grid` on synthetic keys (``synthetic``: keywords of :func:`synthetic_keys`,
     None to skip) and on the block-1 keys of a trained run (``run_dir``, None to skip)."""
     if synthetic is None and run_dir is None:
         raise ValueError("nothing to measure: give a trained run or keep the synthetic keys")
-    if not magnitudes or min(magnitudes) <= 0 or not densities or not all(0 < d <= 1 for d in densities):
-        raise ValueError(f"magnitudes must be > 0 and densities in (0, 1], got {list(magnitudes)} and "
-                         f"{list(densities)}")
-    if clip <= 0:
-        raise ValueError(f"the clipping level must be > 0 robust standard deviations, got {clip}")
+    _check_study(magnitudes, densities, patterns, clip, drop)
     sources = []
     if synthetic is not None:
         keys, values = synthetic_keys(seed=seed, **synthetic)
@@ -218,11 +291,12 @@ def robustness_study(variants: Sequence[VariantSpec], *, run_dir=None, synthetic
     if run_dir is not None:
         keys, values, name = run_keys(run_dir, examples)
         sources.append((f"trained run {run_dir}: {name} keys of {keys.shape[0]} test images", keys, values))
-    result: Dict[str, Any] = {"seed": int(seed), "clip": float(clip), "magnitudes": [float(m) for m in magnitudes],
+    result: Dict[str, Any] = {"seed": int(seed), "clip": float(clip), "drop": float(drop),
+                              "patterns": list(patterns), "magnitudes": [float(m) for m in magnitudes],
                               "densities": [float(d) for d in densities],
                               "variants": [{"name": v.name, "options": v.options, "describe": v.describe()}
                                            for v in variants], "sources": []}
     for label, keys, values in sources:
-        grid = robustness_grid(keys, values, variants, magnitudes, densities, seed, clip, progress)
+        grid = robustness_grid(keys, values, variants, magnitudes, densities, seed, clip, progress, patterns, drop)
         result["sources"].append({"label": label, "shape": list(keys.shape), **grid})
     return result

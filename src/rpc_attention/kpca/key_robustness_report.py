@@ -18,27 +18,32 @@ def _fmt(value: Any) -> str:
 
 def _source_table(source: Dict[str, Any]) -> List[str]:
     methods = list(source["clean_deviation"])
-    head = ["density", "std", *methods]
+    head = ["pattern", "density", "std", *methods]
     rows = []
     for cell in source["cells"]:
-        row = [f"{100 * cell['density']:g} %", f"{cell['magnitude']:g}"]
+        row = [cell.get("pattern", "entries"), f"{100 * cell['density']:g} %", f"{cell['magnitude']:g}"]
         for name in methods:
             m = cell["methods"][name]
+            others = f" [{m['r_others']:.3f}]" if "r_others" in m else ""
             extra = f" (P {m['precision']:.2f} / R {m['recall']:.2f})" if "precision" in m else ""
-            row.append(_fmt(m["r"]) + extra)
+            row.append(_fmt(m["r"]) + others + extra)
         rows.append(row)
-    rows.append(["clean", "deviation from symmetric", *[_fmt(source["clean_deviation"][n]) for n in methods]])
-    return markdown_table(head, rows, align="ll" + "r" * len(methods))
+    rows.append(["clean", "", "deviation from symmetric", *[_fmt(source["clean_deviation"][n]) for n in methods]])
+    return markdown_table(head, rows, align="lll" + "r" * len(methods))
 
 
 def robustness_markdown(result: Dict[str, Any]) -> str:
-    """Every source's table: r per method and cell, S precision / recall for PAP variants, and the
-    clean-key deviation from symmetric attention in the last row."""
+    """Every source's table: r per method and cell (for token corruption also r over the uncorrupted
+    tokens, in brackets), S precision / recall for PAP variants, and the clean-key deviation from
+    symmetric attention in the last row."""
     lines = ["# Layer-level robustness to sparse key corruption", "",
-             "r = ||A(k + s) - A(k)|| / ||A(k)|| (float64, fixed values; lower is more robust). "
-             "P / R: precision and recall of supp(S) against the corrupted entries. "
-             f"Controls: symmetric attention, clip (median +- {result['clip']:g} x 1.4826 MAD), oracle "
-             "(the corrupted entries replaced by the per-feature median of the others). "
+             "r = ||A(k + s) - A(k)|| / ||A(k)|| (float64, fixed values; lower is more robust); [x]: r over the "
+             "tokens that were not corrupted (token corruption). P / R: precision and recall of supp(S) against "
+             "the corrupted entries. Patterns: entries (scattered), tokens (whole key rows, every head), features "
+             "(whole key columns). "
+             f"Controls: symmetric attention, clip (median +- {result['clip']:g} x 1.4826 MAD), drop (tokens whose "
+             f"key row is {result.get('drop', 6.0):g} robust deviations out masked as keys), oracle (the corrupted "
+             "entries replaced by the per-feature median of the others). "
              f"Seed {result['seed']}.", ""]
     for spec in result["variants"]:
         lines.append(f"- `{spec['name']}`: {spec['describe']}")
@@ -53,21 +58,25 @@ def _figure(result: Dict[str, Any], path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    panels = [(s, d) for s in result["sources"] for d in sorted({c["density"] for c in s["cells"]})]
-    fig, axes = plt.subplots(1, len(panels), figsize=(4.2 * len(panels), 3.6), squeeze=False)
-    for ax, (source, dens) in zip(axes[0], panels):
-        cells = [c for c in source["cells"] if c["density"] == dens]
-        mags = [c["magnitude"] for c in cells]
-        for name in source["clean_deviation"]:
-            style = "--" if name in ("symmetric", "clip", "oracle") else "-"
-            ax.plot(mags, [c["methods"][name]["r"] for c in cells], style, marker="o", label=name)
-        ax.set_xscale("log")
-        ax.set_xlabel("corruption (key std)")
-        ax.set_title(f"{source['label']}, {100 * dens:g} %", fontsize=9)
-    axes[0][0].set_ylabel("relative output change r")
+    patterns = result.get("patterns", ["entries"])
+    panel_rows = [(s, p) for s in result["sources"] for p in patterns]
+    densities = sorted(result["densities"])
+    fig, axes = plt.subplots(len(panel_rows), len(densities), figsize=(4.2 * len(densities), 3.4 * len(panel_rows)),
+                             squeeze=False)
+    for i, (source, pattern) in enumerate(panel_rows):
+        for ax, dens in zip(axes[i], densities):
+            cells = [c for c in source["cells"] if c["density"] == dens and c.get("pattern", "entries") == pattern]
+            mags = [c["magnitude"] for c in cells]
+            for name in source["clean_deviation"]:
+                style = "--" if name in ("symmetric", "clip", "drop", "oracle") else "-"
+                ax.plot(mags, [c["methods"][name]["r"] for c in cells], style, marker="o", label=name)
+            ax.set_xscale("log")
+            ax.set_xlabel("corruption (key std)")
+            ax.set_title(f"{source['label'][:40]}, {pattern} {100 * dens:g} %", fontsize=8)
+        axes[i][0].set_ylabel("relative output change r")
     axes[0][0].legend(fontsize=7)
     fig.tight_layout()
-    atomic_savefig(fig, path, dpi=100)
+    atomic_savefig(fig, path, dpi=80)
     plt.close(fig)
 
 

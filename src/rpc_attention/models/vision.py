@@ -98,7 +98,7 @@ class SymViT(VisionTransformer):
         attention: ``"sym"`` (SymmetricAttention, RPC blocks possible), ``"attn"`` (plain asymmetric
             :class:`rpc_attention.nn.Attention`), ``"scaled_s"`` or ``"scaled_alpha"`` (ScaledAttention).
         rpc_layers: blocks running PAP (``"all"``, an index or a list; only with ``attention="sym"``).
-        n_iter, lambd, threshold, mu_mode, model_dim, tol, lowrank, shrink, dual_step: PAP options of
+        n_iter, lambd, threshold, mu_mode, model_dim, tol, lowrank, shrink, dual_step, row_lambd: PAP options of
             the RPC blocks (see :func:`rpc_attention.functional.pap_attention`).
 
     ``model.rpc_cfg`` (also stored in ``model.pretrained_cfg["rpc_cfg"]``) records the attention type,
@@ -120,6 +120,7 @@ class SymViT(VisionTransformer):
         lowrank: str = "values",
         shrink: str = "soft",
         dual_step: float = 1.0,
+        row_lambd: Optional[float] = None,
         **kwargs: Any,
     ) -> None:
         if attention not in ATTENTION_TYPES:
@@ -133,13 +134,16 @@ class SymViT(VisionTransformer):
         if isinstance(n_iter, float) and float(n_iter).is_integer():
             n_iter = int(n_iter)
         RF.check_pap_options(n_iter=n_iter, lambd=lambd, threshold=threshold, mu_mode=mu_mode, tol=tol,
-                             model_dim=model_dim, lowrank=lowrank, shrink=shrink, dual_step=dual_step)
+                             model_dim=model_dim, lowrank=lowrank, shrink=shrink, dual_step=dual_step,
+                             row_lambd=row_lambd)
         for name in ("block_fn", "attn_layer"):
             if name in kwargs:
                 raise ValueError(f"SymViT chooses its own {name}; use attention=/rpc_layers= instead")
         num_tokens = _scaled_s_tokens(kwargs) if attention == "scaled_s" else None
         pap = {"n_iter": n_iter, "lambd": float(lambd), "threshold": threshold, "mu_mode": mu_mode,
                "model_dim": model_dim, "tol": tol, "lowrank": lowrank, "shrink": shrink, "dual_step": float(dual_step)}
+        if row_lambd is not None:  # recorded only when set: rpc_cfg of earlier runs stays as it was
+            pap["row_lambd"] = float(row_lambd)
         rpc_set = set(layers)
 
         def attn_factory(index: int, **akw):
