@@ -30,8 +30,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                    help="stop at the first failed stage (default: run the stages that do not depend on it)")
     r.add_argument("--device", default=None, help="device for training and evaluation (default: the study's; cpu)")
     r.add_argument("--threads", type=int, default=None,
-                   help="torch intra-op threads for every stage, training included (default: the presets' own, "
-                        "then torch's default); not part of any stage's parameters")
+                   help="torch intra-op threads for every stage, training included (default: torch's default; "
+                        "the trainer: the presets' own, then torch's); part of every stage's fingerprint")
     add_launch_arguments(parser)
 
 
@@ -57,7 +57,8 @@ def add_launch_arguments(parser: argparse.ArgumentParser) -> None:
     s = parser.add_argument_group("SLURM jobs (--launcher slurm)")
     s.add_argument("--partition", default=None, help="SLURM partition of every job")
     s.add_argument("--time", type=int, default=None, metavar="MINUTES",
-                   help="time limit of every job; a job at its limit is requeued and resumes (default: the partition's)")
+                   help="time limit of every job (required with --launcher slurm); a job at its limit is requeued "
+                        "and resumes")
     s.add_argument("--account", default=None, help="SLURM account")
     s.add_argument("--qos", default=None, help="SLURM quality of service")
     s.add_argument("--constraint", default=None, help="SLURM node constraint (e.g. a100)")
