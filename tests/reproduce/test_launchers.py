@@ -6,6 +6,7 @@ two launchers on one directory are refused; the sbatch file submitit writes carr
 
 import json
 import os
+import shutil
 import signal
 import sys
 import threading
@@ -253,3 +254,10 @@ def test_launcher_options_are_checked(capsys):
     assert "--nodes must be >= 1" in capsys.readouterr().err
     assert main(["reproduce", "--study", "smoke", "--launcher", "slurm", "--dry-run"]) == 2
     assert "--launcher slurm needs --time" in capsys.readouterr().err
+
+
+@pytest.mark.skipif(shutil.which("sbatch") is not None, reason="a SLURM cluster is here")
+def test_slurm_without_sbatch_is_one_clear_error(tmp_path, capsys):
+    assert main(["reproduce", "--study", "smoke", "--out", str(tmp_path), "--launcher", "slurm", "--time", "60"]) == 2
+    assert "sbatch is not on this machine's PATH" in capsys.readouterr().err
+    assert not list((tmp_path / "stages").glob("*.json"))  # nothing ran

@@ -111,6 +111,9 @@ class SubmititExecutor:
         self.name = "slurm" if cluster else "submitit-local"
         self.handles_dependencies = cluster
 
+    def close(self) -> None:
+        """Nothing to release: each job is a process (or a SLURM job) of its own."""
+
     def _local_parameters(self, stage: Stage) -> Dict[str, Any]:
         import torch
 

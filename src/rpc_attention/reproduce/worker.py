@@ -1,9 +1,9 @@
-"""One stage in a process of its own: what a launcher's worker runs (``reproduce --jobs N`` on this
-machine, or one submitit job on a SLURM cluster).
+"""Stages in processes of their own: what a launcher's workers run (``reproduce --jobs N`` on this
+machine, or one submitit job per stage on a SLURM cluster).
 
 A worker rebuilds the study's pipeline from a picklable *factory* (``StudyFactory``: the study's name
 and settings), pins the process settings that change float results (:func:`configure_process`: torch
-threads, denormal flushing) and runs its one stage with :meth:`Pipeline.run_stage`, which writes the
+threads, denormal flushing) and runs a stage with :meth:`Pipeline.run_stage`, which writes the
 stage's markers in the study directory exactly as a serial run does. The study directory on the shared
 filesystem is the only state: a worker needs nothing from the process that launched it.
 """
@@ -13,13 +13,14 @@ from __future__ import annotations
 import logging
 import os
 import sys
+import traceback
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Optional
 
 from .pipeline import Pipeline
 
-__all__ = ["StageJob", "configure_process", "run_stage_job", "local_worker_main", "FINISHED_OK"]
+__all__ = ["StageJob", "configure_process", "run_stage_job", "pool_worker_main", "FINISHED_OK"]
 
 # Outcomes of Pipeline.run_stage after which a job exits 0 (the stages that need it may start).
 FINISHED_OK = ("done", "cached", "skipped")
@@ -77,17 +78,36 @@ def run_stage_job(job: StageJob, job_id: str, log: str) -> str:
     return pipe.run_stage(job.stage, force=job.force)
 
 
-def local_worker_main(job: StageJob, log: str) -> None:
-    """Entry point of a ``--jobs N`` worker process: output appended to ``log``, exit status 0 when
-    the stage finished, was current or was skipped, 1 otherwise."""
+def _append_output_to(log: str) -> None:
+    """Send this process's stdout and stderr (file descriptors 1 and 2) to the end of ``log``."""
     Path(log).parent.mkdir(parents=True, exist_ok=True)
-    fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
     sys.stdout.flush()
     sys.stderr.flush()
+    fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
     os.dup2(fd, 1)
     os.dup2(fd, 2)
     os.close(fd)
-    outcome = run_stage_job(job, f"local-{os.getpid()}", log)
-    sys.stdout.flush()
-    sys.stderr.flush()
-    sys.exit(0 if outcome in FINISHED_OK else 1)
+
+
+def pool_worker_main(conn) -> None:
+    """A ``--jobs N`` worker process: runs the stages it receives on ``conn`` (``(job, job_id, log)``),
+    one at a time, each with its output appended to its log, and answers each with the outcome of
+    :meth:`Pipeline.run_stage`; stops on ``None``. Every stage starts with the process settings pinned
+    again (:func:`configure_process`), as in a serial run."""
+    while True:
+        try:
+            message = conn.recv()
+        except EOFError:  # the launcher is gone
+            return
+        if message is None:
+            return
+        job, job_id, log = message
+        _append_output_to(log)
+        try:
+            outcome = run_stage_job(job, job_id, log)
+        except Exception:  # the pipeline could not even be built: the log has why
+            traceback.print_exc()
+            outcome = "failed"
+        sys.stdout.flush()
+        sys.stderr.flush()
+        conn.send(outcome)
