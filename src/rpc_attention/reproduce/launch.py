@@ -126,6 +126,9 @@ class Executor(Protocol):
     def submit(self, stage: Stage, job: StageJob, needs: Dict[str, Job], after: Dict[str, Job]) -> Job:
         """Start (or queue) ``job``; ``needs`` / ``after`` are the submitted jobs it must wait for."""
 
+    def wait(self, timeout: float) -> None:
+        """Return when one of its jobs may have ended, at the latest after ``timeout`` seconds."""
+
     def close(self) -> None:
         """Release what the executor holds (worker processes) once no job is left."""
 
@@ -198,6 +201,13 @@ class LocalProcesses:
         log = str(self.out_dir / "logs" / f"{stage.name}.log")
         worker.conn.send((job, job_id, log))
         return _WorkerJob(worker, job_id, log)
+
+    def wait(self, timeout: float) -> None:
+        """Until a busy worker answers or dies (no polling delay between short stages)."""
+        from multiprocessing.connection import wait
+
+        busy = [w for w in self.workers if w.busy]
+        wait([w.conn for w in busy] + [w.process.sentinel for w in busy], timeout)
 
     def close(self) -> None:
         for w in self.workers:
@@ -329,7 +339,7 @@ def run_graph(pipe: Pipeline, entries: Sequence[PlanEntry], executor: Executor,
             if run.pending and not run.inflight:
                 # nothing runs and nothing can start (cannot happen with stages in dependency order)
                 raise StageSelectionError(f"cannot start {run.pending[0].name}: its dependencies did not run")
-            time.sleep(poll_s)
+            executor.wait(poll_s)
             _collect(run)
     finally:
         for job in run.inflight.values():

@@ -17,6 +17,7 @@ stage's running marker and resumes it; a training stage continues from the train
 
 from __future__ import annotations
 
+import time
 from dataclasses import replace
 from pathlib import Path
 from typing import Any, Dict, Optional
@@ -110,6 +111,9 @@ class SubmititExecutor:
         self.cluster = cluster
         self.name = "slurm" if cluster else "submitit-local"
         self.handles_dependencies = cluster
+
+    def wait(self, timeout: float) -> None:
+        time.sleep(timeout)  # submitit polls its jobs' state (on SLURM through sacct, rate-limited)
 
     def close(self) -> None:
         """Nothing to release: each job is a process (or a SLURM job) of its own."""
