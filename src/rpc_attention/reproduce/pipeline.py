@@ -13,6 +13,11 @@ stages it depends on). :class:`Pipeline` runs them in a study directory ``DIR``:
 - a stage that was interrupted (killed) leaves ``<name>.running.json``; the next run starts it again
   with ``ctx.resuming = True`` (training stages then resume from the trainer's last checkpoint).
 
+:meth:`Pipeline.run` runs the stages one after another in this process; a launcher
+(:mod:`rpc_attention.reproduce.launch`) runs each with :meth:`Pipeline.run_stage` in a worker process
+or cluster job instead, with the same markers. ``Pipeline.runtime`` (the torch thread count) enters
+every fingerprint.
+
 Stage functions receive a :class:`StageContext` and return a dict ``{"outputs": {...}, "result": {...}}``
 (both optional, JSON-able). Files they write should be written atomically (:func:`atomic_write_text`,
 :func:`atomic_write_json`) so a kill never leaves a half-written output behind.
