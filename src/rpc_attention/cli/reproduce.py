@@ -38,8 +38,71 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                    help="stop at the first failed stage (default: run the stages that do not depend on it)")
     r.add_argument("--device", default=None, help="device for training and evaluation (default: the study's; cpu)")
     r.add_argument("--threads", type=int, default=None,
-                   help="torch intra-op threads for every stage, training included (default: the presets' own, "
-                        "then torch's default); not part of any stage's parameters")
+                   help="torch intra-op threads for every stage, training included (default: torch's default; "
+                        "the trainer: the presets' own, then torch's); part of every stage's fingerprint")
+    add_launch_arguments(parser)
+
+
+SLURM_OPTIONS = ("partition", "time", "account", "qos", "constraint", "nodes", "gpus_per_node", "cpus_per_task")
+
+
+def add_launch_arguments(parser: argparse.ArgumentParser) -> None:
+    """How the stages run: the launchers, ``--jobs``, the SLURM job options and ``--status``."""
+    g = parser.add_argument_group("launchers (docs/reproduce.md#launchers)")
+    g.add_argument("--launcher", default="local", choices=["local", "slurm", "submitit-local"],
+                   help="local: on this machine (default; one stage at a time in this process, or --jobs N "
+                        "worker processes); slurm: each stage one SLURM job through submitit (training: --nodes x "
+                        "--gpus-per-node GPUs, DDP; evaluation and analysis: one GPU), logs in DIR/logs/submitit; "
+                        "submitit-local: the slurm path through submitit's local executor (one process per stage)")
+    g.add_argument("--jobs", type=int, default=None, metavar="N",
+                   help="run up to N stages at once, dependencies respected (default: 1 locally, no limit on "
+                        "SLURM). Every stage runs with the same torch thread count (--threads, else this process's "
+                        "default; on SLURM --cpus-per-task), which enters its fingerprint: the numbers do not "
+                        "depend on the launcher or on what runs beside a stage")
+    g.add_argument("--status", metavar="DIR", default=None,
+                   help="print each stage of the study in DIR (queued / running / done / failed / skipped / "
+                        "interrupted / not run) with its job id and log, and exit")
+    s = parser.add_argument_group("SLURM jobs (--launcher slurm)")
+    s.add_argument("--partition", default=None, help="SLURM partition of every job")
+    s.add_argument("--time", type=int, default=None, metavar="MINUTES",
+                   help="time limit of every job (required with --launcher slurm); a job at its limit is requeued "
+                        "and resumes")
+    s.add_argument("--account", default=None, help="SLURM account")
+    s.add_argument("--qos", default=None, help="SLURM quality of service")
+    s.add_argument("--constraint", default=None, help="SLURM node constraint (e.g. a100)")
+    s.add_argument("--nodes", type=int, default=None, help="nodes of each training job (default 1)")
+    s.add_argument("--gpus-per-node", type=int, default=None, help="GPUs (= DDP tasks) per training node (default 8)")
+    s.add_argument("--cpus-per-task", type=int, default=None, help="CPUs per task of every job (default 10)")
+
+
+def launch_options(args: argparse.Namespace):
+    """The :class:`LaunchOptions` of ``--launcher``, ``--jobs`` and the SLURM options."""
+    from ..reproduce import LaunchOptions, SlurmOptions
+
+    given = {k: getattr(args, k) for k in SLURM_OPTIONS if getattr(args, k) is not None}
+    values = {("time_min" if k == "time" else k): v for k, v in given.items()}
+    return LaunchOptions(args.launcher, args.jobs, SlurmOptions(**values),
+                         given=tuple("--" + k.replace("_", "-") for k in given))
+
+
+def print_status(out: str) -> int:
+    """``--status DIR``: the table of the study's stages."""
+    from ..markdown import format_seconds, markdown_table
+    from ..reproduce import StudyError, study_status
+    from . import UserError
+
+    try:
+        rows = study_status(out)
+    except StudyError as exc:
+        raise UserError(str(exc)) from None
+    table = [[r["name"], r["kind"], r["status"], r["job_id"] or "", format_seconds(r["seconds"]) if r["seconds"] else "",
+              r["log"] or "", r["reason"] or ""] for r in rows]
+    print("\n".join(markdown_table(["stage", "kind", "status", "job", "time", "log", "reason"], table)))
+    counts = {}
+    for r in rows:
+        counts[r["status"]] = counts.get(r["status"], 0) + 1
+    print(f"{out}: " + ", ".join(f"{n} {k}" for k, n in counts.items()))
+    return 0
 
 
 def study_name(args: argparse.Namespace) -> str:
@@ -124,6 +187,8 @@ def run(args: argparse.Namespace) -> int:
         return power(args.power, _targets(args.targets))
     if args.targets:
         raise UserError("--target needs --power DIR")
+    if args.status is not None:
+        return print_status(args.status)
     if args.list:
         for name, desc, defaults in list_studies():
             print(f"{name}: {desc}")
@@ -142,7 +207,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         summary = run_study(study, out, settings=args.sets, selection=args.stages, force=args.force,
                             dry_run=args.dry_run, keep_going=not args.stop_on_error, device=args.device,
-                            threads=args.threads)
+                            threads=args.threads, launch=launch_options(args))
     except (StudyError, StageSelectionError) as exc:
         raise UserError(str(exc)) from None
     if args.dry_run:

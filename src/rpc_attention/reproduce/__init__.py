@@ -23,15 +23,19 @@ import json
 import os
 import shutil
 import time
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Iterable, List, Optional, Sequence
+from typing import Callable, Iterable, List, Optional, Sequence, Tuple
 
 from ..files import json_default
+from .launch import LAUNCHERS, LaunchOptions, SlurmOptions, launch_stages, resolve_threads, status_rows
 from .pipeline import Pipeline, Stage, StageContext, StageSelectionError, StageSkipped, atomic_write_json, read_json
 from .studies import STUDIES, Study, StudyError, build_stages, get_study
+from .worker import configure_process
 
 __all__ = ["run_study", "make_pipeline", "Pipeline", "Stage", "StageContext", "StageSkipped", "Study",
-           "StudyError", "StageSelectionError", "STUDIES", "get_study", "build_stages"]
+           "StudyError", "StageSelectionError", "STUDIES", "get_study", "build_stages", "LaunchOptions",
+           "SlurmOptions", "LAUNCHERS", "StudyFactory", "study_status"]
 
 
 def _rank() -> int:
@@ -47,6 +51,29 @@ def make_pipeline(study: Study, out_dir, device: Optional[str] = None, stages: O
     pipe = Pipeline(stages, out_dir, log=log, is_writer=_rank() == 0)
     pipe.study = study  # type: ignore[attr-defined]  (the report stage reads it)
     return pipe
+
+
+@dataclass(frozen=True)
+class StudyFactory:
+    """Rebuilds a study's pipeline in a worker process from what pickles cheaply: the study's name,
+    its ``--set`` settings and the device."""
+
+    study: str
+    settings: Tuple[str, ...] = ()
+    device: Optional[str] = None
+
+    def __call__(self, out_dir, log: Optional[Callable[[str], None]] = None) -> Pipeline:
+        return make_pipeline(get_study(self.study, list(self.settings)), out_dir, device=self.device, log=log)
+
+
+def study_status(out_dir) -> List[dict]:
+    """``reproduce --status DIR``: one row per stage of the study in ``out_dir`` (its ``study.json``),
+    with status, job id and log (:func:`rpc_attention.reproduce.launch.status_rows`)."""
+    info = read_json(Path(out_dir) / "study.json")
+    if not info or not info.get("stages"):
+        raise StudyError(f"{out_dir} holds no study (no study.json with stages): give the --out of a study")
+    stages = [Stage(s["name"], s.get("kind", "?"), fn=lambda ctx: None) for s in info["stages"]]
+    return status_rows(Pipeline(stages, out_dir, log=lambda msg: None))
 
 
 def _write_study_file(pipe: Pipeline, study: Study) -> None:
@@ -103,26 +130,29 @@ def _remove_other_study(out_dir, log: Callable[[str], None]) -> None:
 
 def run_study(preset: str, out_dir, settings: Optional[Sequence[str]] = None, selection: Optional[Iterable[str]] = None,
               force: bool = False, dry_run: bool = False, keep_going: bool = True, device: Optional[str] = None,
-              log: Optional[Callable[[str], None]] = None, threads: Optional[int] = None) -> dict:
+              log: Optional[Callable[[str], None]] = None, threads: Optional[int] = None,
+              launch: Optional[LaunchOptions] = None) -> dict:
     """Build study ``preset`` with ``settings`` (``["seeds=0,1"]``) and run it in ``out_dir``.
 
+    ``launch`` chooses how the stages run (default: one at a time in this process; see
+    :class:`LaunchOptions`). Every stage runs with the same torch thread count whatever the launcher
+    (``threads``, else :func:`resolve_threads`'s default), and that count enters its fingerprint.
     Returns the pipeline summary (``ok``, ``cached``, ``skipped``, ``failed``, ``blocked`` stage lists,
     plus ``plan`` text for a dry run)."""
+    launch = launch or LaunchOptions()
+    try:
+        launch.check()
+    except ValueError as exc:
+        raise StudyError(str(exc)) from None
     study = get_study(preset, settings)
     conflict = directory_conflict(study, out_dir)
     if conflict and not force:
         raise StudyError(conflict)
     pipe = make_pipeline(study, out_dir, device=device, log=log)
     pipe.threads = threads  # type: ignore[attr-defined]  (train stages pass it to the trainer)
-    world = int(os.environ.get("WORLD_SIZE", "1") or 1)
-    if world > 1 and not dry_run:
-        from .pipeline import select_stages
-
-        chosen = select_stages(pipe.stages, selection) if selection else pipe.stages
-        other = [s.name for s in chosen if s.kind != "train"]
-        if other:
-            raise StudyError(f"under torchrun (WORLD_SIZE={world}) select training stages only (--stages 'train.*'); "
-                             f"run {other[0]} and the other stages in one process afterwards")
+    stage_threads = resolve_threads(launch, threads)
+    pipe.runtime = {"threads": stage_threads}
+    _refuse_under_torchrun(pipe, selection, launch, dry_run)
     if dry_run:
         return {"plan": pipe.format_plan(pipe.plan(selection, force=force)), "device": device or study.device}
     with pipe.lock():
@@ -130,4 +160,23 @@ def run_study(preset: str, out_dir, settings: Optional[Sequence[str]] = None, se
         if conflict and pipe.is_writer and old not in (None, study.name):
             _remove_other_study(out_dir, pipe.log)
         _write_study_file(pipe, study)
-        return pipe.run(selection, force=force, keep_going=keep_going)
+        if launch.serial:
+            pipe.prepare = lambda: configure_process(stage_threads)
+            return pipe.run(selection, force=force, keep_going=keep_going)
+        factory = StudyFactory(preset, tuple(settings or ()), device)
+        return launch_stages(pipe, factory, launch, selection, force, keep_going, threads)
+
+
+def _refuse_under_torchrun(pipe: Pipeline, selection, launch: LaunchOptions, dry_run: bool) -> None:
+    world = int(os.environ.get("WORLD_SIZE", "1") or 1)
+    if world <= 1 or dry_run:
+        return
+    if not launch.serial:
+        raise StudyError(f"under torchrun (WORLD_SIZE={world}) stages run in this process: drop --launcher / --jobs")
+    from .pipeline import select_stages
+
+    chosen = select_stages(pipe.stages, selection) if selection else pipe.stages
+    other = [s.name for s in chosen if s.kind != "train"]
+    if other:
+        raise StudyError(f"under torchrun (WORLD_SIZE={world}) select training stages only (--stages 'train.*'); "
+                         f"run {other[0]} and the other stages in one process afterwards")

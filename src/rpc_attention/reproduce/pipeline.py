@@ -13,6 +13,11 @@ stages it depends on). :class:`Pipeline` runs them in a study directory ``DIR``:
 - a stage that was interrupted (killed) leaves ``<name>.running.json``; the next run starts it again
   with ``ctx.resuming = True`` (training stages then resume from the trainer's last checkpoint).
 
+:meth:`Pipeline.run` runs the stages one after another in this process; a launcher
+(:mod:`rpc_attention.reproduce.launch`) runs each with :meth:`Pipeline.run_stage` in a worker process
+or cluster job instead, with the same markers. ``Pipeline.runtime`` (the torch thread count) enters
+every fingerprint.
+
 Stage functions receive a :class:`StageContext` and return a dict ``{"outputs": {...}, "result": {...}}``
 (both optional, JSON-able). Files they write should be written atomically (:func:`atomic_write_text`,
 :func:`atomic_write_json`) so a kill never leaves a half-written output behind.
@@ -166,6 +171,12 @@ class Pipeline:
         self._log = log or logger.info
         # Under torchrun every rank runs the stage function; only rank 0 writes markers.
         self.is_writer = is_writer
+        # Settings of the process that change float results (set by the launcher: {"threads": 2}).
+        self.runtime: Dict[str, Any] = {}
+        # The job running the stages, when a launcher started this process ({"job_id", "log", "launcher"}).
+        self.job: Dict[str, Any] = {}
+        # Called before every stage (pins those settings again: an earlier stage may have changed them).
+        self.prepare: Optional[Callable[[], None]] = None
 
     # -------------------------------------------------------------------------------------- markers
     def log(self, msg: str) -> None:
@@ -192,8 +203,10 @@ class Pipeline:
                 with contextlib.suppress(FileNotFoundError):
                     self.marker_path(name, st).unlink()
 
-    def fingerprint(self, stage: Stage, predicted: Optional[Dict[str, str]] = None) -> str:
-        """Hash of the stage's kind and params and of what its upstream stages produced."""
+    def fingerprint(self, stage: Stage, predicted: Optional[Dict[str, str]] = None, runtime: bool = True) -> str:
+        """Hash of the stage's kind and params, of what its upstream stages produced and of
+        :attr:`runtime` (what changes float results but is not a parameter: torch threads, denormal
+        flushing), so a finished stage is rerun rather than mixed when those change."""
         up = []
         for d in list(stage.deps) + list(stage.after):
             if predicted is not None and d in predicted:
@@ -202,9 +215,18 @@ class Pipeline:
             m = self.marker(d) or {}
             sk = self.marker(d, "skipped") or {}
             up.append([d, m.get("fingerprint"), m.get("finished"), sk.get("reason") if not m else None])
-        blob = json.dumps({"kind": stage.kind, "params": stage.params, "upstream": up}, sort_keys=True,
-                          default=json_default)
-        return hashlib.sha256(blob.encode()).hexdigest()[:16]
+        blob = {"kind": stage.kind, "params": stage.params, "upstream": up}
+        if runtime and self.runtime:
+            blob["runtime"] = self.runtime
+        return hashlib.sha256(json.dumps(blob, sort_keys=True, default=json_default).encode()).hexdigest()[:16]
+
+    def is_current(self, stage: Stage) -> bool:
+        """``stage`` is done with the fingerprint it would have now. A marker written before the runtime
+        entered fingerprints (no ``runtime`` field) is compared without it."""
+        m = self.marker(stage.name) or {}
+        if self.status(stage.name) != "done":
+            return False
+        return m.get("fingerprint") == self.fingerprint(stage, runtime="runtime" in m)
 
     # ----------------------------------------------------------------------------------------- plan
     def plan(self, selection: Optional[Iterable[str]] = None, force: bool = False) -> List[PlanEntry]:
@@ -220,10 +242,9 @@ class Pipeline:
             if force:
                 action = "run (forced)"
             elif st == "done":
-                m = self.marker(s.name) or {}
                 if upstream_runs:
                     action = "rerun (upstream changes)"
-                elif m.get("fingerprint") != self.fingerprint(s):
+                elif not self.is_current(s):
                     action = "rerun (changed)"
                 else:
                     action = "done"
@@ -253,10 +274,9 @@ class Pipeline:
         return "\n".join(lines)
 
     # ------------------------------------------------------------------------------------------ run
-    def run(self, selection: Optional[Iterable[str]] = None, force: bool = False, keep_going: bool = True) -> dict:
-        """Run the selected stages. Returns ``{"ok": [...], "skipped": [...], "failed": [...], "blocked":
-        [...], "cached": [...]}`` (stage names). Raises :class:`StageSelectionError` when a selected stage
-        needs an unselected stage that has not finished."""
+    def checked_plan(self, selection: Optional[Iterable[str]] = None, force: bool = False) -> List[PlanEntry]:
+        """:meth:`plan`, refusing a selected stage that needs an unselected stage that has not finished
+        (:class:`StageSelectionError`)."""
         entries = self.plan(selection, force=force)
         selected = {e.stage.name for e in entries}
         for e in entries:
@@ -267,6 +287,32 @@ class Pipeline:
                     raise StageSelectionError(
                         f"stage {e.stage.name} needs stage {d}, which has not finished: run it first "
                         f"(add it to --stages) or run the whole study")
+        return entries
+
+    def unmet(self, s: Stage, failed_here: Dict[str, str]) -> Optional[str]:
+        """None when every dependency of ``s`` is done; else records ``s`` as skipped (a dependency was
+        skipped) and returns ``"skipped"``, or returns ``"blocked"`` (recorded in ``failed_here``)."""
+        bad = [d for d in s.deps if d in failed_here or self.status(d) != "done"]
+        if not bad:
+            return None
+        d = bad[0]
+        why = failed_here.get(d)
+        if why is None and self.status(d) == "skipped":
+            why = "skipped: " + str((self.marker(d, "skipped") or {}).get("reason", "?"))
+        reason = f"needs {d}, which {why or 'did not finish'}"
+        if why and why.startswith("skipped"):
+            self._record_skip(s, reason)
+            self.log(f"- {s.name}: skipped ({reason})")
+            return "skipped"
+        failed_here[s.name] = f"is blocked ({reason})"
+        self.log(f"! {s.name}: blocked ({reason})")
+        return "blocked"
+
+    def run(self, selection: Optional[Iterable[str]] = None, force: bool = False, keep_going: bool = True) -> dict:
+        """Run the selected stages. Returns ``{"ok": [...], "skipped": [...], "failed": [...], "blocked":
+        [...], "cached": [...]}`` (stage names). Raises :class:`StageSelectionError` when a selected stage
+        needs an unselected stage that has not finished."""
+        entries = self.checked_plan(selection, force=force)
         self.marker_dir.mkdir(parents=True, exist_ok=True)
         summary: Dict[str, List[str]] = {k: [] for k in ("ok", "cached", "skipped", "failed", "blocked")}
         failed_here: Dict[str, str] = {}
@@ -278,26 +324,13 @@ class Pipeline:
                 summary["blocked"].append(s.name)
                 continue
             upstream_reran = any(d in reran for d in list(s.deps) + list(s.after))
-            if not force and not upstream_reran and self.status(s.name) == "done" and \
-                    (self.marker(s.name) or {}).get("fingerprint") == self.fingerprint(s):
+            if not force and not upstream_reran and self.is_current(s):
                 summary["cached"].append(s.name)
                 self.log(f"= {s.name}: done earlier, skipped")
                 continue
-            bad = [d for d in s.deps if d in failed_here or self.status(d) != "done"]
-            if bad:
-                d = bad[0]
-                why = failed_here.get(d)
-                if why is None and self.status(d) == "skipped":
-                    why = "skipped: " + str((self.marker(d, "skipped") or {}).get("reason", "?"))
-                reason = f"needs {d}, which {why or 'did not finish'}"
-                if why and why.startswith("skipped"):
-                    self._record_skip(s, reason)
-                    summary["skipped"].append(s.name)
-                    self.log(f"- {s.name}: skipped ({reason})")
-                else:
-                    failed_here[s.name] = f"is blocked ({reason})"
-                    summary["blocked"].append(s.name)
-                    self.log(f"! {s.name}: blocked ({reason})")
+            unmet = self.unmet(s, failed_here)
+            if unmet:
+                summary[unmet].append(s.name)
                 continue
             status, info = self._run_one(s, force=force)
             if status == "done":
@@ -312,13 +345,38 @@ class Pipeline:
                     stop = True
         return summary
 
+    def run_stage(self, name: str, force: bool = False) -> str:
+        """Run one stage in this process (a launcher's worker): ``"cached"`` when it is done and current
+        (unless ``force``), ``"skipped"`` / ``"blocked"`` when a dependency is not done, else the
+        outcome of running it (``"done"``, ``"skipped"``, ``"failed"``)."""
+        s = self.by_name[name]
+        if not force and self.is_current(s):
+            self.log(f"= {s.name}: done earlier, skipped")
+            return "cached"
+        self.marker_dir.mkdir(parents=True, exist_ok=True)
+        return self.unmet(s, {}) or self._run_one(s, force=force)[0]
+
+    def record_lost(self, name: str, why: str) -> None:
+        """The process running stage ``name`` ended without a marker (killed, out of memory, node
+        lost): record it as failed with ``why``; the next run retries it (training resumes from its
+        checkpoint)."""
+        s = self.by_name[name]
+        running = self.marker(name, "running") or {}
+        self._clear_markers(name)
+        atomic_write_json(self.marker_path(name, "failed"), {
+            "name": name, "kind": s.kind, "status": "failed", "error": why, "traceback": "",
+            "started": running.get("started"), "attempts": running.get("attempts", 1),
+            "seconds": time.time() - running["started"] if running.get("started") else None,
+            "fingerprint": running.get("fingerprint"), **{**running.get("job", {}), **self.job}})
+        self.log(f"! {name}: FAILED: {why}")
+
     def _record_skip(self, s: Stage, reason: str) -> None:
         if not self.is_writer:
             return
         self._clear_markers(s.name)
         atomic_write_json(self.marker_path(s.name, "skipped"), {
             "name": s.name, "kind": s.kind, "status": "skipped", "reason": reason,
-            "fingerprint": self.fingerprint(s), "time": time.time(), "params": s.params})
+            "fingerprint": self.fingerprint(s), "time": time.time(), "params": s.params, **self.job})
 
     def _run_one(self, s: Stage, force: bool):
         prev = self.status(s.name)
@@ -334,10 +392,13 @@ class Pipeline:
             running = self.marker(s.name, "running") or {}
             atomic_write_json(self.marker_path(s.name, "running"), {
                 "name": s.name, "kind": s.kind, "status": "running", "started": started,
-                "attempts": int(running.get("attempts", 0)) + 1, "fingerprint": fp, **_host_info()})
+                "attempts": int(running.get("attempts", 0)) + 1, "fingerprint": fp, "runtime": self.runtime,
+                "job": self.job, **_host_info()})
         verb = "resuming" if resuming else ("rerunning" if prev else "running")
         self.log(f"> {s.name}: {verb} ({s.kind}, estimate {format_seconds(s.estimate_s)})")
         ctx = StageContext(self.out_dir, s, self, resuming=resuming, fresh=fresh)
+        if self.prepare is not None:
+            self.prepare()
         try:
             out = s.fn(ctx) or {}
         except StageSkipped as exc:
@@ -352,7 +413,8 @@ class Pipeline:
                 self._clear_markers(s.name)
                 atomic_write_json(self.marker_path(s.name, "failed"), {
                     "name": s.name, "kind": s.kind, "status": "failed", "error": f"{type(exc).__name__}: {exc}",
-                    "traceback": tb, "started": started, "seconds": time.time() - started, "fingerprint": fp})
+                    "traceback": tb, "started": started, "seconds": time.time() - started, "fingerprint": fp,
+                    **self.job})
             self.log(f"! {s.name}: FAILED after {format_seconds(time.time() - started)}: {type(exc).__name__}: {exc}")
             return "failed", f"{type(exc).__name__}: {exc}"
         finished = time.time()
@@ -362,6 +424,7 @@ class Pipeline:
                 "started": started, "finished": finished, "seconds": finished - started,
                 "cpu_s": time.process_time() - cpu0,
                 "estimate_s": s.estimate_s, "resumed": resuming, "load_start": load_start, "load_end": _load(),
+                "runtime": self.runtime, **self.job,
                 "outputs": out.get("outputs", {}),
                 "result": out.get("result", {}), **_host_info()})
             self._clear_markers(s.name, keep=("done",))
@@ -376,11 +439,40 @@ class Pipeline:
             st = self.status(s.name)
             m = self.marker(s.name, st) if st else None
             m = m or {}
+            reason = m.get("reason") or m.get("error")
+            log = self.log_of(s.name, m)
+            if st == "failed" and log:
+                reason = f"{reason} (log: {log})"
             rows.append({"name": s.name, "kind": s.kind, "status": st or "not run",
                          "seconds": m.get("seconds"), "cpu_s": m.get("cpu_s"), "estimate_s": s.estimate_s,
                          "resumed": m.get("resumed", False), "load": [m.get("load_start"), m.get("load_end")],
-                         "reason": m.get("reason") or m.get("error"), "description": s.description})
+                         "reason": reason, "description": s.description})
         return rows
+
+    def log_of(self, name: str, marker: Optional[dict] = None) -> Optional[str]:
+        """The log of stage ``name``'s last job (its launcher's), else ``logs/<name>.log`` when it
+        exists, relative to the study directory; None when neither exists."""
+        log = (marker or {}).get("log") or (marker or {}).get("job", {}).get("log")
+        if not log and (self.out_dir / "logs" / f"{name}.log").is_file():
+            log = str(self.out_dir / "logs" / f"{name}.log")
+        if log and Path(log).is_relative_to(self.out_dir):
+            return Path(log).relative_to(self.out_dir).as_posix()
+        return log
+
+    def is_locked(self) -> bool:
+        """Whether a ``reproduce`` run holds this study directory's lock now."""
+        import fcntl
+
+        path = self.out_dir / ".reproduce.lock"
+        if not path.exists():
+            return False
+        with open(path, "a+") as f:
+            try:
+                fcntl.flock(f.fileno(), fcntl.LOCK_SH | fcntl.LOCK_NB)
+            except OSError:
+                return True
+            fcntl.flock(f.fileno(), fcntl.LOCK_UN)
+        return False
 
     @contextlib.contextmanager
     def lock(self):
