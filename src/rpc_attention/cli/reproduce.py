@@ -10,7 +10,7 @@ HELP = "run a reproduction study as a resumable pipeline of stages and write its
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     g = parser.add_argument_group("study")
     g.add_argument("--study", default=None, metavar="NAME",
-                   help="study: smoke, quick (default; `make demo`), decide, fmnist-full, imagenet, wikitext103 "
+                   help="study: smoke, quick (default; `make demo`), decide, lm-gap, fmnist-full, imagenet, wikitext103 "
                         "(--list shows them; trainer presets are a different thing: `rpc-attention presets`)")
     g.add_argument("--preset", dest="study_alias", default=None, metavar="NAME", help="deprecated alias of --study")
     g.add_argument("--out", default=None, metavar="DIR", help="study directory (default: runs/<study>)")
