@@ -55,13 +55,13 @@ def test_train_takes_every_kernel_option_through_model_kwargs():
     from rpc_attention.train.tasks import get_task
 
     values = {"n_iter": 2, "lambd": 6.0, "threshold": "mad", "mu_mode": "head_dim", "tol": 0.001,
-              "model_dim": 64, "lowrank": "keys", "shrink": "hard", "dual_step": 0.0}
+              "model_dim": 64, "lowrank": "keys", "shrink": "hard", "dual_step": 0.0, "row_lambd": 3.0}
     assert sorted(values) == sorted(KERNEL_OPTIONS)
     cfg = resolve_config("fmnist-rpc-symvit", ["model.kwargs.depth=1", "model.kwargs.embed_dim=24"]
                          + [f"model.kwargs.{k}={v}" for k, v in values.items()])
     attn = get_task("classification").build_model(cfg).blocks[0].attn
     assert type(attn) is RPCAttention
-    assert (attn.lowrank, attn.shrink, attn.dual_step) == ("keys", "hard", 0.0)
+    assert (attn.lowrank, attn.shrink, attn.dual_step, attn.row_lambd) == ("keys", "hard", 0.0, 3.0)
 
 
 def test_integrations_doc_shows_the_whole_convert_signature():
@@ -77,3 +77,26 @@ def test_integrations_doc_shows_the_whole_convert_signature():
     assert not missing
     flags = [f"--rpc-{name.replace('_', '-')}" for name in ext.PAP_FLAGS]
     assert all(flag in text for flag in flags)
+
+
+def test_the_token_rule_reaches_the_asymmetric_extension_and_is_refused_with_a_cache():
+    import pytest
+    import torch
+
+    from rpc_attention.integrations._core import (
+        asymmetric_rpc_attention,
+        cached_asymmetric_rpc_attention,
+        check_options,
+    )
+
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(1, 2, 9, 4, generator=g, dtype=torch.float64) for _ in range(3))
+    k[:, :, 3] += 40.0  # one token's whole key row far out
+    opts = dict(n_iter=2, lambd=6.0, threshold="mad", lowrank="keys", shrink="hard", dual_step=0.0)
+    plain = asymmetric_rpc_attention(q, k, v, **opts)
+    ruled, state = asymmetric_rpc_attention(q, k, v, row_lambd=3.0, return_state=True, **opts)
+    assert not torch.allclose(plain, ruled)
+    assert torch.equal(state.sparse[:, :, 3] != 0, torch.ones_like(state.sparse[:, :, 3], dtype=torch.bool))
+    assert check_options({"row_lambd": 3})["row_lambd"] == 3.0
+    with pytest.raises(ValueError, match="row_lambd"):
+        cached_asymmetric_rpc_attention(q, k, v, None, row_lambd=3.0)

@@ -38,7 +38,7 @@ def _tag(opts, symmetric: str = "rpc") -> str:
         tag += "-over-mu"
     elif opts["threshold"] != "lambda_mu":
         tag += f"-{opts['threshold']}"
-    for name in ("mu_mode", "model_dim", "tol", "lowrank", "shrink", "dual_step"):  # each non-default option
+    for name in ("mu_mode", "model_dim", "tol", "lowrank", "shrink", "dual_step", "row_lambd"):  # each non-default option
         value = opts[name]
         if value != ext.DEFAULT_OPTIONS[name]:
             tag += f"-{name.replace('_', '')}{value:g}" if isinstance(value, float) else f"-{name.replace('_', '')}{value}"

@@ -48,6 +48,8 @@ PAP_FLAGS: Dict[str, Tuple[Any, str]] = {
     "lowrank": (LOWRANKS, "the low-rank step on the values (official) or in key space"),
     "shrink": (SHRINKS, "soft or hard shrinkage of the sparse step"),
     "dual_step": (float, "the step of the dual update Y (1: official, 0: no dual)"),
+    "row_lambd": (_optional(float), "the token rule: a token whose key row is a robust outlier by this many robust "
+                                    "std goes into S whole (default: off; not in causal layers)"),
 }
 
 

@@ -46,6 +46,7 @@ DEFAULT_OPTIONS = {
     "lowrank": "values",
     "shrink": "soft",
     "dual_step": 1.0,
+    "row_lambd": None,
     "clean_queries": True,
     "key_mode": "sparse",
 }
@@ -74,8 +75,9 @@ def check_options(opts: dict) -> dict:
     out["rpc_layers"] = resolve_layers(out["rpc_layers"])
     RF.check_pap_options(n_iter=out["n_iter"], lambd=out["lambd"], threshold=out["threshold"],
                          mu_mode=out["mu_mode"], tol=out["tol"], model_dim=out["model_dim"], lowrank=out["lowrank"],
-                         shrink=out["shrink"], dual_step=out["dual_step"])
+                         shrink=out["shrink"], dual_step=out["dual_step"], row_lambd=out["row_lambd"])
     out["lambd"] = float(out["lambd"])
+    out["row_lambd"] = None if out["row_lambd"] is None else float(out["row_lambd"])
     out["dual_step"] = float(out["dual_step"])
     if out["key_mode"] not in KEY_MODES:
         raise ValueError(f"key_mode must be one of {KEY_MODES}, got {out['key_mode']!r}")
@@ -158,7 +160,7 @@ def asymmetric_rpc_attention(
     # PAP options, typed and documented here; functional.check_pap_options is their one validator
     n_iter: int = 6, lambd: float = 4.0, threshold: str = "lambda_mu", mu_mode: Optional[str] = None,
     model_dim: Optional[int] = None, tol: Optional[float] = None,
-    lowrank: str = "values", shrink: str = "soft", dual_step: float = 1.0,
+    lowrank: str = "values", shrink: str = "soft", dual_step: float = 1.0, row_lambd: Optional[float] = None,
     clean_queries: bool = True,
     key_mode: str = "sparse",
     fused: bool = True,
@@ -176,7 +178,7 @@ def asymmetric_rpc_attention(
             layer with a cache, where the rows of S at the queries' positions are used).
         key_mode: ``"sparse"`` (K - S, reduces exactly to plain attention as lambd -> inf) or
             ``"pap"`` (PAP's final K2).
-        n_iter, lambd, threshold, mu_mode, model_dim, tol, lowrank, shrink, dual_step: as
+        n_iter, lambd, threshold, mu_mode, model_dim, tol, lowrank, shrink, dual_step, row_lambd: as
             :func:`rpc_attention.functional.pap_attention`; ``model_dim`` defaults to ``H * d`` (query heads
             times head width).
     Returns ``(B, H, Nq, d_v)`` and, with ``return_state``, the :class:`~rpc_attention.functional.PAPState`.
@@ -188,7 +190,7 @@ def asymmetric_rpc_attention(
     state = RF.pap_decompose(
         k, v, n_iter=n_iter, lambd=lambd, attn_mask=_key_key_mask(mask, nk, same), is_causal=is_causal,
         scale=scale, model_dim=h * d if model_dim is None else model_dim, threshold=threshold, mu_mode=mu_mode,
-        tol=tol, fused=fused, lowrank=lowrank, shrink=shrink, dual_step=dual_step,
+        tol=tol, fused=fused, lowrank=lowrank, shrink=shrink, dual_step=dual_step, row_lambd=row_lambd,
     )
     sparse = state.sparse.to(k.dtype)
     k_clean = _clean_keys(k, sparse, state.cleaned_keys, key_mode)
@@ -237,6 +239,7 @@ def cached_asymmetric_rpc_attention(
     scale: Optional[float] = None, n_iter: int = 6, lambd: float = 4.0, threshold: str = "lambda_mu",
     mu_mode: Optional[str] = None, model_dim: Optional[int] = None, clean_queries: bool = True,
     key_mode: str = "sparse", fused: bool = True, lowrank: str = "values", shrink: str = "soft", dual_step: float = 1.0,
+    row_lambd: Optional[float] = None,
 ) -> Tuple[Tensor, AsymmetricRPCCache]:
     """Causal self-attention RPC (:func:`asymmetric_rpc_attention` with ``is_causal``) over a cache.
 
@@ -257,6 +260,9 @@ def cached_asymmetric_rpc_attention(
     if lowrank != "values":
         raise ValueError(f"lowrank={lowrank!r} runs the low-rank step over the whole sequence; a causal layer "
                          "(and its decoding cache) takes lowrank='values'")
+    if row_lambd is not None:
+        raise ValueError("row_lambd compares every token with all the others; a causal layer (and its decoding "
+                         "cache) takes row_lambd=None")
     opts = dict(n_iter=n_iter, lambd=lambd, scale=scale, model_dim=h * d if model_dim is None else model_dim,
                 threshold=threshold, mu_mode=mu_mode, fused=fused, shrink=shrink, dual_step=dual_step)
     if cache is None or cache.length != p0:

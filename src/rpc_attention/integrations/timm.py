@@ -162,6 +162,7 @@ def convert(
     lowrank: str = "values",
     shrink: str = "soft",
     dual_step: float = 1.0,
+    row_lambd: Optional[float] = None,
     clean_queries: bool = True,
     key_mode: str = "sparse",
     symmetric: str = "rpc",
@@ -178,7 +179,7 @@ def convert(
         raise ValueError(f"symmetric must be one of {SYMMETRIC_MODES}, got {symmetric!r}")
     opts = check_options(dict(rpc_layers=rpc_layers, n_iter=n_iter, lambd=lambd, threshold=threshold,
                               mu_mode=mu_mode, model_dim=model_dim, tol=tol, lowrank=lowrank, shrink=shrink,
-                              dual_step=dual_step, clean_queries=clean_queries,
+                              dual_step=dual_step, row_lambd=row_lambd, clean_queries=clean_queries,
                               key_mode=key_mode))
     layers = opts.pop("rpc_layers")
     blocks = _blocks(model)
@@ -220,7 +221,7 @@ def _convert_module(attn: nn.Module, opts: dict, symmetric: str) -> None:
         # Attributes an RPCAttention has beyond a SymmetricAttention (its PAP options and whatever
         # else RPCAttention.__init__ sets), taken from a parameter-free prototype on "meta".
         pap = {k: opts[k] for k in ("n_iter", "lambd", "threshold", "mu_mode", "model_dim", "tol", "lowrank", "shrink",
-                                    "dual_step")}
+                                    "dual_step", "row_lambd")}
         proto = RPCAttention(attn.dim, attn.num_heads, device="meta", **pap)
         extra = {k: v for k, v in proto.__dict__.items()
                  if not k.startswith("_") and (k not in attn.__dict__ or k in pap)}

@@ -12,7 +12,7 @@ a custom backend no mask at all, not even the causal or padding mask). Layers se
 
 Options live in the model's config as attributes ``rpc_layers``, ``rpc_n_iter``, ``rpc_lambd``,
 ``rpc_threshold``, ``rpc_mu_mode``, ``rpc_model_dim``, ``rpc_tol``, ``rpc_lowrank``, ``rpc_shrink``,
-``rpc_dual_step``, ``rpc_clean_queries``,
+``rpc_dual_step``, ``rpc_row_lambd``, ``rpc_clean_queries``,
 ``rpc_key_mode`` (set them as config keyword arguments, e.g. ``LlamaConfig(..., rpc_layers="all")``,
 or with :func:`configure`). The keywords given to :func:`register` are defaults for the options a
 config does not set; they are written into the config when a model is created with (or switched
@@ -330,7 +330,8 @@ def _check_against_model(cfg, modules) -> None:
         causal = bool(getattr(mod, "is_causal", False)) and not _is_cross(mod)
         RF.check_pap_options(n_iter=opts["n_iter"], lambd=opts["lambd"], threshold=opts["threshold"],
                              mu_mode=opts["mu_mode"], is_causal=causal, tol=opts["tol"], model_dim=opts["model_dim"],
-                             lowrank=opts["lowrank"], shrink=opts["shrink"], dual_step=opts["dual_step"])
+                             lowrank=opts["lowrank"], shrink=opts["shrink"], dual_step=opts["dual_step"],
+                             row_lambd=opts["row_lambd"])
         if causal and opts["tol"] is not None:
             raise _causal_tol_error(mod)
         window = _sliding_window(mod)

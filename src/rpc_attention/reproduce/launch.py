@@ -28,9 +28,6 @@ from .pipeline import Pipeline, PlanEntry, Stage, StageSelectionError, atomic_wr
 from .studies import StudyError
 from .worker import FINISHED_OK, StageJob
 
-__all__ = ["LaunchOptions", "SlurmOptions", "LAUNCHERS", "run_graph", "launch_stages", "status_rows",
-           "resolve_threads"]
-
 LAUNCHERS = ("local", "slurm", "submitit-local")
 
 

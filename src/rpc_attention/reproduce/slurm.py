@@ -27,8 +27,6 @@ import submitit
 from .pipeline import Stage
 from .worker import FINISHED_OK, StageJob, run_stage_job
 
-__all__ = ["SubmititStage", "SubmititExecutor", "slurm_parameters", "StageJobFailed", "SIGNAL_DELAY_S"]
-
 SIGNAL_DELAY_S = 120  # seconds between SLURM's warning signal and the job's end: time to requeue
 # Requeues after a time-out (preemptions do not count): a 300-epoch training with a 24 h limit needs several.
 MAX_REQUEUES = 20

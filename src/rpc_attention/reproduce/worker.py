@@ -20,8 +20,6 @@ from typing import Callable, Optional
 
 from .pipeline import Pipeline
 
-__all__ = ["StageJob", "configure_process", "run_stage_job", "pool_worker_main", "FINISHED_OK"]
-
 # Outcomes of Pipeline.run_stage after which a job exits 0 (the stages that need it may start).
 FINISHED_OK = ("done", "cached", "skipped")
 
