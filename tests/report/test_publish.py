@@ -80,6 +80,9 @@ def test_unknown_views_and_missing_results_are_one_clear_error(tmp_path):
         render_view(_results(), "nope")
     with pytest.raises(PublishError, match="no 'lm' table"):
         render_view(_results(), "table:lm")
+    with pytest.raises(PublishError, match="no 'own' claims"):
+        render_view(_results(), "verdicts:own")
+    assert render_view(_results(), "verdicts:primary") == render_view(_results(), "verdicts")
     with pytest.raises(PublishError, match="results.json not found"):
         publish_results(tmp_path / "missing", tmp_path, "quick")
 

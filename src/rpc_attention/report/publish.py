@@ -55,7 +55,14 @@ def _view_table(res: Dict[str, Any], arg: str) -> List[str]:
 def _view_verdicts(res: Dict[str, Any], arg: str) -> List[str]:
     from .families import family_tables
 
-    return family_tables(res.get("claims") or [])
+    claims = res.get("claims") or []
+    if arg:  # verdicts:primary: that family only
+        families = sorted({c.get("family", "secondary") for c in claims})
+        if arg not in families:
+            raise PublishError(f"view verdicts:{arg}: the results have no {arg!r} claims "
+                               f"(their families: {', '.join(families) or 'none'})")
+        claims = [c for c in claims if c.get("family", "secondary") == arg]
+    return family_tables(claims)
 
 
 def _view_power(res: Dict[str, Any], arg: str) -> List[str]:
@@ -72,7 +79,7 @@ def _view_run(res: Dict[str, Any], arg: str) -> List[str]:
 
 VIEWS: Dict[str, Callable[[Dict[str, Any], str], List[str]]] = {
     "table": _view_table,        # table:vision, table:lm: a task table (mean +- std over seeds, paper rows)
-    "verdicts": _view_verdicts,  # the claims' verdict tables, one per family, each under its rule
+    "verdicts": _view_verdicts,  # the claims' verdict tables, one per family, each under its rule (verdicts:own: one)
     "power": _view_power,        # the primary claims' minimum detectable effects against their targets
     "run": _view_run,            # one line: stages, wall and CPU time, machine, date
 }
