@@ -47,7 +47,7 @@ data:
 # The main job: the `quick` study (train, attack, corrupt, OOD, analyse, report) into runs/demo.
 # Rerunning resumes: finished stages are skipped. `make pap-demo` is the 10-second kernel demo.
 demo: install
-	$(VENV)/bin/rpc-attention reproduce --study quick --out runs/demo
+	$(VENV)/bin/rpc-attention reproduce --study quick --out runs/demo --jobs 2 --threads 1
 	@echo "report: runs/demo/report.md (and report.html)"
 
 pap-demo: install

@@ -141,4 +141,4 @@ def test_decide_study_runs_the_seeds_the_pilot_power_calculation_asks_for():
     assert sum(s.estimate_s for s in build_stages(study)) <= D.DECIDE_HOURS * 3600
     assert f"at the {n} seeds" in study.description
     # the quick study's description states its measured time, not a guess
-    assert "11 min 43 s" in get_study("quick").description and "18 minutes" not in get_study("quick").description
+    assert "8 min 34 s" in get_study("quick").description and "18 minutes" not in get_study("quick").description

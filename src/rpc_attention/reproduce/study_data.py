@@ -419,9 +419,10 @@ TEXTS = {
     "quick": Texts(description=(
         "Fashion-MNIST SymViT vs RPC-SymViT (6iter/layer1, 2iter/all-layer, and 6iter/layer1 with a PCP threshold "
         "at which the sparse step fires), three seeds each, one epoch of 24,000 images; clean/FGSM/PGD/corruptions/"
-        "OOD/sparse corruption on test subsets with 95 % intervals; S activity of every PAP block; KPCA analysis of "
-        "the SymViT; small Symlm vs RPC-Symlm (one seed) on the embedded Wikipedia corpus. Measured: 11 min 43 s for "
-        "the study alone (the install not included) on a 2-core machine (docs/reproduce.md#measured).")),
+        "OOD/sparse corruption/adaptive patches on test subsets with 95 % intervals; S activity of every PAP block; KPCA "
+        "analysis of the SymViT; small Symlm vs RPC-Symlm (one seed) on the embedded Wikipedia corpus. Measured: "
+        "8 min 34 s for the study alone with --jobs 2 --threads 1 (what `make demo` runs; 15 min 14 s one stage at a "
+        "time), the install not included, on an idle 2-core machine (docs/reproduce.md#measured).")),
     "decide": Texts(description=(
         f"The primary claims (RPC 6iter/layer1: clean top-1 and mCE against SymViT) and the library's own claim "
         f"(robust PAP under key corruption) at the {DECIDE_SEEDS} seeds a power calculation on the three-seed quick "
