@@ -78,6 +78,10 @@ class RunDir:
         only while it holds no checkpoint and no final weights (nothing that cost training time)."""
         if any(self.checkpoints.glob("step_*")) or self.weights().exists():
             return
+        self._remove_run_files()
+
+    def _remove_run_files(self) -> None:
+        """Delete the run's own files and folders (RUN_FILES); anything else in the directory stays."""
         for name in RUN_FILES:
             p = self.path / name
             if p.is_dir():
@@ -154,12 +158,7 @@ class RunDir:
             if not force:
                 raise RunExistsError(f"{self.path} already holds a run; use --resume {self.path} to continue it "
                                      f"or --force to start over")
-            for name in RUN_FILES:
-                p = self.path / name
-                if p.is_dir():
-                    shutil.rmtree(p)
-                elif p.exists():
-                    p.unlink()
+            self._remove_run_files()
         self.path.mkdir(parents=True, exist_ok=True)
 
     def write_config(self, text: str) -> None:
