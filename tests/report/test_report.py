@@ -191,6 +191,10 @@ def check_report_files_and_tables(study_dir):
     assert "- Seeds: SymViT, RPC-SymViT 6iter/layer1, RPC-SymViT 2iter/all-layer, RPC-SymViT 6iter/layer1, " \
            "PCP-active, RPC-SymViT robust PAP 2iter/layer1: 0, 1; Symlm, RPC-Symlm: 0." in md
     assert "- The language-model pair is trained with 1 seed(s) (0) and the vision models with 2" in md
+    # the kernels' instruction set is recorded (float32 results depend on it) and shown in the setup
+    import torch
+    isa = torch.backends.cpu.get_cpu_capability()
+    assert res["setup"]["cpu_capability"] == isa and f"logical CPUs, {isa} kernels)" in md
     # KPCA table shows chance baselines
     assert "(chance 0.180)" in md
     # S activity of every RPC model (vision and LM) with the rule's verdict; SymViT has none

@@ -90,6 +90,9 @@ def setup_info(study) -> Dict[str, Any]:
     info: Dict[str, Any] = {
         "hostname": platform.node(), "platform": platform.platform(), "cpu": _cpu_model(),
         "cpu_count": os.cpu_count(), "torch_threads": torch.get_num_threads(), "versions": _versions(),
+        # the vector instruction set torch's CPU kernels dispatch to (ATEN_CPU_CAPABILITY can lower it);
+        # float32 results depend on it
+        "cpu_capability": torch.backends.cpu.get_cpu_capability(),
         "device": study.device, "cuda": torch.cuda.is_available(),
         "gpus": [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())] if torch.cuda.is_available() else [],
     }

@@ -220,7 +220,8 @@ def _setup_section(res: Dict[str, Any]) -> List[str]:
     s = res["setup"]
     v = s.get("versions", {})
     L = ["## Setup", ""]
-    L += [f"- Hardware: {s.get('cpu')} ({s.get('cpu_count')} logical CPUs), "
+    isa = f", {s['cpu_capability']} kernels" if s.get("cpu_capability") else ""
+    L += [f"- Hardware: {s.get('cpu')} ({s.get('cpu_count')} logical CPUs{isa}), "
           + (f"GPUs: {', '.join(s['gpus'])}" if s.get("gpus") else "no GPU") + f"; device `{s.get('device')}`; "
           f"torch threads {s.get('torch_threads')}; load average at report time {s.get('load_average')}.",
           "- Software: " + ", ".join(f"{k} {val}" for k, val in v.items()) + f"; {s.get('platform')}.",
@@ -279,8 +280,9 @@ def run_summary(res: Dict[str, Any]) -> str:
     wall = sum(r.get("seconds") or 0.0 for r in stages)
     cpu = sum(r.get("cpu_s") or 0.0 for r in stages)
     s = res.get("setup") or {}
+    isa = f", {s['cpu_capability']} kernels" if s.get("cpu_capability") else ""
     return (f"`{res['study']}` study, {done} of {len(stages)} stages done, {format_seconds(wall)} of stage time "
-            f"({format_seconds(cpu)} CPU) on {s.get('cpu')} ({s.get('cpu_count')} logical CPUs, torch "
+            f"({format_seconds(cpu)} CPU) on {s.get('cpu')} ({s.get('cpu_count')} logical CPUs{isa}, torch "
             f"{(s.get('versions') or {}).get('torch')}); generated {res.get('generated')}.")
 
 
