@@ -101,7 +101,7 @@ def test_model_classes_follow_data_on_resume():
 
     cfg = resolve_config("fmnist-rpc-symvit")
     assert cfg["model"]["kwargs"]["num_classes"] == 10
-    cfg["data"]["name"] = "imagefolder"  # no root: the class count is the config's to give
+    cfg["data"].update(name="imagefolder", val_size=0)  # no root: the class count is the config's to give
     again = resolve_config(base=cfg, overrides=["data.num_classes=3"])
     assert again["model"]["kwargs"]["num_classes"] == 3 and again["data"]["num_classes"] == 3
 
@@ -199,3 +199,43 @@ def test_keep_best_survives_a_resume(folder, tmp_path):
     assert main(["train", "--resume", str(parts), "--set", "train.max_steps=null"]) == 0
     a, b = (json.loads((r / "final_metrics.json").read_text()) for r in (whole, parts))
     assert a["selected"] == b["selected"] and a["acc1"] == b["acc1"]
+
+
+def test_subsets_apply_to_a_folder_and_the_preset_val_size_does_not_follow_it(tmp_path, capsys):
+    root = make_folder(tmp_path / "data", splits=(("train", 8), ("val", 2), ("test", 3)))
+    out = tmp_path / "r"
+    assert _train(tmp_path, root, out, "data.train_subset=10", "data.test_subset=4", "train.max_steps=1") == 0
+    cfg = yaml.safe_load((out / "config.yaml").read_text())
+    # the Fashion-MNIST preset's data.val_size (5000) went back to its default: the folder has val/
+    assert cfg["data"]["val_size"] == 0
+    train, val, test = (I.build_datasets(cfg)[k] for k in ("train", "val", "test"))
+    assert (len(train), len(val), len(test)) == (10, 4, 4)  # of 16, 4 (val: never subset) and 6
+    # drawn with data.subset_seed, in file order, the same images twice; another seed draws others
+    a = I.build_eval_dataset(cfg, "test")
+    assert a.indices == I.build_eval_dataset(cfg, "test").indices == sorted(a.indices)
+    assert a.classes == ["cat", "dog"]
+    other = dict(cfg, data=dict(cfg["data"], subset_seed=1))
+    assert I.build_eval_dataset(other, "test").indices != a.indices
+    final = json.loads((out / "final_metrics.json").read_text())
+    assert final["n"] == 4
+
+
+def test_a_key_the_folder_does_not_read_is_refused(tmp_path, capsys):
+    root = make_folder(tmp_path / "data")
+    rc = _train(tmp_path, root, tmp_path / "r", "data.val_size=3")
+    err = _err(capsys)
+    assert rc == 2 and "data.val_size=3 has no effect on data.name='imagefolder'" in err
+    rc = main(["train", "--preset", "fmnist-rpc-symvit", "--out", str(tmp_path / "f"), "--set", "data.val_dir=v"])
+    err = _err(capsys)
+    assert rc == 2 and "data.val_dir='v' has no effect on data.name='fashion_mnist'" in err
+    assert not (tmp_path / "f").exists() and not (tmp_path / "r").exists()
+
+
+def test_a_run_saved_with_an_unread_key_still_loads():
+    """Runs made before unread data keys were refused kept the preset's val_size on an ImageFolder."""
+    from rpc_attention.train.config import resolve_config
+
+    cfg = resolve_config("fmnist-rpc-symvit")
+    cfg["data"].update(name="imagefolder", val_size=5000, num_classes=10)
+    again = resolve_config(base=cfg)
+    assert again["data"]["val_size"] == 0 and again["data"]["name"] == "imagefolder"

@@ -31,7 +31,7 @@ from ..overrides import unknown_key
 __all__ = [
     "FASHION_MNIST_DIR", "FASHION_MNIST_CLASSES", "fashion_mnist", "mnist5k", "digits8x8", "TensorImageDataset",
     "SeededTransformDataset", "build_datasets", "build_eval_dataset", "dataset_info", "FolderInfo",
-    "inspect_imagefolder", "is_folder_data", "STATS_SAMPLE", "eval_split_name",
+    "inspect_imagefolder", "is_folder_data", "STATS_SAMPLE", "eval_split_name", "DATA_SET_KEYS",
 ]
 
 FASHION_MNIST_DIR = os.environ.get("RPC_ATTENTION_FASHION_MNIST", "/usr/share/datasets/fashion-mnist")
@@ -209,7 +209,9 @@ class SeededTransformDataset(Dataset):
         return len(self.dataset)
 
     def __getattr__(self, name):
-        if name in ("dataset", "seed"):
+        # dunder names are not forwarded: a wrapped Subset's ``__getitems__`` would make the DataLoader
+        # fetch whole batches from it, past the seeding in __getitem__
+        if name in ("dataset", "seed") or name.startswith("__"):
             raise AttributeError(name)
         return getattr(self.dataset, name)
 
@@ -332,7 +334,7 @@ def _small_dataset(d: ImageData, split: str, normalize: bool, train_aug: bool):
     name = d.name.lower()
     mean, std = (d.mean, d.std) if normalize else (None, None)
     seed = d.subset_seed
-    if name in ("fashion_mnist", "fashion-mnist", "fmnist"):
+    if name in FASHION_MNIST_NAMES:
         # "train" = the first part of the official train split, "val" = its held-out tail
         # (data.val_size images), "test" = the official 10k test split.
         if split == "test":
@@ -352,7 +354,7 @@ def _small_dataset(d: ImageData, split: str, normalize: bool, train_aug: bool):
                     images, labels = images[:-val_size], labels[:-val_size]
                 images, labels = _subset(images, labels, d.train_subset, seed)
         classes = FASHION_MNIST_CLASSES
-    elif name in ("mnist5k", "mnist-5k", "mnist_5k"):
+    elif name in MNIST5K_NAMES:
         images, labels = mnist5k()
         perm = np.random.RandomState(seed).permutation(len(labels))
         idx = perm[:int(d.test_size)] if split in ("test", "val") else perm[int(d.test_size):]
@@ -368,6 +370,15 @@ def _small_dataset(d: ImageData, split: str, normalize: bool, train_aug: bool):
 
 
 FOLDER_NAMES = ("imagefolder", "imagenet")
+FASHION_MNIST_NAMES = ("fashion_mnist", "fashion-mnist", "fmnist")
+MNIST5K_NAMES = ("mnist5k", "mnist-5k", "mnist_5k")
+# ``data`` keys only some data sets read (the others would ignore them): key -> (those data sets, their names)
+DATA_SET_KEYS = {
+    # ImageFolder validates on val_dir, MNIST-5k on its held-out test_size images
+    "val_size": ("Fashion-MNIST", FASHION_MNIST_NAMES),
+    "test_size": ("MNIST-5k", MNIST5K_NAMES),
+    **{key: ("ImageFolder", FOLDER_NAMES) for key in ("train_dir", "val_dir", "test_dir")},
+}
 STATS_SAMPLE = 256  # training images (evenly spaced over the sorted file list) read for mean / std / size
 
 
@@ -491,9 +502,23 @@ def _imagefolder(d: ImageData, split: str, normalize: bool, train_aug: bool):
     tf = _folder_transform(d, img_size, normalize, train_aug)
     _patch_posterize(tf)
     try:
-        return ImageFolder(str(path), transform=tf)
+        folder = ImageFolder(str(path), transform=tf)
     except (FileNotFoundError, RuntimeError) as exc:
         raise FileNotFoundError(f"ImageFolder {path}: {exc}") from None
+    keep = d.train_subset if split == "train" else d.test_subset if split == "test" else None
+    if keep is None or keep <= 0 or keep >= len(folder):
+        return folder
+    return FolderSubset(folder, keep, d.subset_seed)
+
+
+class FolderSubset(torch.utils.data.Subset):
+    """``n`` images of an ImageFolder drawn with ``seed`` (as :func:`_subset` draws from the small data
+    sets), in file order; ``classes`` is the folder's."""
+
+    def __init__(self, folder, n: int, seed: int) -> None:
+        idx = np.sort(np.random.RandomState(seed).permutation(len(folder))[: int(n)])
+        super().__init__(folder, idx.tolist())
+        self.classes = folder.classes
 
 
 def _posterize_any_bits(img, bits_to_keep, **_):

@@ -21,6 +21,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import difflib
+import logging
 import os
 import typing
 from dataclasses import dataclass, field
@@ -31,6 +32,8 @@ import yaml
 
 from ..files import read_yaml_mapping
 from ..overrides import apply_assignments, flatten_keys, parse_assignments, parse_number, unknown_key
+
+_log = logging.getLogger(__name__)
 
 __all__ = [
     "TrainConfig", "ModelConfig", "DataConfig", "OptimConfig", "ScheduleConfig", "LoopConfig", "EMAConfig",
@@ -405,6 +408,25 @@ def _drop_derived(cfg: Dict[str, Any], keys: List[str], task: Any) -> Dict[str, 
     return cfg
 
 
+def _follow_data_set(cfg: Dict[str, Any], keys: List[str], task: Any, rerun: bool) -> Dict[str, Any]:
+    """``cfg`` with the preset's values of keys only other data sets read (the task's ``data_set_keys``:
+    dotted key -> (data set names, default)) back at their defaults when ``--set data.name`` picks a data
+    set that does not read them, unless they are set too: a Fashion-MNIST preset's ``data.val_size``
+    does not follow it to an ImageFolder tree, which validates on its ``val/`` folder. A saved run config
+    (``rerun``) is cleaned the same way: runs made before such keys were refused had them, unread."""
+    if "data.name" not in keys and not rerun:
+        return cfg
+    name = str(_get(cfg, "data.name") or "").lower()
+    for key, (names, default) in (getattr(task, "data_set_keys", None) or {}).items():
+        section, _, leaf = key.rpartition(".")
+        node = _get(cfg, section)
+        if key in keys or name in names or not isinstance(node, dict) or node.get(leaf) in (None, default):
+            continue
+        _log.info("%s=%r is not read by data.name=%s: back to %r", key, node[leaf], name, default)
+        node[leaf] = default
+    return cfg
+
+
 def resolve_config(preset: Optional[str] = None, overrides: Iterable[str] = (),
                    base: Optional[Dict[str, Any]] = None) -> Dict[str, Any]:
     """Defaults + task defaults + preset (or ``base``) + ``--set`` overrides -> a full config dict."""
@@ -439,6 +461,7 @@ def resolve_typed_config(preset: Optional[str] = None, overrides: Iterable[str] 
     cfg = deep_merge(cfg, raw)
     cfg = _drop_derived(cfg, [k for k, _ in pairs], task)
     cfg = apply_overrides(_with_optional_keys(cfg, [k for k, _ in pairs], task), pairs)
+    cfg = _follow_data_set(cfg, [k for k, _ in pairs], task, rerun=not preset)
     TrainConfig.from_dict(cfg)  # type errors name the key before the task reads it
     finalize = getattr(task, "finalize_config", None)
     if callable(finalize):

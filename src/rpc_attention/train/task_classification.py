@@ -18,6 +18,7 @@ from typing import Any, Dict, Mapping, Optional
 import torch
 import torch.nn.functional as F
 
+from ..data.images import DATA_SET_KEYS, ImageData
 from ..overrides import unknown_key
 
 _log = logging.getLogger(__name__)
@@ -42,6 +43,17 @@ class MixupConfig:
             raise unknown_key(f"train.mixup.{unknown[0]}", [f"train.mixup.{f.name}" for f in fields(cls)],
                               "mixup setting")
         return cls(**{k: float(v) for k, v in section.items() if v is not None})
+
+
+def _check_data_set_keys(data: Dict[str, Any]) -> None:
+    """ValueError naming a ``data`` key the chosen data set does not read, set away from its default."""
+    name = str(data["name"]).lower()
+    defaults = ImageData()
+    for key, (label, names) in DATA_SET_KEYS.items():
+        value = data.get(key)
+        if value is not None and name not in names and value != getattr(defaults, key):
+            raise ValueError(f"data.{key}={value!r} has no effect on data.name={data['name']!r} (only {label} "
+                             f"reads it): leave it unset")
 
 
 def _data_facts(data: Dict[str, Any], info: Dict[str, Any]) -> Dict[str, Any]:
@@ -77,6 +89,10 @@ class ClassificationTask:
     # model's follow (rpc_attention.train.config.resolve_typed_config drops the saved derived value)
     derived_keys = {"data.num_classes": "model.kwargs.num_classes", "data.in_chans": "model.kwargs.in_chans",
                     "data.img_size": "model.kwargs.img_size"}
+    # data keys only some data sets read -> (their names, the default): a preset's value goes back to the
+    # default when --set data.name picks a data set that does not read it
+    data_set_keys = {f"data.{key}": (names, getattr(ImageData(), key))
+                     for key, (_, names) in DATA_SET_KEYS.items()}
     # read by rpc_attention.data.images with a per-data-set default (mnist5k, imagefolder)
     optional_keys = ("data.test_size", "data.train_dir", "data.val_dir", "data.test_dir", "data.eval_interpolation") + tuple(
         f"data.augment.{k}" for k in ("enabled", "padding", "flip",  # small images: crop and flip
@@ -105,6 +121,7 @@ class ClassificationTask:
         if not cfg["data"].get("name"):
             raise ValueError("data.name is not set (fashion_mnist, mnist5k or imagefolder)")
         data = cfg["data"]
+        _check_data_set_keys(data)
         info = _data_facts(data, dataset_info(data["name"]))
         known = not is_folder_data(data["name"]) or bool(data.get("root"))  # else the config gives the count
         if known and data.get("num_classes") is not None and int(data["num_classes"]) != int(info["num_classes"]):
