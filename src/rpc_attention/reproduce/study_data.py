@@ -370,7 +370,7 @@ SEG_CLAIMS = (
 
 
 # ------------------------------------------------------------------------------------ decide
-# The pilot the `decide` study is sized from: the three-seed `quick` study (docs/reproduce.md#measured),
+# The pilot the `decide` study is sized from: a three-seed `quick` run (docs/reproduce.md#deciding-claims),
 # per claim (mean oriented per-seed difference, delta / sd of the paired per-seed differences). At three
 # seeds sd is loosely known (df 2), so the seeds are planned for each claim's target (the paper's
 # improvement in our units, below the pilot's deltas of clean and mCE), not for the pilot's delta.
