@@ -114,6 +114,10 @@ def test_drift_gives_both_differences_the_change_and_the_largest_change_per_tabl
     assert md.rstrip().endswith("Largest |change|, vision: 0.10 in a claim's difference, 0.50 in a cell's mean; "
                                 "verdicts that differ: 1 of 2.")
     assert "| vision | 4 | 4 | 0.00 |" in _drift(a, copy.deepcopy(a))
+    summary = render_view(a, "drift:quick-avx2:summary", Context("quick", {"quick-avx2": b}.__getitem__))
+    assert summary == ("`quick` (Test CPU, generated 2026-12-03 20:00 UTC) against `quick-avx2` (Other CPU, generated "
+                       "2026-12-03 20:00 UTC). Largest |change|, vision: 0.10 in a claim's difference, 0.50 in a "
+                       "cell's mean; verdicts that differ: 1 of 2.\n")
 
 
 def test_drift_compares_runs_of_one_study_only():
@@ -121,6 +125,8 @@ def test_drift_compares_runs_of_one_study_only():
         _drift(_results(), _results(study="decide"))
     with pytest.raises(PublishError, match="drift:NAME"):
         render_view(_results(), "drift")
+    with pytest.raises(PublishError, match="only ':summary'"):
+        render_view(_results(), "drift:quick:all", Context("quick", {"quick": _results()}.__getitem__))
 
 
 def test_drift_blocks_are_rendered_and_checked_from_two_published_files(tmp_path: Path):

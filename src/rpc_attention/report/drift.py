@@ -83,12 +83,15 @@ def _summary(claims: List[Dict[str, Any]], tables: List[Dict[str, Any]]) -> str:
     return f"Largest |change|, {'; '.join(parts) or 'nothing compared'}; verdicts that differ: {moved} of {len(claims)}."
 
 
-def drift_lines(a: Dict[str, Any], b: Dict[str, Any], name_a: str, name_b: str) -> List[str]:
-    """Markdown: results ``a`` (published as ``name_a``) against ``b`` (``name_b``) of the same study."""
+def drift_lines(a: Dict[str, Any], b: Dict[str, Any], name_a: str, name_b: str, summary: bool = False) -> List[str]:
+    """Markdown: results ``a`` (published as ``name_a``) against ``b`` (``name_b``) of the same study; with
+    ``summary`` only the line of the largest changes."""
     def who(res: Dict[str, Any], name: str) -> str:
         return f"`{name}` ({(res.get('setup') or {}).get('cpu')}, generated {res.get('generated')})"
 
     claims, tables = claim_rows(a, b), table_rows(a, b)
+    if summary:
+        return [f"{who(a, name_a)} against {who(b, name_b)}. {_summary(claims, tables)}", ""]
     L = [f"{who(a, name_a)} against {who(b, name_b)}, `{a.get('study')}` study.", ""]
     L += markdown_table(["claim", f"RPC − baseline, `{name_a}`", f"RPC − baseline, `{name_b}`", "|change|",
                          "verdicts"],

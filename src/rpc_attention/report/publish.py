@@ -150,13 +150,16 @@ def _view_sparsity(res: Dict[str, Any], arg: str, ctx: Context) -> List[str]:
 def _view_drift(res: Dict[str, Any], arg: str, ctx: Context) -> List[str]:
     from .drift import drift_lines
 
-    if not arg or ctx.load is None:
+    name, _, mode = arg.partition(":")  # drift:NAME, or drift:NAME:summary for the one line of largest changes
+    if not name or ctx.load is None:
         raise PublishError("view drift needs the other results' name: drift:NAME (docs/results/NAME.json)")
-    other = ctx.load(arg)
+    if mode not in ("", "summary"):
+        raise PublishError(f"view drift:{arg}: after the name only ':summary' is accepted")
+    other = ctx.load(name)
     if other.get("study") != res.get("study"):
-        raise PublishError(f"view drift:{arg}: {arg} is the {other.get('study')!r} study, these results the "
+        raise PublishError(f"view drift:{arg}: {name} is the {other.get('study')!r} study, these results the "
                            f"{res.get('study')!r} study; drift compares two runs of one study")
-    return drift_lines(res, other, ctx.name, arg)
+    return drift_lines(res, other, ctx.name, name, summary=mode == "summary")
 
 
 VIEWS: Dict[str, Callable[..., List[str]]] = {
@@ -169,7 +172,8 @@ VIEWS: Dict[str, Callable[..., List[str]]] = {
     "corruptions": _view_corruptions,  # top-1 error per corruption per model
     "sparse": _view_sparse,      # the sparse-corruption settings per model, and S's precision / recall on the keys
     "sparsity": _view_sparsity,  # PAP's S activity per block (sparsity:rpc_pcp: that model only)
-    "drift": _view_drift,        # drift:NAME: these results against docs/results/NAME.json of the same study
+    "drift": _view_drift,        # drift:NAME: these results against docs/results/NAME.json of the same study;
+                                 # drift:NAME:summary: only the line of the largest changes
 }
 
 
