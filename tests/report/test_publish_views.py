@@ -102,10 +102,11 @@ def _drift(a: dict, b: dict) -> str:
 
 def test_drift_gives_both_differences_the_change_and_the_largest_change_per_table():
     a, b = _results(), _results(clean_rpc=81.75, shift=0.3)
-    b["setup"]["cpu"] = "Other CPU"
+    b["setup"].update(cpu="Other CPU", cpu_capability="AVX2")
     b["claims"][1]["verdict"] = "reproduced"
     md = _drift(a, b)
-    assert md.startswith("`quick` (Test CPU, generated 2026-12-03 20:00 UTC) against `quick-avx2` (Other CPU,")
+    assert md.startswith("`quick` (Test CPU, generated 2026-12-03 20:00 UTC) against `quick-avx2` (Other CPU, "
+                         "AVX2 kernels, generated")
     # clean: per-seed differences 0.5 / 1.25 / 2.0 against 0.8 / 1.25 / 2.0: the mean moves by 0.1
     assert "| claim clean | +1.25 [+0.25, +2.25] | +1.35 [+0.35, +2.35] | 0.10 | inconclusive |" in md
     assert "| claim mce | +9.00 [+8.00, +10.00] | +9.00 [+8.00, +10.00] | 0.00 | inconclusive → reproduced |" in md
@@ -115,8 +116,8 @@ def test_drift_gives_both_differences_the_change_and_the_largest_change_per_tabl
                                 "verdicts that differ: 1 of 2.")
     assert "| vision | 4 | 4 | 0.00 |" in _drift(a, copy.deepcopy(a))
     summary = render_view(a, "drift:quick-avx2:summary", Context("quick", {"quick-avx2": b}.__getitem__))
-    assert summary == ("`quick` (Test CPU, generated 2026-12-03 20:00 UTC) against `quick-avx2` (Other CPU, generated "
-                       "2026-12-03 20:00 UTC). Largest |change|, vision: 0.10 in a claim's difference, 0.50 in a "
+    assert summary == ("`quick` (Test CPU, generated 2026-12-03 20:00 UTC) against `quick-avx2` (Other CPU, AVX2 "
+                       "kernels, generated 2026-12-03 20:00 UTC). Largest |change|, vision: 0.10 in a claim's difference, 0.50 in a "
                        "cell's mean; verdicts that differ: 1 of 2.\n")
 
 
@@ -141,3 +142,14 @@ def test_drift_blocks_are_rendered_and_checked_from_two_published_files(tmp_path
     publish_results(tmp_path / "quick-avx2", tmp_path, "quick-avx2")
     assert "| vision | 4 | 3 | 0.50 | RPC, clean top-1 |" in (tmp_path / "README.md").read_text()
     assert stale_blocks(tmp_path) == []
+
+
+def test_the_setup_records_the_cpu_kernels_and_the_variables_that_cap_them():
+    import torch
+
+    from rpc_attention.report.collect import setup_info
+    from rpc_attention.reproduce import get_study
+
+    setup = setup_info(get_study("smoke"), environ={"ONEDNN_MAX_CPU_ISA": "AVX2", "HOME": "/x"})
+    assert setup["cpu_capability"] == torch.backends.cpu.get_cpu_capability()
+    assert setup["kernel_env"] == {"ONEDNN_MAX_CPU_ISA": "AVX2"}

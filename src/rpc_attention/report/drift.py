@@ -87,7 +87,9 @@ def drift_lines(a: Dict[str, Any], b: Dict[str, Any], name_a: str, name_b: str, 
     """Markdown: results ``a`` (published as ``name_a``) against ``b`` (``name_b``) of the same study; with
     ``summary`` only the line of the largest changes."""
     def who(res: Dict[str, Any], name: str) -> str:
-        return f"`{name}` ({(res.get('setup') or {}).get('cpu')}, generated {res.get('generated')})"
+        setup = res.get("setup") or {}
+        kernels = f", {setup['cpu_capability']} kernels" if setup.get("cpu_capability") else ""
+        return f"`{name}` ({setup.get('cpu')}{kernels}, generated {res.get('generated')})"
 
     claims, tables = claim_rows(a, b), table_rows(a, b)
     if summary:

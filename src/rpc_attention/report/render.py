@@ -221,13 +221,23 @@ def _seeds_text(setup: Dict[str, Any]) -> str:
     return "; ".join(f"{', '.join(labels)}: {', '.join(map(str, seeds))}" for seeds, labels in groups.items())
 
 
+def _kernels_text(setup: Dict[str, Any]) -> str:
+    """``; CPU kernels AVX2 (ATEN_CPU_CAPABILITY=avx2)``: torch's kernel choice and the variables that capped
+    it, where the results record them."""
+    if not setup.get("cpu_capability"):
+        return ""
+    env = ", ".join(f"{k}={v}" for k, v in (setup.get("kernel_env") or {}).items())
+    return f"; CPU kernels {setup['cpu_capability']}" + (f" ({env})" if env else "")
+
+
 def _setup_section(res: Dict[str, Any]) -> List[str]:
     s = res["setup"]
     v = s.get("versions", {})
     L = ["## Setup", ""]
     L += [f"- Hardware: {s.get('cpu')} ({s.get('cpu_count')} logical CPUs), "
           + (f"GPUs: {', '.join(s['gpus'])}" if s.get("gpus") else "no GPU") + f"; device `{s.get('device')}`; "
-          f"torch threads {s.get('torch_threads')}; load average at report time {s.get('load_average')}.",
+          f"torch threads {s.get('torch_threads')}; load average at report time {s.get('load_average')}"
+          + _kernels_text(s) + ".",
           "- Software: " + ", ".join(f"{k} {val}" for k, val in v.items()) + f"; {s.get('platform')}.",
           "- Seeds: " + _seeds_text(s) + "."]
     L += [f"- {note}" for note in res.get("notes") or []] + [""]
