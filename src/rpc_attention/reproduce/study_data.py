@@ -449,7 +449,7 @@ TEXTS = {
         "configures it (PAP 4 iterations in blocks 0-1 of 4, lambd 4) and RPC-Symlm with the sparse step off "
         "(lambd = inf, S = 0) at 4 and at 2 iterations; three seeds each, paired by seed, the presets' 600-step "
         "schedule; test perplexity with the sliding window. Measured: 1 h 20 min of stage time (its 24 stages "
-        "summed) on a 2-core machine (docs/reproduce.md#measured)."),
+        "summed) on a 2-core machine (docs/reproduce.md#measured-lm-gap-the-language-model-gap-with-three-seeds)."),
         summary="Symlm vs RPC-Symlm (paper config, S = 0 at 4 and 2 iterations), 3 seeds, embedded corpus."),
     "wikitext103": Texts(description=(
         "The paper's WikiText-103 language-modelling configuration (docs/method.md#model-families, "
