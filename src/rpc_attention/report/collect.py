@@ -12,7 +12,7 @@ import os
 import platform
 import time
 from pathlib import Path
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Dict, List, Mapping, Optional, Tuple
 
 from ..evaluate.suites import Column, all_suites, get_suite
 from .intervals import holm, margin_tests, min_detectable, paired_comparison
@@ -84,15 +84,18 @@ def _cpu_model() -> str:
     return platform.processor() or platform.machine()
 
 
-def setup_info(study) -> Dict[str, Any]:
+_KERNEL_ENV = ("ATEN_CPU_CAPABILITY", "ONEDNN_MAX_CPU_ISA", "MKL_ENABLE_INSTRUCTIONS", "MKL_CBWR")
+
+
+def setup_info(study, environ: Optional[Mapping[str, str]] = None) -> Dict[str, Any]:
+    """The machine, software, seeds and CPU kernels of a study's report (``environ``: the process
+    environment, whose kernel-capping variables are recorded; default ``os.environ``)."""
     import torch
 
+    environ = os.environ if environ is None else environ
     info: Dict[str, Any] = {
         "hostname": platform.node(), "platform": platform.platform(), "cpu": _cpu_model(),
         "cpu_count": os.cpu_count(), "torch_threads": torch.get_num_threads(), "versions": _versions(),
-        # the vector instruction set torch's CPU kernels dispatch to (ATEN_CPU_CAPABILITY can lower it);
-        # float32 results depend on it
-        "cpu_capability": torch.backends.cpu.get_cpu_capability(),
         "device": study.device, "cuda": torch.cuda.is_available(),
         "gpus": [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())] if torch.cuda.is_available() else [],
     }
@@ -100,6 +103,10 @@ def setup_info(study) -> Dict[str, Any]:
         info["load_average"] = [round(x, 2) for x in os.getloadavg()]
     except OSError:
         pass
+    # float32 results depend on the vectorised kernels torch, oneDNN and MKL dispatch to (AVX-512, AVX2, ...):
+    # what torch chose, and the variables that cap it, so two runs' drift can be told apart from their kernels
+    info["cpu_capability"] = torch.backends.cpu.get_cpu_capability()
+    info["kernel_env"] = {k: environ[k] for k in _KERNEL_ENV if k in environ}
     info["seeds"] = sorted({s for m in study.models for s in m.seeds})
     info["seeds_by_model"] = {m.label: list(m.seeds) for m in study.models}
     return info

@@ -25,7 +25,7 @@ from ..files import atomic_write_json, atomic_write_text
 
 RESULTS_DIR = Path("docs") / "results"
 DOC_FILES = ("README.md", "docs/*.md")
-_BLOCK = re.compile(r"<!-- results (?P<name>[\w.-]+) (?P<view>[\w:.-]+) -->\n(?P<body>.*?)<!-- /results -->",
+_BLOCK = re.compile(r"<!-- results (?P<name>[\w.-]+) (?P<view>[\w:.,-]+) -->\n(?P<body>.*?)<!-- /results -->",
                     re.DOTALL)
 
 
@@ -43,16 +43,43 @@ class Block:
     body: str
 
 
-def _view_table(res: Dict[str, Any], arg: str) -> List[str]:
+Loader = Callable[[str], Dict[str, Any]]
+
+
+@dataclass(frozen=True)
+class Context:
+    """What a view may need beyond its results: the name they are published under, and the other
+    published results by name (``drift:NAME`` reads them)."""
+
+    name: str = "these"
+    load: Optional[Loader] = None
+
+
+def _view_table(res: Dict[str, Any], arg: str, ctx: Context) -> List[str]:
     from .render import task_table
 
-    if arg not in (res.get("tables") or {}):
-        raise PublishError(f"view table:{arg}: the results have no {arg!r} table "
+    tname, _, suites = arg.partition(":")
+    table = (res.get("tables") or {}).get(tname)
+    if table is None:
+        raise PublishError(f"view table:{arg}: the results have no {tname!r} table "
                            f"(they have: {', '.join(res.get('tables') or {}) or 'none'})")
-    return task_table(res, arg)
+    if not suites:
+        return task_table(res, tname)
+    # table:vision:ood,sparse: only the columns of those suites (and the paper's numbers for them)
+    wanted = suites.split(",")
+    have = [c["key"].partition(":")[0] for c in table["columns"]]
+    missing = [s for s in wanted if s not in have]
+    if missing:
+        raise PublishError(f"view table:{arg}: the {tname!r} table has no column of suite(s) {', '.join(missing)} "
+                           f"(its suites: {', '.join(dict.fromkeys(have))})")
+    keys = [c["key"] for c in table["columns"] if c["key"].partition(":")[0] in wanted]
+    paper = {side: {k: v for k, v in (table.get("paper") or {}).get(side, {}).items() if k in keys}
+             for side in ("baseline", "rpc")}
+    sub = dict(table, columns=[c for c in table["columns"] if c["key"] in keys], paper=paper)
+    return task_table(dict(res, tables={tname: sub}), tname)
 
 
-def _view_verdicts(res: Dict[str, Any], arg: str) -> List[str]:
+def _view_verdicts(res: Dict[str, Any], arg: str, ctx: Context) -> List[str]:
     from .families import family_tables
 
     claims = res.get("claims") or []
@@ -65,23 +92,88 @@ def _view_verdicts(res: Dict[str, Any], arg: str) -> List[str]:
     return family_tables(claims)
 
 
-def _view_power(res: Dict[str, Any], arg: str) -> List[str]:
+def _view_power(res: Dict[str, Any], arg: str, ctx: Context) -> List[str]:
     from .families import power_section
 
-    return power_section(res)[2:]  # without its heading: the document has its own
+    lines = power_section(res)[2:]  # without its heading: the document has its own
+    if not lines:
+        raise PublishError("view power: the results have no primary claim with numbers")
+    return lines
 
 
-def _view_run(res: Dict[str, Any], arg: str) -> List[str]:
+def _view_run(res: Dict[str, Any], arg: str, ctx: Context) -> List[str]:
     from .render import run_summary
 
     return [run_summary(res), ""]
 
 
-VIEWS: Dict[str, Callable[[Dict[str, Any], str], List[str]]] = {
-    "table": _view_table,        # table:vision, table:lm: a task table (mean +- std over seeds, paper rows)
+def _suite_of(res: Dict[str, Any], suite: str, view: str) -> None:
+    if not ((res.get("evals") or {}).get(suite)):
+        raise PublishError(f"view {view}: the results have no {suite!r} evaluations "
+                           f"(they have: {', '.join(res.get('evals') or {}) or 'none'})")
+
+
+def _view_eps(res: Dict[str, Any], arg: str, ctx: Context) -> List[str]:
+    from .render import eps_table
+
+    _suite_of(res, arg, f"eps:{arg}")
+    return eps_table(res, arg)
+
+
+def _view_corruptions(res: Dict[str, Any], arg: str, ctx: Context) -> List[str]:
+    from .render import corruption_table
+
+    _suite_of(res, "corruptions", "corruptions")
+    return corruption_table(res, protocol=False)  # the protocol names the baseline run's folder on that machine
+
+
+def _view_sparse(res: Dict[str, Any], arg: str, ctx: Context) -> List[str]:
+    from .sparsity import render_sparse_corruption
+
+    _suite_of(res, "sparse", "sparse")
+    return render_sparse_corruption(res)
+
+
+def _view_sparsity(res: Dict[str, Any], arg: str, ctx: Context) -> List[str]:
+    from .sparsity import render_sparsity
+
+    models = (res.get("sparsity") or {}).get("models") or {}
+    if arg:  # sparsity:rpc_pcp,rpc6: those models only
+        missing = [k for k in arg.split(",") if k not in models]
+        if missing:
+            raise PublishError(f"view sparsity:{arg}: no S-activity record of {', '.join(missing)} "
+                               f"(models: {', '.join(models) or 'none'})")
+        models = {k: v for k, v in models.items() if k in arg.split(",")}
+    return render_sparsity(dict(res, sparsity=dict(res.get("sparsity") or {}, models=models)))[2:]
+
+
+def _view_drift(res: Dict[str, Any], arg: str, ctx: Context) -> List[str]:
+    from .drift import drift_lines
+
+    name, _, mode = arg.partition(":")  # drift:NAME, or drift:NAME:summary for the one line of largest changes
+    if not name or ctx.load is None:
+        raise PublishError("view drift needs the other results' name: drift:NAME (docs/results/NAME.json)")
+    if mode not in ("", "summary"):
+        raise PublishError(f"view drift:{arg}: after the name only ':summary' is accepted")
+    other = ctx.load(name)
+    if other.get("study") != res.get("study"):
+        raise PublishError(f"view drift:{arg}: {name} is the {other.get('study')!r} study, these results the "
+                           f"{res.get('study')!r} study; drift compares two runs of one study")
+    return drift_lines(res, other, ctx.name, name, summary=mode == "summary")
+
+
+VIEWS: Dict[str, Callable[..., List[str]]] = {
+    "table": _view_table,        # table:vision, table:lm: a task table (mean +- std over seeds, paper rows);
+                                 # table:vision:ood,sparse: the columns of those suites only
     "verdicts": _view_verdicts,  # the claims' verdict tables, one per family, each under its rule (verdicts:own: one)
     "power": _view_power,        # the primary claims' minimum detectable effects against their targets
     "run": _view_run,            # one line: stages, wall and CPU time, machine, date
+    "eps": _view_eps,            # eps:fgsm, eps:pgd: top-1 at each eps per model
+    "corruptions": _view_corruptions,  # top-1 error per corruption per model
+    "sparse": _view_sparse,      # the sparse-corruption settings per model, and S's precision / recall on the keys
+    "sparsity": _view_sparsity,  # PAP's S activity per block (sparsity:rpc_pcp: that model only)
+    "drift": _view_drift,        # drift:NAME: these results against docs/results/NAME.json of the same study;
+                                 # drift:NAME:summary: only the line of the largest changes
 }
 
 
@@ -95,12 +187,13 @@ def load_published(root: Path, name: str) -> Dict[str, Any]:
         raise PublishError(f"{path} is not valid JSON ({exc})") from None
 
 
-def render_view(res: Dict[str, Any], view: str) -> str:
-    """The Markdown text of ``view`` (``kind`` or ``kind:argument``) for the results ``res``."""
+def render_view(res: Dict[str, Any], view: str, ctx: Context = Context()) -> str:
+    """The Markdown text of ``view`` (``kind`` or ``kind:argument``) for the results ``res``; ``ctx`` names
+    them and serves the views that read other published results (``drift:NAME``)."""
     kind, _, arg = view.partition(":")
     if kind not in VIEWS:
         raise PublishError(f"unknown results view {view!r}; views are {', '.join(VIEWS)}")
-    return "\n".join(VIEWS[kind](res, arg)).rstrip() + "\n"
+    return "\n".join(VIEWS[kind](res, arg, ctx)).rstrip() + "\n"
 
 
 def doc_paths(root: Path) -> List[Path]:
@@ -117,12 +210,22 @@ def find_blocks(root: Path) -> List[Block]:
             for m in _BLOCK.finditer(p.read_text(encoding="utf-8"))]
 
 
-def _rendered(root: Path, text: str, cache: Dict[str, Dict[str, Any]]) -> str:
-    def sub(m: re.Match) -> str:
-        name = m["name"]
+def _loader(root: Path, cache: Dict[str, Dict[str, Any]]) -> Loader:
+    """Published results by name, each read once."""
+    def load(name: str) -> Dict[str, Any]:
         if name not in cache:
             cache[name] = load_published(root, name)
-        return f"<!-- results {name} {m['view']} -->\n{render_view(cache[name], m['view'])}<!-- /results -->"
+        return cache[name]
+
+    return load
+
+
+def _rendered(root: Path, text: str, cache: Dict[str, Dict[str, Any]]) -> str:
+    load = _loader(root, cache)
+
+    def sub(m: re.Match) -> str:
+        name = m["name"]
+        return f"<!-- results {name} {m['view']} -->\n{render_view(load(name), m['view'], Context(name, load))}<!-- /results -->"
 
     return _BLOCK.sub(sub, text)
 
@@ -142,12 +245,10 @@ def render_blocks(root: Path) -> List[Path]:
 
 def stale_blocks(root: Path) -> List[str]:
     """``"FILE: NAME VIEW"`` of every block whose text is not what its published results render."""
-    cache: Dict[str, Dict[str, Any]] = {}
+    load = _loader(root, {})
     out = []
     for b in find_blocks(root):
-        if b.name not in cache:
-            cache[b.name] = load_published(root, b.name)
-        if render_view(cache[b.name], b.view) != b.body:
+        if render_view(load(b.name), b.view, Context(b.name, load)) != b.body:
             out.append(f"{b.path.relative_to(root)}: {b.name} {b.view}")
     return out
 

@@ -15,7 +15,8 @@ from .rows import gather_rows
 from .sparsity import render_sparse_corruption, render_sparsity
 from .verdict import FAMILIES
 
-__all__ = ["render_markdown", "render_html", "fmt", "format_seconds", "task_table", "run_summary"]
+__all__ = ["render_markdown", "render_html", "fmt", "format_seconds", "task_table", "run_summary", "eps_table",
+           "corruption_table"]
 
 
 def fmt(x: Any, digits: int = 2) -> str:
@@ -56,7 +57,8 @@ def _figs(res: Dict[str, Any], section: str) -> List[str]:
     return out
 
 
-def _eps_table(res: Dict[str, Any], suite: str) -> List[str]:
+def eps_table(res: Dict[str, Any], suite: str) -> List[str]:
+    """Top-1 at each eps of the attack ``suite`` (rows) for every model (columns), mean ± std over seeds."""
     per_model = res["evals"].get(suite) or {}
     eps_order, vals = gather_rows(per_model, lambda row: row.get("eps"), "top1")
     if not vals:
@@ -81,7 +83,9 @@ def _eps_table(res: Dict[str, Any], suite: str) -> List[str]:
     return lines + _table(["eps"] + [res["models"].get(k, {}).get("label", k) for k in keys], rows)
 
 
-def _corruption_table(res: Dict[str, Any]) -> List[str]:
+def corruption_table(res: Dict[str, Any], protocol: bool = True) -> List[str]:
+    """Top-1 error per corruption (rows), mean over severities and seeds, for every model (columns); the
+    caption names the suite's protocol unless ``protocol`` is false (it names the baseline run's folder)."""
     per_model = res["evals"].get("corruptions") or {}
     names, data = gather_rows(per_model, lambda row: row.get("corruption") or None, "mean_error")
     if not data:
@@ -89,8 +93,9 @@ def _corruption_table(res: Dict[str, Any]) -> List[str]:
     keys = list(data)
     rows = [[c] + [fmt(sum(data[k].get(c, [math.nan])) / max(1, len(data[k].get(c, [1])))) for k in keys] for c in names]
     any_e = next(iter(next(iter(per_model.values())).values()))
+    what = f"; {any_e.get('protocol') or ''}" if protocol else ", mean over seeds"
     lines = [f"**Corruptions**: top-1 error (%) per corruption, mean over severities ({any_e.get('n_examples')} test "
-             f"examples; {any_e.get('protocol') or ''}).", ""]
+             f"examples{what}).", ""]
     return lines + _table(["corruption"] + [res["models"].get(k, {}).get("label", k) for k in keys], rows)
 
 
@@ -216,14 +221,23 @@ def _seeds_text(setup: Dict[str, Any]) -> str:
     return "; ".join(f"{', '.join(labels)}: {', '.join(map(str, seeds))}" for seeds, labels in groups.items())
 
 
+def _kernels_text(setup: Dict[str, Any]) -> str:
+    """``; CPU kernels AVX2 (ATEN_CPU_CAPABILITY=avx2)``: torch's kernel choice and the variables that capped
+    it, where the results record them."""
+    if not setup.get("cpu_capability"):
+        return ""
+    env = ", ".join(f"{k}={v}" for k, v in (setup.get("kernel_env") or {}).items())
+    return f"; CPU kernels {setup['cpu_capability']}" + (f" ({env})" if env else "")
+
+
 def _setup_section(res: Dict[str, Any]) -> List[str]:
     s = res["setup"]
     v = s.get("versions", {})
     L = ["## Setup", ""]
-    isa = f", {s['cpu_capability']} kernels" if s.get("cpu_capability") else ""
-    L += [f"- Hardware: {s.get('cpu')} ({s.get('cpu_count')} logical CPUs{isa}), "
+    L += [f"- Hardware: {s.get('cpu')} ({s.get('cpu_count')} logical CPUs), "
           + (f"GPUs: {', '.join(s['gpus'])}" if s.get("gpus") else "no GPU") + f"; device `{s.get('device')}`; "
-          f"torch threads {s.get('torch_threads')}; load average at report time {s.get('load_average')}.",
+          f"torch threads {s.get('torch_threads')}; load average at report time {s.get('load_average')}"
+          + _kernels_text(s) + ".",
           "- Software: " + ", ".join(f"{k} {val}" for k, val in v.items()) + f"; {s.get('platform')}.",
           "- Seeds: " + _seeds_text(s) + "."]
     L += [f"- {note}" for note in res.get("notes") or []] + [""]
@@ -293,7 +307,7 @@ def _task_section(res: Dict[str, Any], tname: str, t: Dict[str, Any]) -> List[st
           f"the paper's ({t.get('paper_scale', 'ImageNet-scale')}; not comparable in absolute terms, "
           "docs/method.md#published-numbers): compare directions, not values.", ""]
     if tname == "vision":
-        L += _eps_table(res, "fgsm") + _eps_table(res, "pgd") + _corruption_table(res)
+        L += eps_table(res, "fgsm") + eps_table(res, "pgd") + corruption_table(res)
         L += render_sparse_corruption(res)
     if tname == "lm":
         L += _lm_rows(res)

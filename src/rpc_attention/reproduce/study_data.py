@@ -370,7 +370,7 @@ SEG_CLAIMS = (
 
 
 # ------------------------------------------------------------------------------------ decide
-# The pilot the `decide` study is sized from: the three-seed `quick` study (docs/reproduce.md#measured),
+# The pilot the `decide` study is sized from: a three-seed `quick` run (docs/reproduce.md#deciding-claims),
 # per claim (mean oriented per-seed difference, delta / sd of the paired per-seed differences). At three
 # seeds sd is loosely known (df 2), so the seeds are planned for each claim's target (the paper's
 # improvement in our units, below the pilot's deltas of clean and mCE), not for the pilot's delta.
@@ -448,7 +448,8 @@ TEXTS = {
         "Where RPC-Symlm's perplexity gap on the embedded Wikipedia corpus comes from: Symlm, RPC-Symlm as the paper "
         "configures it (PAP 4 iterations in blocks 0-1 of 4, lambd 4) and RPC-Symlm with the sparse step off "
         "(lambd = inf, S = 0) at 4 and at 2 iterations; three seeds each, paired by seed, the presets' 600-step "
-        "schedule; test perplexity with the sliding window."),
+        "schedule; test perplexity with the sliding window. Measured: 1 h 20 min of stage time (its 24 stages "
+        "summed) on a 2-core machine (docs/reproduce.md#measured-lm-gap-the-language-model-gap-with-three-seeds)."),
         summary="Symlm vs RPC-Symlm (paper config, S = 0 at 4 and 2 iterations), 3 seeds, embedded corpus."),
     "wikitext103": Texts(description=(
         "The paper's WikiText-103 language-modelling configuration (docs/method.md#model-families, "
