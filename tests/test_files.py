@@ -65,3 +65,20 @@ def test_to_json_writes_standard_json_from_numpy_torch_fractions_and_paths(tmp_p
     with pytest.raises(TypeError, match="not JSON serialisable: object"):
         to_json({"x": [object()]})
     assert to_json({"x": [object]}, default=lambda o: o.__name__) == {"x": ["object"]}
+
+
+def test_written_files_get_the_mode_open_would_give(tmp_path):
+    import os
+    import stat
+
+    from rpc_attention.files import atomic_write_text
+
+    old = os.umask(0o027)
+    try:
+        new = atomic_write_text(tmp_path / "a.json", "{}")
+        assert stat.S_IMODE(new.stat().st_mode) == 0o640   # 0666 less the umask, not mkstemp's 0600
+        os.chmod(new, 0o604)
+        atomic_write_text(new, "[]")                          # a rewrite keeps the file's own mode
+        assert stat.S_IMODE(new.stat().st_mode) == 0o604 and new.read_text() == "[]"
+    finally:
+        os.umask(old)

@@ -32,11 +32,35 @@ def atomic_write(path: PathLike, write: Callable[[str], None]) -> Path:
     os.close(fd)
     try:
         write(tmp)
+        # mkstemp creates the file 0600: give it the mode a plain open() would (the existing file's, else
+        # 0666 less the umask), so results on a shared disk stay readable by whoever could read them before
+        os.chmod(tmp, _mode_for(path))
         os.replace(tmp, path)
     finally:
         if os.path.exists(tmp):
             os.unlink(tmp)
     return path
+
+
+def _umask() -> int:
+    """The process umask, read without changing it where the system says (Linux), else by setting it back."""
+    try:
+        with open("/proc/self/status", encoding="ascii") as f:
+            for line in f:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8)
+    except (OSError, ValueError):
+        pass
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
+def _mode_for(path: Path) -> int:
+    try:
+        return path.stat().st_mode & 0o7777
+    except OSError:
+        return 0o666 & ~_umask()
 
 
 def atomic_write_bytes(path: PathLike, data: bytes) -> Path:
