@@ -36,7 +36,7 @@ def test_block_parser_reads_markers_and_languages():
 
 def test_readme_is_short_and_every_skipped_block_says_why():
     text = README.read_text()
-    assert len(text.splitlines()) < 280  # the result tables are rendered from docs/results
+    assert len(text.splitlines()) < 300  # the result tables are rendered from docs/results
     blocks = readme_blocks(text)
     assert all(lang in ("bash", "python") for lang, _, _ in blocks), "README code blocks are bash or python"
     skipped = [why for _, _, why in blocks if why is not None]

@@ -52,8 +52,8 @@ FAMILIES = {f.name: f for f in (
            f"exploratory: Holm within this family at {ALPHA:g}, separately from the primary family; the study is "
            "not powered for these, so an inconclusive verdict here is expected and says little", True),
     Family("own", "The library's own claims (not the paper's)",
-           f"Holm within this family at {ALPHA:g}: claims about this library's additions (robust PAP), kept apart "
-           "from the paper's", False),
+           f"Holm within this family at {ALPHA:g}: claims this library adds (robust PAP; RPC under sparse "
+           "input corruption, synthetic key corruption and adversarial patches), kept apart from the paper's", False),
     Family("lm", "Language model",
            f"Holm within this family at {ALPHA:g} (the paper's language-model claims)", True),
 )}
