@@ -9,6 +9,8 @@ no second copy of the PAP algorithm anywhere. Tensors are shaped ``(batch, heads
 - :mod:`.pap_fused`: the fused fast path beside it, with its derivation and hand-written backward.
 - :mod:`.pap_robust`: the fast path of the dual-free robust options (hard shrinkage, no dual step),
   with its derivation.
+- :mod:`.key_controls`: the key controls robust PAP is compared with (clipped keys, outlier tokens
+  dropped as keys).
 - :mod:`.pap_cache`: cached decoding for causal PAP (:func:`pap_prefill`, :class:`PAPCache`).
 """
 
@@ -26,6 +28,14 @@ from .pap import (
     robust_scale,
     soft_shrink,
     sparse_activity,
+)
+from .key_controls import (
+    KEY_CONTROL_LEVELS,
+    KEY_CONTROLS,
+    check_key_control,
+    clip_keys,
+    controlled_symmetric_attention,
+    key_drop_mask,
 )
 from .pap_cache import PAPCache, append_rows, pap_prefill
 
@@ -52,4 +62,10 @@ __all__ = [
     "robust_scale",
     "sparse_activity",
     "check_pap_options",
+    "KEY_CONTROLS",
+    "KEY_CONTROL_LEVELS",
+    "check_key_control",
+    "clip_keys",
+    "key_drop_mask",
+    "controlled_symmetric_attention",
 ]
