@@ -15,6 +15,14 @@ no second copy of the PAP algorithm anywhere. Tensors are shaped ``(batch, heads
 """
 
 from .attention import as_bool_mask, attention, scaled_attention_alpha, scaled_attention_s, symmetric_attention
+from .key_controls import (
+    KEY_CONTROL_LEVELS,
+    KEY_CONTROLS,
+    check_key_control,
+    clip_keys,
+    controlled_symmetric_attention,
+    key_drop_mask,
+)
 from .pap import (
     LOWRANKS,
     MU_MODES,
@@ -28,14 +36,6 @@ from .pap import (
     robust_scale,
     soft_shrink,
     sparse_activity,
-)
-from .key_controls import (
-    KEY_CONTROL_LEVELS,
-    KEY_CONTROLS,
-    check_key_control,
-    clip_keys,
-    controlled_symmetric_attention,
-    key_drop_mask,
 )
 from .pap_cache import PAPCache, append_rows, pap_prefill
 
