@@ -113,6 +113,25 @@ def _key_control(attention: str, rpc_layers: List[int], depth: int, control: Opt
     return {"key_control": control, "key_control_level": level, "key_control_layers": chosen}
 
 
+def _attention_factory(attention: str, rpc_set: set, pap: Dict[str, Any], control: Dict[str, Any],
+                       num_tokens: Optional[int]):
+    """``attn_factory(block_index, **attention keywords)`` of a SymViT: the attention module of each block."""
+
+    def attn_factory(index: int, **akw):
+        if attention == "attn":
+            return Attention(**akw)
+        if attention in ("scaled_s", "scaled_alpha"):
+            return ScaledAttention(mode=attention.split("_", 1)[1], num_tokens=num_tokens, **akw)
+        if index in rpc_set:
+            return RPCAttention(**pap, **akw)
+        if control and index in control["key_control_layers"]:
+            return SymmetricAttention(key_control=control["key_control"],
+                                      key_control_level=control["key_control_level"], **akw)
+        return SymmetricAttention(**akw)
+
+    return attn_factory
+
+
 class SymViT(VisionTransformer):
     """A timm VisionTransformer with :mod:`rpc_attention.nn` attention in every block.
 
@@ -174,20 +193,7 @@ class SymViT(VisionTransformer):
                "model_dim": model_dim, "tol": tol, "lowrank": lowrank, "shrink": shrink, "dual_step": float(dual_step)}
         if row_lambd is not None:  # recorded only when set: rpc_cfg of earlier runs stays as it was
             pap["row_lambd"] = float(row_lambd)
-        rpc_set = set(layers)
-
-        def attn_factory(index: int, **akw):
-            if attention == "attn":
-                return Attention(**akw)
-            if attention in ("scaled_s", "scaled_alpha"):
-                return ScaledAttention(mode=attention.split("_", 1)[1], num_tokens=num_tokens, **akw)
-            if index in rpc_set:
-                return RPCAttention(**pap, **akw)
-            if control and index in control["key_control_layers"]:
-                return SymmetricAttention(key_control=control["key_control"],
-                                          key_control_level=control["key_control_level"], **akw)
-            return SymmetricAttention(**akw)
-
+        attn_factory = _attention_factory(attention, set(layers), pap, control, num_tokens)
         kwargs.setdefault("norm_layer", partial(nn.LayerNorm, eps=1e-6))
         super().__init__(block_fn=partial(SymViTBlock, attn_factory=attn_factory), **kwargs)
         self.rpc_cfg: Dict[str, Any] = {

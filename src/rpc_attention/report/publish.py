@@ -77,11 +77,22 @@ def _view_run(res: Dict[str, Any], arg: str) -> List[str]:
     return [run_summary(res), ""]
 
 
+def _view_frontier(res: Dict[str, Any], arg: str) -> List[str]:
+    from .frontier import SUITE, frontier_table
+
+    suite = arg or SUITE
+    lines = frontier_table(res, suite)
+    if not lines:
+        raise PublishError(f"view frontier{':' + arg if arg else ''}: the results have no {suite!r} evaluations")
+    return lines
+
+
 VIEWS: Dict[str, Callable[[Dict[str, Any], str], List[str]]] = {
     "table": _view_table,        # table:vision, table:lm: a task table (mean +- std over seeds, paper rows)
     "verdicts": _view_verdicts,  # the claims' verdict tables, one per family, each under its rule (verdicts:own: one)
     "power": _view_power,        # the primary claims' minimum detectable effects against their targets
     "run": _view_run,            # one line: stages, wall and CPU time, machine, date
+    "frontier": _view_frontier,  # clean vs patch top-1 per model, differences from the baseline (frontier:SUITE)
 }
 
 

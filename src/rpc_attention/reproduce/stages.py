@@ -113,11 +113,10 @@ def eval_stage(ctx: StageContext) -> dict:
         out.unlink()
     sets = _suite_options(p.get("sets", []), ctx.out_dir)
     limit = int(p["limit"]) if p.get("limit") else None
-    ctx.log(f"--run {run_dir} --suite {p['suite']}" + (f" --limit {limit}" if limit else "")
-            + "".join(f" --set {k}={v}" for k, v in sets.items()))
     source = run_dir_of(ctx.out_dir, p["source_run"]) if p.get("source_run") else run_dir
-    if p.get("source_run"):
-        ctx.log(f"model: {source} with model keywords {p.get('model_kwargs') or {}}")
+    keywords = "".join(f" --model-set {k}={v}" for k, v in (p.get("model_kwargs") or {}).items())
+    ctx.log(f"--run {source}{keywords} --suite {p['suite']}" + (f" --limit {limit}" if limit else "")
+            + "".join(f" --set {k}={v}" for k, v in sets.items()) + (f" --out {out.parent}" if keywords else ""))
     with output_to_log(_log_path(ctx), f"eval {p['suite']} on {run_dir}"):
         evaluate_model([p["suite"]], run_loader(source, model_kwargs=p.get("model_kwargs") or None), sets, limit,
                        str(run_dir / "eval"),

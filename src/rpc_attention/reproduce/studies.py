@@ -313,10 +313,11 @@ def get_study(name: str, settings: Optional[Sequence[str]] = None) -> Study:
 
 
 # ------------------------------------------------------------------------------------- stage list
-def build_stages(study: Study, device: Optional[str] = None) -> List[Stage]:
+def _train_stages(study: Study, device: Optional[str]) -> tuple:
+    """The training stages and ``{run: name of the stage that trains it}`` (a model evaluated on another
+    model's runs maps to that model's training stages)."""
     from . import stages as S
 
-    device = device or study.device
     stages: List[Stage] = []
     train_names: Dict[str, str] = {}
     for m in study.models:
@@ -334,6 +335,14 @@ def build_stages(study: Study, device: Optional[str] = None) -> List[Stage]:
                 estimate_s=E.train_estimate(m.family, m.train_samples, m.cost),
                 description=f"train {m.label} (seed {seed}) from preset {m.preset}"))
             train_names[run] = name
+    return stages, train_names
+
+
+def build_stages(study: Study, device: Optional[str] = None) -> List[Stage]:
+    from . import stages as S
+
+    device = device or study.device
+    stages, train_names = _train_stages(study, device)
     eval_names: Dict[tuple, str] = {}
     for ev in study.evals:
         for key in ev.models:
