@@ -429,7 +429,7 @@ def patch_frontier(res: Dict[str, Any], out_dir: Path) -> List[dict]:
     if not rows:
         return []
     plt = pyplot()
-    fig, ax = plt.subplots(figsize=(6.4, 4.4))
+    fig, ax = plt.subplots(figsize=(6.0, 4.4))
     markers = {"baseline": "s", "rpc": "o", "variant": "^"}
     for i, r in enumerate(rows):
         x, y = r["stats"][CLEAN_TOP1], r["stats"][y_metric]
@@ -438,7 +438,7 @@ def patch_frontier(res: Dict[str, Any], out_dir: Path) -> List[dict]:
     ax.set_xlabel("clean top-1 (%)")
     ax.set_ylabel("top-1 under the adaptive 1-patch attack (%)")
     ax.grid(alpha=0.3)
-    ax.legend(fontsize=6.5, loc="best")
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.02, 1.0))
     p = _save(fig, out_dir, "patch_frontier.png")
     return [{"path": p, "section": "verdicts", "caption": (
         "Robustness frontier: clean top-1 against top-1 under the adaptive 1-patch attack (worst case per example), "

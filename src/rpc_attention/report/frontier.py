@@ -16,6 +16,7 @@ from .collect import metric_value
 from .intervals import t_interval
 
 SUITE = "patch"
+ROLE_ORDER = {"baseline": 0, "rpc": 1, "variant": 2}
 AXES = ((CLEAN_TOP1, "clean top-1"), (top1_patches(1), "1-patch top-1"), (top1_patches(2), "2-patch top-1"))
 
 
@@ -42,7 +43,9 @@ def frontier_rows(res: Dict[str, Any], suite: str = SUITE) -> List[Dict[str, Any
     (n, mean, std over seeds) and ``diff`` from the baseline (the per-seed differences' t interval,
     None for the baseline or with fewer than two paired seeds)."""
     per_model = (res.get("evals") or {}).get(suite) or {}
-    models = list(per_model)
+    roles = {k: (res.get("models") or {}).get(k, {}).get("role") for k in per_model}
+    # the baseline first, then the RPC models, then the other variants (controls), each in the results' order
+    models = sorted(per_model, key=lambda k: ROLE_ORDER.get(roles[k], len(ROLE_ORDER)))
     base = _baseline(res, models)
     rows = []
     for key in models:
