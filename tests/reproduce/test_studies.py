@@ -150,7 +150,7 @@ def test_patch_study_trains_the_variants_and_evaluates_the_controls_on_the_symvi
     st = get_study("patch")
     keys = [m.key for m in st.models]
     assert keys == ["symvit", "rpc6", "rpc_robust", "rpc_values8", "rpc_rows", "symvit_clip", "symvit_drop"]
-    assert all(m.seeds == [0, 1, 2] for m in st.models)
+    assert all(m.seeds == [0, 1, 2, 3, 4] for m in st.models)
     assert st.model("rpc_rows").overrides[-3:] == ["model.kwargs.lambd=8.0", "model.kwargs.lowrank=values",
                                                    "model.kwargs.row_lambd=6.0"]
     assert [ev.suite for ev in st.evals] == ["patch"] and st.evals[0].models == keys and st.evals[0].limit == 200
