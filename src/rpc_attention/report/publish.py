@@ -77,7 +77,7 @@ def _view_run(res: Dict[str, Any], arg: str) -> List[str]:
     return [run_summary(res), ""]
 
 
-def _view_frontier(res: Dict[str, Any], arg: str) -> List[str]:
+def _view_frontier(res: Dict[str, Any], arg: str, ctx: Any = None) -> List[str]:
     from .frontier import SUITE, frontier_table
 
     suite = arg or SUITE
