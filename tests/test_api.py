@@ -59,7 +59,9 @@ def test_the_top_level_api():
                                          "symmetric_attention", "pap_attention", "pap_decompose", "scaled_attention_s",
                                          "scaled_attention_alpha", "soft_shrink", "sparse_activity",
                                          "check_pap_options", "PAPCache", "pap_prefill", "append_rows", "LOWRANKS", "SHRINKS",
-                                         "hard_shrink", "robust_scale"])
+                                         "hard_shrink", "robust_scale", "KEY_CONTROLS", "KEY_CONTROL_LEVELS",
+                                         "check_key_control", "clip_keys", "key_drop_mask",
+                                         "controlled_symmetric_attention"])
     # the plumbing behind pap_attention is not public, but stays importable from its module
     from rpc_attention.functional import pap
 

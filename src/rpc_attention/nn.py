@@ -97,6 +97,16 @@ def _symmetric_attention(k: Tensor, v: Tensor, attn_mask: Optional[Tensor], is_c
 
 
 @torch.jit.ignore
+def _controlled_attention(k: Tensor, v: Tensor, attn_mask: Optional[Tensor], is_causal: bool, dropout_p: float,
+                          scale: float, fused: bool, control: str, level: float) -> Tensor:
+    if is_causal:
+        raise ValueError(f"key_control={control!r} is for bidirectional attention (image tokens); is_causal=True "
+                         "is not supported with it")
+    return RF.controlled_symmetric_attention(k, v, control, level, attn_mask=attn_mask, dropout_p=dropout_p,
+                                             scale=scale, fused=fused)
+
+
+@torch.jit.ignore
 def _pap_attention(k: Tensor, v: Tensor, attn_mask: Optional[Tensor], is_causal: bool, dropout_p: float,
                    scale: float, fused: bool, n_iter: int, lambd: float, model_dim: int, threshold: str,
                    mu_mode: Optional[str], tol: Optional[float], checkpoint_iters: bool, lowrank: str,
@@ -121,7 +131,8 @@ def _scaled_attention(q: Tensor, k: Tensor, v: Tensor, mode: str, weight: Tensor
     return RF.scaled_attention_alpha(q, k, v, weight, **opts)
 
 
-for _kernel in ("_check_width", "softmax_attention", "_symmetric_attention", "_pap_attention", "_scaled_attention"):
+for _kernel in ("_check_width", "softmax_attention", "_symmetric_attention", "_controlled_attention", "_pap_attention",
+                "_scaled_attention"):
     torch.fx.wrap(_kernel)
 
 
@@ -194,14 +205,57 @@ class SymmetricAttention(_AttentionBase):
     """Symmetric attention ``softmax(s K K^T) V``: no W_Q, ``qkv`` maps C -> 2C (keys, then values).
 
     State-dict compatible with the official SymViT attention (``qkv.weight`` [2C, C], ``proj``).
+
+    ``key_control`` (``"clip"`` or ``"drop"``, default None) puts one of the key controls of
+    :mod:`rpc_attention.functional.key_controls` in front of the attention, at ``key_control_level``
+    robust deviations (default: the control's own, :data:`rpc_attention.functional.KEY_CONTROL_LEVELS`);
+    it has no parameters, so it can be switched on in a trained model (``rpc-attention eval --model-set
+    key_control=clip``).
     """
 
     n_proj = 2
 
+    def __init__(
+        self,
+        dim: int,
+        num_heads: int = 8,
+        qkv_bias: bool = False,
+        attn_drop: float = 0.0,
+        proj_drop: float = 0.0,
+        fused_attn: bool = True,
+        key_control: Optional[str] = None,
+        key_control_level: Optional[float] = None,
+        device=None,
+        dtype=None,
+    ) -> None:
+        super().__init__(dim, num_heads, qkv_bias, attn_drop, proj_drop, fused_attn, device=device, dtype=dtype)
+        level = RF.check_key_control(key_control, key_control_level)
+        # "" and 0.0 when off: plain str / float attributes that torch.jit.script can type
+        self.key_control: str = key_control or ""
+        self.key_control_level: float = 0.0 if level is None else level
+
     def forward(self, x: Tensor, attn_mask: Optional[Tensor] = None, is_causal: bool = False) -> Tensor:
         k, v = self._split(x)
-        out = _symmetric_attention(k, v, attn_mask, is_causal, self._dropout_p, self.scale, self.fused_attn)
+        if self.key_control != "":
+            out = _controlled_attention(k, v, attn_mask, is_causal, self._dropout_p, self.scale, self.fused_attn,
+                                        self.key_control, self.key_control_level)
+        else:
+            out = _symmetric_attention(k, v, attn_mask, is_causal, self._dropout_p, self.scale, self.fused_attn)
         return self._merge(out)
+
+    @torch.jit.ignore
+    def attention_keys(self, k: Tensor):
+        """``(keys, mask)`` the attention of this block uses for its keys ``k``: the clipped keys under the
+        ``clip`` control, the ``drop`` control's key mask (bool ``(B, H, 1, N)``), else ``k`` and None."""
+        if self.key_control == "clip":
+            return RF.clip_keys(k, self.key_control_level), None
+        if self.key_control == "drop":
+            return k, RF.key_drop_mask(k, self.key_control_level)
+        return k, None
+
+    def extra_repr(self) -> str:
+        return (f"key_control={self.key_control!r}, key_control_level={self.key_control_level}"
+                if self.key_control else "")
 
 
 class RPCAttention(SymmetricAttention):

@@ -101,3 +101,22 @@ def tiny_run(tiny_model, tmp_path_factory):
     (d / "config.yaml").write_text(yaml.safe_dump(cfg))
     save_file({k: v.contiguous() for k, v in model.state_dict().items()}, str(d / "model.safetensors"))
     return d
+
+
+@pytest.fixture(scope="session")
+def sym_run(tmp_path_factory):
+    """A run directory (config.yaml + model.safetensors) holding the tiny model as a plain SymViT (no PAP),
+    trained by :func:`train_tiny`."""
+    import yaml
+    from safetensors.torch import save_file
+
+    if not os.path.isdir(FMNIST):
+        pytest.skip("Fashion-MNIST not installed")
+    cfg = tiny_cfg()
+    kwargs = {k: v for k, v in cfg["model"]["kwargs"].items() if k not in ("rpc_layers", "n_iter")}
+    cfg["model"] = {"name": "symvit_tiny_patch16_224", "kwargs": kwargs}
+    model = train_tiny(cfg)
+    d = tmp_path_factory.mktemp("symrun")
+    (d / "config.yaml").write_text(yaml.safe_dump(cfg))
+    save_file({k: v.contiguous() for k, v in model.state_dict().items()}, str(d / "model.safetensors"))
+    return d

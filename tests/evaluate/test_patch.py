@@ -1,6 +1,9 @@
 """The ``patch`` suite: adversarial patches on the patch grid, against a float64 from-scratch loop, its
-sanity checks (more steps or patches never help the model, a whole-image patch is an unbounded attack)
-and its adaptive BPDA variant on a robust PAP model."""
+sanity checks (more steps or patches never help the model, a whole-image patch is an unbounded attack),
+its adaptive BPDA variant on a robust PAP model and on the key controls, and the controls switched on in a
+trained run from the command line (``eval --model-set``)."""
+
+import json
 
 import pytest
 import timm
@@ -8,12 +11,15 @@ import torch
 import torch.nn.functional as F
 
 import rpc_attention.models  # noqa: F401  (registers the timm models)
+from rpc_attention import functional as RF
 from rpc_attention import nn as rnn
+from rpc_attention.cli import main
 from rpc_attention.evaluate.inputs import Normalized
 from rpc_attention.evaluate.patch import (
     PatchAttack,
     PatchOptions,
     TokenAttention,
+    _attention_probs,
     bpda_surrogate,
     cell_mask,
     has_nondifferentiable_pap,
@@ -160,3 +166,56 @@ def test_options_are_checked_up_front():
                        ({"bpda": "exact"}, "bpda"), ({"steps": 0}, "steps")):
         with pytest.raises(ValueError, match=match):
             PatchOptions(**bad)
+
+
+@pytest.mark.parametrize("control", ["clip", "drop"])
+def test_the_attention_loss_reads_the_controlled_attention(control):
+    model = _tiny64(key_control=control, key_control_level=0.5).model
+    blk = model.blocks[0].attn
+    x = torch.randn(3, 5, 16, dtype=torch.float64, generator=torch.Generator().manual_seed(2))
+    k, _ = blk.qkv(x).reshape(3, 5, 2, 2, 8).permute(2, 0, 3, 1, 4).unbind(0)
+    # the attention matrix is the controlled attention's output on identity values
+    eye = torch.eye(5, dtype=torch.float64).expand(3, 2, 5, 5)
+    ref = RF.controlled_symmetric_attention(k, eye, control, 0.5, fused=False)
+    torch.testing.assert_close(_attention_probs(blk, x), ref, rtol=0, atol=1e-12)
+    if control == "drop":  # the level is low enough that some token is dropped
+        assert (ref == 0).any()
+
+
+def test_bpda_covers_the_key_controls():
+    for control in ("clip", "drop"):
+        model = _tiny64(key_control=control)
+        assert has_nondifferentiable_pap(model)
+        sur = bpda_surrogate(model)
+        blk, orig = sur.model.blocks[0].attn, model.model.blocks[0].attn
+        assert type(blk) is rnn.SymmetricAttention and blk.key_control == "" and orig.key_control == control
+        assert torch.equal(blk.qkv.weight, orig.qkv.weight) and blk.qkv.weight.data_ptr() != orig.qkv.weight.data_ptr()
+
+
+def test_a_key_control_on_a_trained_run_changes_the_patch_result(sym_run, tmp_path):
+    args = ["--suite", "patch", "--limit", "40", "--set", "patch.steps=2", "--set", "patch.restarts=1",
+            "--set", "patch.patches=1", "--set", "patch.losses=ce"]
+    assert main(["eval", "--run", str(sym_run), "--out", str(tmp_path / "plain"), *args]) == 0
+    assert main(["eval", "--run", str(sym_run), "--model-set", "key_control=clip", "--model-set",
+                 "key_control_level=0.3", "--out", str(tmp_path / "clip"), *args]) == 0
+    plain = json.loads((tmp_path / "plain" / "patch.json").read_text())
+    clip = json.loads((tmp_path / "clip" / "patch.json").read_text())
+    assert clip["source"]["model_kwargs"] == {"key_control": "clip", "key_control_level": 0.3}
+    assert "model_kwargs" not in plain["source"]
+    assert plain["settings"]["variants"] == ["ce"] and clip["settings"]["variants"] == ["ce", "ce_bpda"]
+    assert clip["per_example"]["correct"] != plain["per_example"]["correct"]
+
+
+@pytest.mark.parametrize("extra, message", [
+    (["--model-set", "key_control=clip"], "give --out DIR"),
+    (["--model-set", "model.kwargs.key_control=clip", "--out", "X"], "not a dotted key"),
+    (["--model-set", "key_control", "--out", "X"], "KEY=VALUE"),
+    (["--model-set", "key_control=median", "--out", "X"], "key_control must be one of"),
+    (["--model-set", "no_such_option=1", "--out", "X"], "no_such_option"),
+])
+def test_bad_model_keywords_are_one_clear_error(sym_run, tmp_path, capsys, extra, message):
+    extra = [str(tmp_path / "out") if a == "X" else a for a in extra]
+    assert main(["eval", "--run", str(sym_run), "--suite", "clean", "--limit", "4", *extra]) == 2
+    err = capsys.readouterr().err
+    assert message in err and "Traceback" not in err
+    assert not (tmp_path / "out" / "clean.json").exists()

@@ -43,7 +43,7 @@ def test_clip_and_oracle_by_hand():
     # one head, tokens 0, 1, 2, 10 in feature 0 and 0, 0, 0, 0 in feature 1
     k = torch.tensor([[[[0.0, 0.0], [1.0, 0.0], [2.0, 0.0], [10.0, 0.0]]]], dtype=torch.float64)
     # lower medians 1 and 0; |k - m| = 1, 0, 1, 9, 0, 0, 0, 0 -> lower median 0 -> scale floored at 1e-12
-    clipped = KR.clip_keys(k, 4.0)
+    clipped = RF.clip_keys(k, 4.0)
     assert clipped[0, 0, :, 0].tolist() == pytest.approx([1.0, 1.0, 1.0, 1.0], abs=1e-9)
     hit = torch.zeros_like(k, dtype=torch.bool)
     hit[0, 0, 3, 0] = True
@@ -51,7 +51,7 @@ def test_clip_and_oracle_by_hand():
     assert KR.oracle_keys(k, hit)[0, 0, :, 0].tolist() == [0.0, 1.0, 2.0, 1.0]
     k2 = torch.tensor([[[[0.0], [1.0], [2.0], [3.0], [100.0]]]], dtype=torch.float64)
     # median 2, |k - 2| = 2, 1, 0, 1, 98: median 1, scale 1.4826: clip at 2 +- 5.9304
-    assert KR.clip_keys(k2, 4.0)[0, 0, :, 0].tolist() == pytest.approx([0.0, 1.0, 2.0, 3.0, 2 + 4 * 1.4826])
+    assert RF.clip_keys(k2, 4.0)[0, 0, :, 0].tolist() == pytest.approx([0.0, 1.0, 2.0, 3.0, 2 + 4 * 1.4826])
 
 
 def test_oracle_is_exactly_the_floor_on_exactly_low_rank_keys():
@@ -117,13 +117,13 @@ def test_token_and_feature_corruption_pick_whole_rows_and_columns():
 def test_drop_control_masks_the_outlier_token_and_reports_the_others():
     keys, values = KR.synthetic_keys(batch=2, heads=2, tokens=24, head_dim=8, rank=8, noise=0.0, seed=0)
     corrupted, hit = KR.corrupt_keys(keys, 0.04, 50.0, seed=0, pattern="tokens")  # one token per example
-    keep = KR.drop_mask(corrupted, 6.0)
+    keep = RF.key_drop_mask(corrupted, 6.0)
     assert torch.equal(~keep[:, :, 0, :], hit.all(dim=-1))
     spec = KR.parse_variant("robust=threshold:mad,lambd:6,lowrank:keys,shrink:hard,dual_step:0,n_iter:2,row_lambd:6")
     grid = KR.robustness_grid(keys, values, [spec], [50.0], [0.04], patterns=("tokens",))
     m = grid["cells"][0]["methods"]
     dropped = RF.symmetric_attention(corrupted, values, attn_mask=keep)
-    clean_drop = RF.symmetric_attention(keys, values, attn_mask=KR.drop_mask(keys, 6.0))
+    clean_drop = RF.symmetric_attention(keys, values, attn_mask=RF.key_drop_mask(keys, 6.0))
     assert m["drop"]["r"] == pytest.approx(KR.relative_change(dropped, clean_drop), rel=1e-12)
     others = ~hit.any(dim=-1)
     assert m["robust"]["r_others"] == pytest.approx(

@@ -106,3 +106,45 @@ def test_the_repository_result_blocks_match_the_published_results():
     # the lm-gap study's tables in docs/language-model.md at least
     assert {(b.name, b.view) for b in blocks} >= {("lm-gap", "table:lm"), ("lm-gap", "verdicts")}
     assert stale_blocks(ROOT) == []
+
+
+def _patch_results() -> dict:
+    """Patch-suite records of a baseline, a variant and a control over three seeds (clean and 1-patch top-1)."""
+    def rec(clean, one, two):
+        return {"status": "done", "metrics": {"clean_top1": clean, "top1@1patch": one, "top1@2patch": two}}
+
+    return {
+        "models": {"symvit": {"label": "SymViT", "role": "baseline"}, "rob": {"label": "robust", "role": "rpc"},
+                   "clip": {"label": "SymViT + clip", "role": "variant"}},
+        "evals": {"patch": {
+            "symvit": {"0": rec(80.0, 20.0, 5.0), "1": rec(82.0, 22.0, 6.0), "2": rec(78.0, 18.0, 4.0)},
+            "rob": {"0": rec(79.0, 31.0, 9.0), "1": rec(81.0, 30.0, 8.0), "2": rec(80.0, 32.0, 7.0)},
+            # one seed missing: the difference pairs the two seeds both models have
+            "clip": {"0": rec(79.0, 21.0, 5.0), "1": rec(80.0, 24.0, 6.0)}}},
+    }
+
+
+def test_frontier_view_pairs_each_model_with_the_baseline_by_seed():
+    from scipy import stats
+
+    text = render_view(_patch_results(), "frontier")
+    lines = text.splitlines()
+    assert lines[0].startswith("| model | seeds | clean top-1 (%) | 1-patch top-1 (%) | 2-patch top-1 (%)")
+    assert "| SymViT | 3 | 80.00 ± 2.00 | 20.00 ± 2.00 | 5.00 ± 1.00 | — | — |" in text
+    # robust - SymViT per seed: clean -1, -1, +2; 1-patch +11, +8, +14 (mean 11, sd 3)
+    half = stats.t.ppf(0.975, 2) * 3.0 / 3 ** 0.5
+    assert f"| +0.00 [{-stats.t.ppf(0.975, 2) * 3 ** 0.5 / 3 ** 0.5:+.2f}," in text
+    assert f"+11.00 [{11 - half:+.2f}, {11 + half:+.2f}] |" in text
+    # the control: two paired seeds (clean -1, -2; 1-patch +1, +2)
+    assert "| SymViT + clip | 2 | 79.50 ± 0.71 | 22.50 ± 2.12 |" in text
+    with pytest.raises(PublishError, match="no 'sparse' evaluations"):
+        render_view(_patch_results(), "frontier:sparse")
+
+
+def test_frontier_figure_is_drawn_from_the_same_rows(tmp_path):
+    from rpc_attention.report.figures import patch_frontier
+
+    figs = patch_frontier(_patch_results(), tmp_path)
+    assert [f["path"] for f in figs] == ["figures/patch_frontier.png"]
+    assert (tmp_path / "figures" / "patch_frontier.png").stat().st_size > 1000
+    assert patch_frontier({"evals": {}}, tmp_path) == []

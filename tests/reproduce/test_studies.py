@@ -142,3 +142,28 @@ def test_decide_study_runs_the_seeds_the_pilot_power_calculation_asks_for():
     assert f"at the {n} seeds" in study.description
     # the quick study's description states its measured time, not a guess
     assert "8 min 34 s" in get_study("quick").description and "18 minutes" not in get_study("quick").description
+
+
+def test_patch_study_trains_the_variants_and_evaluates_the_controls_on_the_symvit_runs():
+    from rpc_attention.reproduce import build_stages
+
+    st = get_study("patch")
+    keys = [m.key for m in st.models]
+    assert keys == ["symvit", "rpc6", "rpc_robust", "rpc_values8", "rpc_rows", "symvit_clip", "symvit_drop"]
+    assert all(m.seeds == [0, 1, 2, 3, 4] for m in st.models)
+    assert st.model("rpc_rows").overrides[-3:] == ["model.kwargs.lambd=8.0", "model.kwargs.lowrank=values",
+                                                   "model.kwargs.row_lambd=6.0"]
+    assert [ev.suite for ev in st.evals] == ["patch"] and st.evals[0].models == keys and st.evals[0].limit == 200
+    assert {c.rpc for c in st.claims} == set(keys) - {"symvit"}
+    assert all(c.baseline == "symvit" and c.metric == "top1@1patch" and c.target == 10.0 for c in st.claims)
+    stages = {s.name: s for s in build_stages(st)}
+    # the controls are not trained: their evaluations load the SymViT run of the same seed with the control
+    assert "train.symvit_clip-s0" not in stages and "train.symvit-s0" in stages
+    drop = stages["eval.symvit_drop-s2.patch"]
+    assert drop.deps == ["train.symvit-s2"]
+    assert (drop.params["source_run"], drop.params["model_kwargs"]) == ("symvit-s2", {"key_control": "drop",
+                                                                                      "key_control_level": 6.0})
+    assert "source_run" not in stages["eval.symvit-s2.patch"].params  # trained models: as in every study
+    level = get_study("patch", ["clip_level=2.5", "controls=false"])
+    assert "symvit_clip" not in [m.key for m in level.models]
+    assert get_study("patch", ["clip_level=2.5"]).model("symvit_clip").model_kwargs["key_control_level"] == 2.5

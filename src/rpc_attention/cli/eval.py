@@ -37,8 +37,31 @@ def add_suite_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    add_model_arguments(parser)
+    g = add_model_arguments(parser)
+    g.add_argument("--model-set", dest="model_sets", action="append", default=[], metavar="KEY=VALUE",
+                   help="model keyword set on top of the run's model.kwargs, repeatable, for options without weights "
+                        "(e.g. key_control=clip, key_control_level=4: a key control in block 0 of a trained SymViT); "
+                        "needs --out (results of the changed model are kept apart from RUN/eval)")
     add_suite_arguments(parser)
+
+
+def model_keywords(args: argparse.Namespace) -> Dict[str, Any]:
+    """``--model-set`` items as ``{keyword: value}``; UserError when malformed, dotted or without ``--out``."""
+    from ..overrides import parse_assignments
+
+    items = list(getattr(args, "model_sets", None) or [])
+    if not items:
+        return {}
+    try:
+        pairs = parse_assignments(items, flag="--model-set")
+    except ValueError as exc:
+        raise UserError(str(exc)) from None
+    dotted = [k for k, _ in pairs if "." in k]
+    if dotted:
+        raise UserError(f"--model-set {dotted[0]}=...: give a model keyword (e.g. key_control=clip), not a dotted key")
+    if not getattr(args, "out", None):
+        raise UserError("--model-set changes the model: give --out DIR for its results (RUN/eval holds the run's own)")
+    return dict(pairs)
 
 
 def parse_suite_sets(args: argparse.Namespace) -> Dict[str, Any]:
@@ -59,10 +82,12 @@ def run_model_loader(args: argparse.Namespace):
     """The loader of ``--run DIR`` (``--ema``): ``load(device) -> (model, cfg, run_dir, source)``."""
     from ..train import run_loader
 
+    keywords = model_keywords(args)
+
     def load(device: str):
         if not args.run:
             raise UserError("give --run DIR (a training run directory)")
-        return run_loader(args.run, ema=bool(getattr(args, "ema", False)))(device)
+        return run_loader(args.run, ema=bool(getattr(args, "ema", False)), model_kwargs=keywords)(device)
 
     return load
 

@@ -18,10 +18,13 @@ pixels.
   by forward hooks (:class:`TokenAttention`). Both are maximised.
 * **Gradients.** ``model``: through the defended model itself, every PAP pass included (the hard
   threshold and the medians pass the gradient of what they select). ``bpda``: where a PAP block has
-  steps that are not differentiable (hard shrinkage, a median or quantile threshold), a BPDA estimate (Athalye et al., ICML 2018): the gradient is that of
-  an explicit surrogate (:func:`bpda_surrogate`: the same weights with each PAP block replaced by
-  plain symmetric attention, or by PAP with soft shrinkage), while success is always judged on the
-  defended model.
+  steps that are not differentiable (hard shrinkage, a median or quantile threshold), or a block runs
+  a key control (clip, drop; ``key_control``), a BPDA estimate (Athalye et al., ICML 2018): the
+  gradient is that of an explicit surrogate (:func:`bpda_surrogate`: the same weights with each PAP
+  block replaced by plain symmetric attention, or by PAP with soft shrinkage, and each key control
+  removed), while success is always judged on the defended model. The ``model`` gradient goes through
+  the controls themselves: the clipping (0 on a clipped entry) and the attention with the dropped
+  tokens masked.
 
 An example counts as correct under ``k`` patches only when it survives every attack variant
 (``loss x gradient``) and is correct on the clean image (the worst case per example).
@@ -117,6 +120,7 @@ def choose_cells(saliency: Tensor, k: int, restart: int, generator: torch.Genera
 def _attention_probs(mod: nn.Module, x: Tensor) -> Tensor:
     """``[B, H, N, N]`` softmax attention a block's output used, recomputed with gradients from its
     ``qkv`` projection (PAP blocks: from the cleaned keys of their final pass, ``last_state``)."""
+    keep = None
     if isinstance(mod, rnn.RPCAttention) and mod.last_state is not None:
         q = k = mod.last_state.cleaned_keys
     else:
@@ -124,7 +128,13 @@ def _attention_probs(mod: nn.Module, x: Tensor) -> Tensor:
         parts = mod.qkv(x).reshape(b, n, mod.n_proj, mod.num_heads, mod.head_dim).permute(2, 0, 3, 1, 4)
         k = parts[0] if isinstance(mod, rnn.SymmetricAttention) else parts[1]
         q = k if isinstance(mod, rnn.SymmetricAttention) else parts[0]
-    return torch.softmax(mod.scale * (q @ k.transpose(-2, -1)), dim=-1)
+        if isinstance(mod, rnn.SymmetricAttention):  # a key control's clipped keys or dropped tokens
+            k, keep = mod.attention_keys(k)
+            q = k
+    scores = mod.scale * (q @ k.transpose(-2, -1))
+    if keep is not None:
+        scores = scores.masked_fill(~keep, float("-inf"))
+    return torch.softmax(scores, dim=-1)
 
 
 class TokenAttention:
@@ -233,7 +243,7 @@ def patch_pgd(judge: nn.Module, grad_model: nn.Module, x: Tensor, y: Tensor, mas
     return best, broken
 
 
-def _replacement(mod: rnn.RPCAttention, kind: str) -> nn.Module:
+def _replacement(mod: rnn.SymmetricAttention, kind: str) -> nn.Module:
     """A block with ``mod``'s weights: plain symmetric attention, or PAP with soft shrinkage."""
     base = dict(dim=mod.dim, num_heads=mod.num_heads, qkv_bias=mod.qkv.bias is not None,
                 fused_attn=mod.fused_attn)
@@ -245,26 +255,35 @@ def _replacement(mod: rnn.RPCAttention, kind: str) -> nn.Module:
     return new.to(device=mod.qkv.weight.device, dtype=mod.qkv.weight.dtype).eval()
 
 
+def _controlled(mod: nn.Module) -> bool:
+    """A symmetric block behind a key control (clip or drop)."""
+    return isinstance(mod, rnn.SymmetricAttention) and not isinstance(mod, rnn.RPCAttention) and bool(mod.key_control)
+
+
 def bpda_surrogate(model: nn.Module, kind: str = "symmetric") -> nn.Module:
     """A copy of ``model`` whose every PAP block (:class:`rpc_attention.nn.RPCAttention`) is rebuilt
     with the same weights as plain symmetric attention (``kind="symmetric"``: no sparse step at all) or
-    as PAP with soft shrinkage (``"soft"``: the other options kept); ``model`` is left unchanged."""
+    as PAP with soft shrinkage (``"soft"``: the other options kept), and whose every block behind a key
+    control (``key_control``: clip or drop) is plain symmetric attention (either kind: the control
+    removed); ``model`` is left unchanged."""
     if kind not in SURROGATES[1:]:
         raise ValueError(f"BPDA surrogate must be one of {', '.join(SURROGATES[1:])}, got {kind!r}")
     out = copy.deepcopy(model)
     for name, mod in list(out.named_modules()):
-        if isinstance(mod, rnn.RPCAttention):
+        if isinstance(mod, rnn.RPCAttention) or _controlled(mod):
             parent, _, child = name.rpartition(".")
-            setattr(out.get_submodule(parent) if parent else out, child, _replacement(mod, kind))
+            new = _replacement(mod, kind if isinstance(mod, rnn.RPCAttention) else "symmetric")
+            setattr(out.get_submodule(parent) if parent else out, child, new)
     return out.eval()
 
 
 def has_nondifferentiable_pap(model: nn.Module) -> bool:
-    """Whether a PAP block of ``model`` has steps without a useful gradient: hard shrinkage, or a
-    threshold from medians (``mad``) or a quantile (``target_fraction``). Soft shrinkage and the
-    mean-based thresholds (the official options) are differentiable almost everywhere."""
-    return any(isinstance(m, rnn.RPCAttention) and (m.shrink == "hard" or m.threshold in ("mad", "target_fraction"))
-               for m in model.modules())
+    """Whether a block of ``model`` has steps without a useful gradient: a PAP block with hard shrinkage
+    or a threshold from medians (``mad``) or a quantile (``target_fraction``), or a key control (the
+    clipping bounds are medians, the drop mask a hard step). Soft shrinkage and the mean-based thresholds
+    (the official options) are differentiable almost everywhere."""
+    return any((isinstance(m, rnn.RPCAttention) and (m.shrink == "hard" or m.threshold in ("mad", "target_fraction")))
+               or _controlled(m) for m in model.modules())
 
 
 @dataclass(frozen=True)
@@ -288,10 +307,11 @@ def _variants(model: nn.Module, opts: Mapping[str, Any]) -> Tuple[List[Variant],
     if opts["bpda"] == "none":
         note = "not run (bpda=none)"
     elif not use_bpda:
-        note = ("not run: no PAP block with a hard threshold or a median / quantile threshold, the gradients "
-                "through the model are exact (almost everywhere)")
+        note = ("not run: no PAP block with a hard threshold or a median / quantile threshold and no key control, "
+                "the gradients through the model are exact (almost everywhere)")
     else:
-        note = f"surrogate: every PAP block as {'symmetric attention' if opts['bpda'] == 'symmetric' else 'soft-shrinkage PAP'}"
+        note = (f"surrogate: every PAP block as {'symmetric attention' if opts['bpda'] == 'symmetric' else 'soft-shrinkage PAP'}"
+                ", every key control removed")
     return variants, (bpda_surrogate(model, opts["bpda"]) if use_bpda else None), note
 
 

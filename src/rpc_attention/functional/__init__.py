@@ -9,10 +9,20 @@ no second copy of the PAP algorithm anywhere. Tensors are shaped ``(batch, heads
 - :mod:`.pap_fused`: the fused fast path beside it, with its derivation and hand-written backward.
 - :mod:`.pap_robust`: the fast path of the dual-free robust options (hard shrinkage, no dual step),
   with its derivation.
+- :mod:`.key_controls`: the key controls robust PAP is compared with (clipped keys, outlier tokens
+  dropped as keys).
 - :mod:`.pap_cache`: cached decoding for causal PAP (:func:`pap_prefill`, :class:`PAPCache`).
 """
 
 from .attention import as_bool_mask, attention, scaled_attention_alpha, scaled_attention_s, symmetric_attention
+from .key_controls import (
+    KEY_CONTROL_LEVELS,
+    KEY_CONTROLS,
+    check_key_control,
+    clip_keys,
+    controlled_symmetric_attention,
+    key_drop_mask,
+)
 from .pap import (
     LOWRANKS,
     MU_MODES,
@@ -52,4 +62,10 @@ __all__ = [
     "robust_scale",
     "sparse_activity",
     "check_pap_options",
+    "KEY_CONTROLS",
+    "KEY_CONTROL_LEVELS",
+    "check_key_control",
+    "clip_keys",
+    "key_drop_mask",
+    "controlled_symmetric_attention",
 ]

@@ -14,9 +14,11 @@ controls computed on the same draws:
 
 * ``symmetric``: plain symmetric attention on the corrupted keys;
 * ``clip``: symmetric attention on keys clipped to ``median +- c * 1.4826 MAD`` (per batch, head and
-  feature the median over tokens; the robust scale of :func:`rpc_attention.functional.robust_scale`);
+  feature the median over tokens; the robust scale of :func:`rpc_attention.functional.robust_scale`):
+  :func:`rpc_attention.functional.clip_keys`, the control the models use too;
 * ``drop``: symmetric attention with the tokens whose key row is a robust outlier (the token rule of
-  :func:`rpc_attention.functional.pap.outlier_rows` at ``drop`` robust deviations) masked out as keys;
+  :func:`rpc_attention.functional.pap.outlier_rows` at ``drop`` robust deviations) masked out as keys
+  (:func:`rpc_attention.functional.key_drop_mask`);
 * ``oracle``: knows which entries are corrupted and replaces them by the per-feature median over
   tokens of the uncorrupted entries (0 where a whole feature is corrupted), then symmetric attention.
 
@@ -38,7 +40,7 @@ import torch
 from torch import Tensor
 
 from .. import functional as RF
-from ..functional.pap import outlier_rows
+from ..functional import clip_keys, key_drop_mask
 
 CONTROLS = ("symmetric", "clip", "drop", "oracle")
 PATTERNS = ("entries", "tokens", "features")
@@ -130,18 +132,6 @@ def _feature_median(keys: Tensor, drop: Optional[Tensor] = None) -> Tensor:
     return torch.nan_to_num(x.nanmedian(dim=-2, keepdim=True).values, nan=0.0)
 
 
-def clip_keys(keys: Tensor, c: float) -> Tensor:
-    """Keys clipped to ``median +- c * robust_scale`` (median per feature over tokens)."""
-    centre, scale = _feature_median(keys), c * RF.robust_scale(keys)
-    return torch.minimum(torch.maximum(keys, centre - scale), centre + scale)
-
-
-def drop_mask(keys: Tensor, level: float) -> Tensor:
-    """The ``drop`` control's key mask ``(B, H, 1, N)``: False for the tokens the token rule flags at
-    ``level`` robust deviations (:func:`rpc_attention.functional.pap.outlier_rows`)."""
-    return ~outlier_rows(keys, level).transpose(-1, -2)
-
-
 def oracle_keys(keys: Tensor, hit: Tensor) -> Tensor:
     """The entries in ``hit`` replaced by the per-feature median over tokens of the other entries."""
     return torch.where(hit, _feature_median(keys, hit).expand_as(keys), keys)
@@ -197,7 +187,7 @@ def _pap(keys: Tensor, values: Tensor, options: Dict[str, Any]):
 def _controls(corrupted: Tensor, values: Tensor, hit: Optional[Tensor], clip: float, drop: float):
     """``{control: (output, keys used)}`` on one set of keys (no oracle without ``hit``)."""
     sym = RF.symmetric_attention
-    keep = drop_mask(corrupted, drop)
+    keep = key_drop_mask(corrupted, drop)
     clipped = clip_keys(corrupted, clip)
     out = {"symmetric": (sym(corrupted, values), corrupted), "clip": (sym(clipped, values), clipped),
            "drop": (sym(corrupted, values, attn_mask=keep), corrupted * keep.transpose(-1, -2))}

@@ -91,6 +91,47 @@ def _scaled_s_tokens(kwargs: Dict[str, Any]) -> int:
     return (img[0] // patch[0]) * (img[1] // patch[1]) + prefix
 
 
+def _key_control(attention: str, rpc_layers: List[int], depth: int, control: Optional[str],
+                 level: Optional[float], layers: Union[None, str, int, Iterable[int]]) -> Dict[str, Any]:
+    """The checked key-control settings of a SymViT (empty without a control): one ValueError naming the
+    bad combination (a level or blocks without a control, a control outside symmetric attention or on a
+    PAP block)."""
+    level = RF.check_key_control(control, level)
+    if control is None:
+        if layers is not None:
+            raise ValueError(f"key_control_layers={layers!r} needs key_control (clip or drop)")
+        return {}
+    if attention != "sym":
+        raise ValueError(f"key_control needs symmetric attention (attention='sym'), got attention={attention!r}")
+    chosen = parse_layers(0 if layers is None else layers, depth, name="key_control_layers")
+    if not chosen:
+        raise ValueError(f"key_control={control!r} with key_control_layers={layers!r}: name at least one block")
+    both = sorted(set(chosen) & set(rpc_layers))
+    if both:
+        raise ValueError(f"key_control_layers and rpc_layers both name block(s) {both}: a key control is for "
+                         "symmetric blocks (PAP cleans its keys itself)")
+    return {"key_control": control, "key_control_level": level, "key_control_layers": chosen}
+
+
+def _attention_factory(attention: str, rpc_set: set, pap: Dict[str, Any], control: Dict[str, Any],
+                       num_tokens: Optional[int]):
+    """``attn_factory(block_index, **attention keywords)`` of a SymViT: the attention module of each block."""
+
+    def attn_factory(index: int, **akw):
+        if attention == "attn":
+            return Attention(**akw)
+        if attention in ("scaled_s", "scaled_alpha"):
+            return ScaledAttention(mode=attention.split("_", 1)[1], num_tokens=num_tokens, **akw)
+        if index in rpc_set:
+            return RPCAttention(**pap, **akw)
+        if control and index in control["key_control_layers"]:
+            return SymmetricAttention(key_control=control["key_control"],
+                                      key_control_level=control["key_control_level"], **akw)
+        return SymmetricAttention(**akw)
+
+    return attn_factory
+
+
 class SymViT(VisionTransformer):
     """A timm VisionTransformer with :mod:`rpc_attention.nn` attention in every block.
 
@@ -100,6 +141,10 @@ class SymViT(VisionTransformer):
         rpc_layers: blocks running PAP (``"all"``, an index or a list; only with ``attention="sym"``).
         n_iter, lambd, threshold, mu_mode, model_dim, tol, lowrank, shrink, dual_step, row_lambd: PAP options of
             the RPC blocks (see :func:`rpc_attention.functional.pap_attention`).
+        key_control: ``"clip"`` or ``"drop"``: a key control (:mod:`rpc_attention.functional.key_controls`)
+            in the symmetric blocks ``key_control_layers`` (default block 0, where the RPC-SymViTs defend);
+            ``key_control_level``: its level in robust deviations (default: the control's own). The controls
+            have no parameters: a trained SymViT loads unchanged and runs with one.
 
     ``model.rpc_cfg`` (also stored in ``model.pretrained_cfg["rpc_cfg"]``) records the attention type,
     the PAP blocks and their settings; ``repr(model)`` shows them too.
@@ -121,6 +166,9 @@ class SymViT(VisionTransformer):
         shrink: str = "soft",
         dual_step: float = 1.0,
         row_lambd: Optional[float] = None,
+        key_control: Optional[str] = None,
+        key_control_level: Optional[float] = None,
+        key_control_layers: Union[None, str, int, Iterable[int]] = None,
         **kwargs: Any,
     ) -> None:
         if attention not in ATTENTION_TYPES:
@@ -140,21 +188,12 @@ class SymViT(VisionTransformer):
             if name in kwargs:
                 raise ValueError(f"SymViT chooses its own {name}; use attention=/rpc_layers= instead")
         num_tokens = _scaled_s_tokens(kwargs) if attention == "scaled_s" else None
+        control = _key_control(attention, layers, depth, key_control, key_control_level, key_control_layers)
         pap = {"n_iter": n_iter, "lambd": float(lambd), "threshold": threshold, "mu_mode": mu_mode,
                "model_dim": model_dim, "tol": tol, "lowrank": lowrank, "shrink": shrink, "dual_step": float(dual_step)}
         if row_lambd is not None:  # recorded only when set: rpc_cfg of earlier runs stays as it was
             pap["row_lambd"] = float(row_lambd)
-        rpc_set = set(layers)
-
-        def attn_factory(index: int, **akw):
-            if attention == "attn":
-                return Attention(**akw)
-            if attention in ("scaled_s", "scaled_alpha"):
-                return ScaledAttention(mode=attention.split("_", 1)[1], num_tokens=num_tokens, **akw)
-            if index in rpc_set:
-                return RPCAttention(**pap, **akw)
-            return SymmetricAttention(**akw)
-
+        attn_factory = _attention_factory(attention, set(layers), pap, control, num_tokens)
         kwargs.setdefault("norm_layer", partial(nn.LayerNorm, eps=1e-6))
         super().__init__(block_fn=partial(SymViTBlock, attn_factory=attn_factory), **kwargs)
         self.rpc_cfg: Dict[str, Any] = {
@@ -164,6 +203,7 @@ class SymViT(VisionTransformer):
         }
         if layers and pap["model_dim"] is None:
             self.rpc_cfg["model_dim"] = self.embed_dim
+        self.rpc_cfg.update(control)  # recorded only when a control is on
 
     def extra_repr(self) -> str:
         if self.rpc_cfg["rpc_layers"]:

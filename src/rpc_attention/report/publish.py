@@ -162,6 +162,14 @@ def _view_drift(res: Dict[str, Any], arg: str, ctx: Context) -> List[str]:
     return drift_lines(res, other, ctx.name, name, summary=mode == "summary")
 
 
+def _view_frontier(res: Dict[str, Any], arg: str, ctx: Context) -> List[str]:
+    from .frontier import SUITE, frontier_table
+
+    suite = arg or SUITE
+    _suite_of(res, suite, f"frontier{':' + arg if arg else ''}")
+    return frontier_table(res, suite)
+
+
 VIEWS: Dict[str, Callable[..., List[str]]] = {
     "table": _view_table,        # table:vision, table:lm: a task table (mean +- std over seeds, paper rows);
                                  # table:vision:ood,sparse: the columns of those suites only
@@ -174,6 +182,7 @@ VIEWS: Dict[str, Callable[..., List[str]]] = {
     "sparsity": _view_sparsity,  # PAP's S activity per block (sparsity:rpc_pcp: that model only)
     "drift": _view_drift,        # drift:NAME: these results against docs/results/NAME.json of the same study;
                                  # drift:NAME:summary: only the line of the largest changes
+    "frontier": _view_frontier,  # clean vs patch top-1 per model, differences from the baseline (frontier:SUITE)
 }
 
 

@@ -30,6 +30,10 @@ class ModelSpec:
     train_samples: int = 0      # samples seen in training (for the time estimate)
     cost: float = 1.0           # relative cost per sample (PAP iterations)
     callbacks: List[str] = field(default_factory=list)   # trainer epoch-end callbacks (e.g. jproj)
+    # a model that is not trained: the trained runs of the model ``base`` (same seeds) evaluated with these
+    # model keywords set on top of theirs (options without weights, e.g. a key control)
+    base: Optional[str] = None
+    model_kwargs: Dict[str, Any] = field(default_factory=dict)
 
     def runs(self) -> List[str]:
         return [f"{self.key}-s{s}" for s in self.seeds]

@@ -98,7 +98,9 @@ def _suite_options(items, out_dir: Path) -> dict:
 
 
 def eval_stage(ctx: StageContext) -> dict:
-    """params: run, suite, sets (list of "k=v"; ``{out}`` is the study folder), limit."""
+    """params: run, suite, sets (list of "k=v"; ``{out}`` is the study folder), limit; for a model that is
+    not trained, source_run (the trained run loaded) and model_kwargs (set on top of its model keywords):
+    the results go to ``runs/<run>/eval`` all the same."""
     from ..evaluate import suites as S
     from ..evaluate.runner import evaluate_model
     from ..train import run_loader
@@ -111,10 +113,13 @@ def eval_stage(ctx: StageContext) -> dict:
         out.unlink()
     sets = _suite_options(p.get("sets", []), ctx.out_dir)
     limit = int(p["limit"]) if p.get("limit") else None
-    ctx.log(f"--run {run_dir} --suite {p['suite']}" + (f" --limit {limit}" if limit else "")
-            + "".join(f" --set {k}={v}" for k, v in sets.items()))
+    source = run_dir_of(ctx.out_dir, p["source_run"]) if p.get("source_run") else run_dir
+    keywords = "".join(f" --model-set {k}={v}" for k, v in (p.get("model_kwargs") or {}).items())
+    ctx.log(f"--run {source}{keywords} --suite {p['suite']}" + (f" --limit {limit}" if limit else "")
+            + "".join(f" --set {k}={v}" for k, v in sets.items()) + (f" --out {out.parent}" if keywords else ""))
     with output_to_log(_log_path(ctx), f"eval {p['suite']} on {run_dir}"):
-        evaluate_model([p["suite"]], run_loader(run_dir), sets, limit, str(run_dir / "eval"),
+        evaluate_model([p["suite"]], run_loader(source, model_kwargs=p.get("model_kwargs") or None), sets, limit,
+                       str(run_dir / "eval"),
                        log=logger.info, on_result=lambda record, path: logger.info(S.render_markdown(record)),
                        replace=True)  # the pipeline's fingerprints decide when a result is stale
     rec = read_json(out)

@@ -11,7 +11,7 @@ changed with ``rpc-attention reproduce --set KEY=VALUE`` (``seeds=0,1,2``, ``eva
 from __future__ import annotations
 
 import copy
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional, Sequence
 
@@ -46,7 +46,8 @@ def _models(rows: Sequence[D.ModelRow], s: Dict[str, Any], seeds: List[int], ove
         callbacks = list(r.callbacks) if not r.callbacks_if or s.get(r.callbacks_if) else []
         out.append(ModelSpec(key=r.key, label=r.label, preset=s[r.preset],
                              overrides=list(overrides) + list(r.overrides), family=r.family, role=r.role,
-                             seeds=list(seeds), train_samples=samples, cost=cost, callbacks=callbacks))
+                             seeds=list(seeds), train_samples=samples, cost=cost, callbacks=callbacks,
+                             base=r.base, model_kwargs=dict(r.model_kwargs)))
     return out
 
 
@@ -260,6 +261,26 @@ def _lm_gap(name: str, s: Dict[str, Any]) -> Study:
     return Study(name, D.TEXTS[name].description, models, evals, [], None, list(D.LM_GAP_CLAIMS), s)
 
 
+def _patch_study(name: str, s: Dict[str, Any]) -> Study:
+    """The quick study's vision models that the patch study keeps, its two robust variants and the key controls
+    (on the SymViT's runs), the patch suite on all of them and a claim per model against SymViT."""
+    seeds = [int(x) for x in s["seeds"]]
+    if not seeds:
+        raise StudyError("--set seeds=...: at least one seed")
+    if not s["preset_symvit"]:
+        raise StudyError("--set preset_symvit=...: the patch study compares every model with SymViT")
+    common, samples = _fmnist_common(s)
+    overrides = common + list(s.get("train_overrides") or [])
+    controls = [replace(r, model_kwargs=r.model_kwargs + (("key_control_level", float(s[f"{r.key[7:]}_level"])),))
+                for r in D.PATCH_CONTROLS] if s.get("controls") else []
+    rows = D.FMNIST_VISION + D.PATCH_VARIANTS + tuple(controls)
+    models = _models(rows, s, seeds, overrides, samples, int(s["depth"]))
+    keys = [m.key for m in models]
+    evals = _vision_evals(s, keys, list(s["suites"]), [r.key for r in rows])
+    claims = [c for c in _claims(D.PATCH_CLAIMS, s["suites"]) if c.rpc in keys]
+    return Study(name, D.TEXTS[name].description, models, evals, [], None, claims, s)
+
+
 @dataclass(frozen=True)
 class StudyDef:
     """A study: its settings' defaults (a settings dataclass) and the function that builds it."""
@@ -274,7 +295,7 @@ class StudyDef:
 
 STUDIES: Dict[str, StudyDef] = {d.name: d for d in (
     StudyDef("smoke", D.SMOKE, _fmnist_study), StudyDef("quick", D.QUICK, _fmnist_study),
-    StudyDef("decide", D.DECIDE, _fmnist_study),
+    StudyDef("decide", D.DECIDE, _fmnist_study), StudyDef("patch", D.PATCH, _patch_study),
     StudyDef("fmnist-full", D.FULL, _fmnist_full), StudyDef("imagenet", D.IMAGENET, _imagenet),
     StudyDef("wikitext103", D.WIKITEXT, _wikitext103),
     StudyDef("lm-gap", D.LM_GAP, _lm_gap))}
@@ -292,13 +313,19 @@ def get_study(name: str, settings: Optional[Sequence[str]] = None) -> Study:
 
 
 # ------------------------------------------------------------------------------------- stage list
-def build_stages(study: Study, device: Optional[str] = None) -> List[Stage]:
+def _train_stages(study: Study, device: Optional[str]) -> tuple:
+    """The training stages and ``{run: name of the stage that trains it}`` (a model evaluated on another
+    model's runs maps to that model's training stages)."""
     from . import stages as S
 
-    device = device or study.device
     stages: List[Stage] = []
     train_names: Dict[str, str] = {}
     for m in study.models:
+        if m.base:  # evaluated on the base model's runs: no training of its own
+            base = study.model(m.base)
+            for seed, run in zip(m.seeds, m.runs()):
+                train_names[run] = train_names[f"{base.key}-s{seed}"]
+            continue
         for seed, run in zip(m.seeds, m.runs()):
             ov = list(m.overrides) + ([f"train.device={device}"] if device and device != "cpu" else [])
             name = f"train.{run}"
@@ -308,6 +335,14 @@ def build_stages(study: Study, device: Optional[str] = None) -> List[Stage]:
                 estimate_s=E.train_estimate(m.family, m.train_samples, m.cost),
                 description=f"train {m.label} (seed {seed}) from preset {m.preset}"))
             train_names[run] = name
+    return stages, train_names
+
+
+def build_stages(study: Study, device: Optional[str] = None) -> List[Stage]:
+    from . import stages as S
+
+    device = device or study.device
+    stages, train_names = _train_stages(study, device)
     eval_names: Dict[tuple, str] = {}
     for ev in study.evals:
         for key in ev.models:
@@ -325,8 +360,10 @@ def build_stages(study: Study, device: Optional[str] = None) -> List[Stage]:
                 if device and device != "cpu":
                     sets.append(f"device={device}")
                 name = f"eval.{run}.{ev.suite}"
-                stages.append(Stage(name, "eval", S.eval_stage, deps=deps, params={
-                    "run": run, "suite": ev.suite, "sets": sets, "limit": ev.limit, "model": key, "seed": seed},
+                params = {"run": run, "suite": ev.suite, "sets": sets, "limit": ev.limit, "model": key, "seed": seed}
+                if m.base:  # the base model's run, with the model keywords set on top
+                    params.update(source_run=f"{m.base}-s{seed}", model_kwargs=dict(m.model_kwargs))
+                stages.append(Stage(name, "eval", S.eval_stage, deps=deps, params=params,
                     estimate_s=E.eval_estimate(get_suite(ev.suite).cost, ev.limit or 10000, m.cost, ev.copies, ev.n_eps, ev.steps),
                     description=f"{ev.suite} on {m.label} (seed {seed})"))
                 eval_names[(run, ev.suite)] = name

@@ -8,7 +8,7 @@ PAP work (``pap=(iterations, layers)``, ``layers=None`` for every layer) for the
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from ..evaluate.classification import MEAN_TOP1, TOP1, top1_at
 from ..evaluate.corruptions import MCE
@@ -154,6 +154,30 @@ class LmGapSettings:
     lm_eval_limit: int = 0
 
 
+@dataclass(frozen=True)
+class PatchSettings(FmnistSettings):
+    """``patch``: the adaptive patch attack on SymViT, the PAP variants and the key controls (the quick
+    study's schedule and models; only the patch suite)."""
+
+    # five seeds: at three, the sd of the robust model's per-seed differences from SymViT under the patch was 3.2 points
+    seeds: List[int] = setting([0, 1, 2, 3, 4])
+    preset_rpc_pcp: str = ""
+    preset_rpc2all: str = ""
+    # robust PAP in value space at lambda 8 (the layer benchmark's "values8") and the same with the token rule
+    # (its "rows"); "" leaves a model out
+    preset_rpc_values8: str = "fmnist-rpc-symvit-robust"
+    preset_rpc_rows: str = "fmnist-rpc-symvit-robust"
+    controls: bool = True                        # SymViT + clip and SymViT + drop on the SymViT runs
+    clip_level: float = 4.0                      # robust standard deviations (the layer benchmark's default)
+    drop_level: float = 6.0                      # robust deviations of the token rule
+    patch_limit: int = 200
+    patch_steps: int = 20
+    patch_models: List[str] = setting([])        # []: every model of the study
+    jproj_history: bool = False
+    lm: bool = False
+    suites: List[str] = setting(["patch"])
+
+
 QUICK = FmnistSettings()
 SMOKE = replace(
     QUICK, seeds=[0], epochs=1, batch_size=64, train_subset=256, val_size=64, test_subset=256,
@@ -174,6 +198,7 @@ FULL = FullSettings(
     preset_rpc_robust="", sparse_sets=[], lm_steps=1200, lm_batch_size=16, lm_eval_sets=[],
     patch_limit=500, patch_steps=100, patch_sets=["patch.restarts=3"], patch_models=["symvit", "rpc6", "rpc2all"],
     suites=FMNIST_SUITES + ["noise", "sld", "spsa", "cw", "autoattack", "square"])
+PATCH = PatchSettings()
 IMAGENET = ImagenetSettings()
 WIKITEXT = WikitextSettings()
 LM_GAP = LmGapSettings()
@@ -209,6 +234,9 @@ class ModelRow:
     callbacks: Tuple[str, ...] = ()
     callbacks_if: Optional[str] = None
     overrides: Tuple[str, ...] = ()   # trainer settings of this model on top of its preset
+    # not trained: the runs of model ``base`` evaluated with the model keywords ``model_kwargs`` set
+    base: Optional[str] = None
+    model_kwargs: Tuple[Tuple[str, Any], ...] = ()
 
 
 FMNIST_VISION = (
@@ -221,6 +249,22 @@ FMNIST_VISION = (
              role="rpc", pap=(6, 1)),
     ModelRow(key="rpc_robust", label="RPC-SymViT robust PAP 2iter/layer1", preset="preset_rpc_robust",
              family="vision", role="rpc", pap=(2, 1)),
+)
+# the patch study's models beyond the quick study's: two robust PAP variants (trained) and two key controls on
+# the SymViT's runs (not trained; block 0's keys, where the RPC models defend)
+_VALUES8 = ("model.kwargs.lambd=8.0", "model.kwargs.lowrank=values")
+PATCH_VARIANTS = (
+    ModelRow(key="rpc_values8", label="RPC-SymViT robust PAP, value space, lambda 8", preset="preset_rpc_values8",
+             family="vision", role="rpc", pap=(2, 1), overrides=_VALUES8),
+    ModelRow(key="rpc_rows", label="RPC-SymViT robust PAP, value space, lambda 8, token rule 6",
+             preset="preset_rpc_rows", family="vision", role="rpc", pap=(2, 1),
+             overrides=_VALUES8 + ("model.kwargs.row_lambd=6.0",)),
+)
+PATCH_CONTROLS = (
+    ModelRow(key="symvit_clip", label="SymViT + clip (block 0's keys)", preset="preset_symvit", family="vision",
+             role="variant", base="symvit", model_kwargs=(("key_control", "clip"),)),
+    ModelRow(key="symvit_drop", label="SymViT + drop (block 0's outlier tokens)", preset="preset_symvit",
+             family="vision", role="variant", base="symvit", model_kwargs=(("key_control", "drop"),)),
 )
 IMAGENET_VISION = (
     ModelRow(key="symvit", label="SymViT-tiny", preset="preset_symvit", family="vision", role="baseline"),
@@ -330,6 +374,19 @@ ROBUST_CLAIMS = (
             rpc="rpc_robust", family="own"),
 )
 
+# The patch study: every variant and control against SymViT under the adaptive 1-patch attack; the target is
+# the goal of docs/robustness.md#adversarial-patch (+10 points), the margin the quick study's patch claim's
+PATCH_GOAL = 10.0
+PATCH_CLAIMS = tuple(
+    ClaimSpec(id=f"patch_{key}", subject=subject, says="is more accurate under the adaptive 1-patch attack (top-1, "
+              "worst case per example)", table="vision", suite="patch", metric=top1_patches(1), baseline="symvit",
+              rpc=key, target=PATCH_GOAL, margin=1.0, family="own")
+    for key, subject in (("rpc6", "RPC (6 iters, layer 1)"), ("rpc_robust", "RPC with robust PAP (2 iters, layer 1)"),
+                         ("rpc_values8", "RPC with robust PAP in value space (lambda 8)"),
+                         ("rpc_rows", "RPC with robust PAP in value space and the token rule"),
+                         ("symvit_clip", "SymViT with block 0's keys clipped"),
+                         ("symvit_drop", "SymViT with block 0's outlier tokens dropped as keys")))
+
 LM_CLAIMS = tuple(
     ClaimSpec(id=cid, subject="RPC-Symlm", says=says, table="lm", suite=suite, metric=metric, baseline="symlm",
               rpc="rpc_symlm", higher=False, margin=0.02, relative=True, family="lm")
@@ -423,6 +480,13 @@ TEXTS = {
         "analysis of the SymViT; small Symlm vs RPC-Symlm (one seed) on the embedded Wikipedia corpus. Measured: "
         "8 min 34 s for the study alone with --jobs 2 --threads 1 (what `make demo` runs; 15 min 14 s one stage at a "
         "time), the install not included, on an idle 2-core machine (docs/reproduce.md#measured).")),
+    "patch": Texts(description=(
+        "The adaptive adversarial-patch attack (docs/robustness.md#adversarial-patch) on SymViT, RPC-SymViT "
+        "6iter/layer1, robust PAP (key space, lambda 6), robust PAP in value space (lambda 8) with and without the "
+        "token rule, and two key controls switched on in the trained SymViTs (block 0's keys clipped to median +- 4 "
+        "robust std; tokens with an outlying key row dropped as keys); the quick study's schedule, five seeds; "
+        "clean top-1 on the same test images; the frontier of accuracy under attack against clean accuracy."),
+        summary="Adaptive patch attack: SymViT, PAP variants and key controls (frontier, 5 seeds; under an hour on 2 cores)."),
     "decide": Texts(description=(
         f"The primary claims (RPC 6iter/layer1: clean top-1 and mCE against SymViT) and the library's own claim "
         f"(robust PAP under key corruption) at the {DECIDE_SEEDS} seeds a power calculation on the three-seed quick "

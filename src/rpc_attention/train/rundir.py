@@ -224,12 +224,16 @@ class MetricsLogger:
 
 
 # ------------------------------------------------------------------------------------ loading
-def load_run(run_dir: os.PathLike, device: Any = "cpu", ema: bool = False) -> Tuple[torch.nn.Module, Dict[str, Any]]:
+def load_run(run_dir: os.PathLike, device: Any = "cpu", ema: bool = False,
+             model_kwargs: Optional[Dict[str, Any]] = None) -> Tuple[torch.nn.Module, Dict[str, Any]]:
     """Rebuild a run's model from ``DIR/config.yaml`` and load its weights; returns ``(model, cfg)`` in eval mode.
 
     Weights: ``DIR/model.safetensors`` (``DIR/model_ema.safetensors`` with ``ema=True``); a run that
     has not finished falls back to its newest good checkpoint (with a note on stderr).
-    Raises ``FileNotFoundError`` (no run / no weights) or ``ValueError`` (weights do not fit the config).
+    ``model_kwargs``: model keywords set on top of the run's ``model.kwargs`` (options without weights,
+    such as a SymViT's ``key_control``); the returned ``cfg`` records them.
+    Raises ``FileNotFoundError`` (no run / no weights) or ``ValueError`` (weights do not fit the config,
+    a model keyword the model does not take or refuses).
     """
     from safetensors.torch import load_file
 
@@ -249,7 +253,16 @@ def load_run(run_dir: os.PathLike, device: Any = "cpu", ema: bool = False) -> Tu
             raise FileNotFoundError(f"{run.path} has no {what}: expected {path} or a checkpoint under {run.checkpoints}")
         logger.warning("%s is unfinished; loading %s", run.path, ckpt.name)
         path = ckpt / path.name
-    model = task.build_model(cfg)
+    if model_kwargs:
+        model_cfg = dict(cfg.get("model") or {})
+        model_cfg["kwargs"] = dict(model_cfg.get("kwargs") or {}, **model_kwargs)
+        cfg = dict(cfg, model=model_cfg)
+        try:
+            model = task.build_model(cfg)
+        except TypeError as exc:
+            raise ValueError(f"model keywords {sorted(model_kwargs)} on {run.path}: {exc}") from None
+    else:
+        model = task.build_model(cfg)
     try:
         sd = load_file(str(path))
     except Exception as exc:
@@ -264,14 +277,19 @@ def load_run(run_dir: os.PathLike, device: Any = "cpu", ema: bool = False) -> Tu
 RunModel = Tuple[torch.nn.Module, Dict[str, Any], Optional[str], Dict[str, Any]]
 
 
-def run_loader(run_dir: os.PathLike, ema: bool = False) -> Callable[[Any], RunModel]:
+def run_loader(run_dir: os.PathLike, ema: bool = False,
+               model_kwargs: Optional[Dict[str, Any]] = None) -> Callable[[Any], RunModel]:
     """``load(device) -> (model, cfg, run_dir, source)`` for the run in ``run_dir``, loaded when called
-    (errors as :func:`load_run`'s); ``source`` records the run and the weights used."""
+    (errors as :func:`load_run`'s); ``source`` records the run, the weights used and the model keywords
+    set on top of the run's (``model_kwargs``, only when given)."""
 
     def load(device: Any = "cpu") -> RunModel:
         if not os.path.isdir(run_dir):
             raise FileNotFoundError(f"run directory {str(run_dir)!r} does not exist")
-        model, cfg = load_run(run_dir, device=device, ema=ema)
-        return model, cfg, str(run_dir), {"kind": "run", "run_dir": os.path.abspath(run_dir), "ema": bool(ema)}
+        model, cfg = load_run(run_dir, device=device, ema=ema, model_kwargs=model_kwargs)
+        source = {"kind": "run", "run_dir": os.path.abspath(run_dir), "ema": bool(ema)}
+        if model_kwargs:
+            source["model_kwargs"] = dict(model_kwargs)
+        return model, cfg, str(run_dir), source
 
     return load

@@ -1,0 +1,82 @@
+"""Key controls: two simple defences of symmetric attention against outlying keys, the baselines robust
+PAP is compared with (docs/robustness.md#controls).
+
+* ``clip``: every key entry clipped to ``m_j +- c * sigma``, where ``m_j`` is feature ``j``'s median over
+  the tokens and ``sigma = 1.4826 * MAD`` the robust scale of the (batch, head)
+  (:func:`rpc_attention.functional.robust_scale`); then symmetric attention on the clipped keys.
+* ``drop``: the tokens whose key row is a robust outlier at ``level`` robust deviations (the token rule
+  of :func:`rpc_attention.functional.pap.outlier_rows`) are masked out as keys (no query attends to them;
+  their own query row is kept); then symmetric attention on the unchanged keys.
+
+The centres, scales and the drop rule are computed without gradient (robust statistics, as in PAP), so
+the gradient of ``clip`` is that of the clipping itself (0 on a clipped entry) and ``drop``'s mask is
+a constant of the backward pass. Tensors are ``(batch, heads, tokens, head_dim)``.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Dict, Optional
+
+from torch import Tensor
+
+from .attention import check_kv, normalise_mask, symmetric_attention
+from .pap import feature_median, outlier_rows, robust_scale
+
+KEY_CONTROLS = ("clip", "drop")
+# default levels: clip at 4 robust standard deviations, drop rows 6 robust deviations out
+KEY_CONTROL_LEVELS: Dict[str, float] = {"clip": 4.0, "drop": 6.0}
+
+
+def check_key_control(control: Optional[str], level: Optional[float] = None) -> Optional[float]:
+    """Validate a control and its level; return the level to use (the control's default when None, None
+    without a control). ValueError names the bad part: an unknown control, a level without a control, a
+    clipping level that is not a finite number > 0, a drop level that is not a finite number >= 0."""
+    if control is None:
+        if level is not None:
+            raise ValueError(f"key_control_level={level} needs key_control (one of {', '.join(KEY_CONTROLS)})")
+        return None
+    if control not in KEY_CONTROLS:
+        raise ValueError(f"key_control must be one of {', '.join(KEY_CONTROLS)} (or None), got {control!r}")
+    if level is None:
+        return KEY_CONTROL_LEVELS[control]
+    if isinstance(level, bool) or not isinstance(level, (int, float)) or not math.isfinite(float(level)):
+        raise ValueError(f"key_control_level must be a finite number, got {level!r}")
+    if control == "clip" and not level > 0:
+        raise ValueError(f"key_control_level for clip must be > 0 robust standard deviations, got {level}")
+    if control == "drop" and not level >= 0:
+        raise ValueError(f"key_control_level for drop must be >= 0 robust deviations, got {level}")
+    return float(level)
+
+
+def clip_keys(keys: Tensor, c: float) -> Tensor:
+    """``keys`` clipped to ``median +- c * robust_scale``: per (batch, head) and feature the median over
+    tokens, per (batch, head) ``1.4826 * MAD`` over tokens and features. The bounds carry no gradient."""
+    centre = feature_median(keys)
+    scale = c * robust_scale(keys, centre=centre)
+    centre, scale = centre.to(keys), scale.to(keys)
+    return keys.clamp(centre - scale, centre + scale)
+
+
+def key_drop_mask(keys: Tensor, level: float) -> Tensor:
+    """The ``drop`` control's key mask, bool ``(B, H, 1, N)``: False for the tokens whose key row the token
+    rule flags at ``level`` robust deviations, True for the others (True = may be attended to)."""
+    return ~outlier_rows(keys, level).to(keys.device).transpose(-1, -2)
+
+
+def controlled_symmetric_attention(k: Tensor, v: Tensor, control: str, level: Optional[float] = None, *,
+                                   attn_mask: Optional[Tensor] = None, dropout_p: float = 0.0,
+                                   scale: Optional[float] = None, fused: bool = True) -> Tensor:
+    """Symmetric attention ``softmax(s K K^T) V`` behind a key control (``"clip"`` or ``"drop"``, see the
+    module docstring) at ``level`` (default :data:`KEY_CONTROL_LEVELS`). ``attn_mask`` (bool or additive,
+    broadcastable to ``(B, H, N, N)``) restricts the attention further; the statistics of the control are
+    taken over all tokens (the controls are meant for unpadded image tokens)."""
+    level = check_key_control(control, level)
+    check_kv(k, v, need_same_dim=False)
+    mask = normalise_mask(attn_mask, k.shape[0], k.shape[1], k.shape[2], k.shape[2])
+    if control == "clip":
+        return symmetric_attention(clip_keys(k, level), v, attn_mask=mask, dropout_p=dropout_p, scale=scale,
+                                   fused=fused)
+    keep = key_drop_mask(k, level)
+    return symmetric_attention(k, v, attn_mask=keep if mask is None else mask & keep, dropout_p=dropout_p,
+                               scale=scale, fused=fused)
