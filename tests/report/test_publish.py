@@ -141,6 +141,21 @@ def test_frontier_view_pairs_each_model_with_the_baseline_by_seed():
         render_view(_patch_results(), "frontier:sparse")
 
 
+def test_variants_view_shows_each_attack_variant_beside_the_worst_case():
+    res = _patch_results()
+    for model, per_seed in res["evals"]["patch"].items():
+        for e in per_seed.values():
+            e["metrics"]["top1@1patch_ce"] = e["metrics"]["top1@1patch"] + 2.0
+            if model == "rob":  # only the defended model faces the BPDA variant
+                e["metrics"]["top1@1patch_ce_bpda"] = e["metrics"]["top1@1patch"] + 1.0
+    text = render_view(res, "variants:1")
+    assert text.splitlines()[0] == "| model | ce (%) | ce_bpda (%) | worst case (%) |"
+    assert "| SymViT | 22.00 ± 2.00 | — | 20.00 ± 2.00 |" in text
+    assert "| robust | 33.00 ± 1.00 | 32.00 ± 1.00 | 31.00 ± 1.00 |" in text
+    with pytest.raises(PublishError, match="number of patches"):
+        render_view(res, "variants:ce")
+
+
 def test_frontier_figure_is_drawn_from_the_same_rows(tmp_path):
     from rpc_attention.report.figures import patch_frontier
 

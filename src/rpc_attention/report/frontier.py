@@ -86,3 +86,28 @@ def frontier_table(res: Dict[str, Any], suite: str = SUITE) -> List[str]:
     return markdown_table(header, body) + [
         "", f"Mean ± standard deviation over seeds; differences from {base} paired by seed, mean [95 % t interval "
         "over the seeds]. Clean and attacked top-1 on the same test images (the patch suite's records)."]
+
+
+def variant_table(res: Dict[str, Any], suite: str = SUITE, patches: int = 1) -> List[str]:
+    """Top-1 under each attack variant alone (``top1@<k>patch_<variant>``: CE or attention loss, exact or
+    BPDA gradients) beside the worst case over them, mean ± seed std per model: the worst case counts how
+    many variants a model faces; an empty list when the study ran no ``suite``."""
+    per_model = (res.get("evals") or {}).get(suite) or {}
+    worst = top1_patches(patches)
+    variants: List[str] = []
+    for per_seed in per_model.values():
+        for e in per_seed.values():
+            for name in (e.get("metrics") or {}):
+                tail = name[len(worst) + 1:] if name.startswith(worst + "_") else None
+                if tail and tail not in variants:
+                    variants.append(tail)
+    rows = frontier_rows(res, suite)
+    if not rows:
+        return []
+    body = [[r["label"]] + [_cell(_stats(_seed_values(per_model[r["model"]], f"{worst}_{v}"))) for v in variants]
+            + [_cell(r["stats"][worst])] for r in rows]
+    return markdown_table(["model"] + [f"{v} (%)" for v in variants] + ["worst case (%)"], body) + [
+        "", f"Top-1 under {patches} patch(es), each attack variant alone and the worst case per example over the "
+        "variants a model faces (— : not run; BPDA runs only on a model with a non-differentiable step or a key "
+        "control); mean ± standard deviation over seeds."]
+

@@ -170,6 +170,15 @@ def _view_frontier(res: Dict[str, Any], arg: str, ctx: Context) -> List[str]:
     return frontier_table(res, suite)
 
 
+def _view_variants(res: Dict[str, Any], arg: str, ctx: Context) -> List[str]:
+    from .frontier import SUITE, variant_table
+
+    if arg and not arg.isdigit():
+        raise PublishError(f"view variants:{arg}: the argument is the number of patches (variants:1, variants:2)")
+    _suite_of(res, SUITE, f"variants{':' + arg if arg else ''}")
+    return variant_table(res, SUITE, patches=int(arg or 1))
+
+
 VIEWS: Dict[str, Callable[..., List[str]]] = {
     "table": _view_table,        # table:vision, table:lm: a task table (mean +- std over seeds, paper rows);
                                  # table:vision:ood,sparse: the columns of those suites only
@@ -183,6 +192,7 @@ VIEWS: Dict[str, Callable[..., List[str]]] = {
     "drift": _view_drift,        # drift:NAME: these results against docs/results/NAME.json of the same study;
                                  # drift:NAME:summary: only the line of the largest changes
     "frontier": _view_frontier,  # clean vs patch top-1 per model, differences from the baseline (frontier:SUITE)
+    "variants": _view_variants,  # variants:K: top-1 under each patch-attack variant alone and the worst case
 }
 
 
