@@ -82,3 +82,12 @@ def test_cli_compares_result_folders_and_refuses_what_it_cannot(tmp_path, capsys
     assert main(["compare", str(a), str(tmp_path / "c"), "--out", str(tmp_path / "o2")]) == 2
     err = capsys.readouterr().err.strip()
     assert "nothing to compare" in err and len(err.splitlines()) == 1
+
+
+def test_the_eps_axis_says_the_sweeps_norm_and_units():
+    from rpc_attention.report.eval_compare import eps_axis
+
+    assert eps_axis({"norm": "Linf", "eps_units": "pixel [0,1]"}) == (255.0, "eps (L-inf, x 1/255)")
+    assert eps_axis({}) == (255.0, "eps (L-inf, x 1/255)")   # results written before the settings had them
+    assert eps_axis({"norm": "L2", "eps_units": "pixel [0,1]"}) == (1.0, "eps (L2, pixel [0,1])")
+    assert eps_axis({"norm": "Linf", "eps_units": "normalised"}) == (1.0, "eps (Linf, normalised)")

@@ -15,7 +15,7 @@ from __future__ import annotations
 import json
 from fractions import Fraction
 from pathlib import Path
-from typing import Any, Dict, List, Optional, Sequence
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from ..markdown import markdown_table
 from .compare import lower_is_better
@@ -177,6 +177,16 @@ def _eps_value(label: str) -> Optional[float]:
         return None
 
 
+def eps_axis(settings: Mapping[str, Any]) -> Tuple[float, str]:
+    """``(scale, label)`` of an attack sweep's eps axis: L-inf budgets on pixels in [0, 1] in units of
+    1/255; any other norm, or budgets on the normalised input (``space=official``), as they are."""
+    norm = str(settings.get("norm") or "Linf")
+    units = str(settings.get("eps_units") or settings.get("space") or "pixel")
+    if norm == "Linf" and units.startswith("pixel"):
+        return 255.0, "eps (L-inf, x 1/255)"
+    return 1.0, f"eps ({norm}, {units})"
+
+
 def _sweeps(results, labels) -> Dict[str, List]:
     """``{suite: [(label, [(eps, top1), ...]), ...]}`` of the attack sweeps every run has."""
     out: Dict[str, List] = {}
@@ -204,9 +214,10 @@ def _figure(results, labels, path: Path) -> None:
     plt = pyplot()
     fig, axes = plt.subplots(1, panels, figsize=(4.8 * panels, 3.6), squeeze=False)
     for ax, (suite, lines) in zip(axes[0], sweeps.items()):
+        scale, xlabel = eps_axis(results[0][suite].get("settings") or {})
         for i, (lab, pts) in enumerate(lines):
-            ax.plot([p[0] * 255 for p in pts], [p[1] for p in pts], marker="o", ms=3, label=lab, color=f"C{i % 10}")
-        ax.set_xlabel("eps (x 1/255)")
+            ax.plot([p[0] * scale for p in pts], [p[1] for p in pts], marker="o", ms=3, label=lab, color=f"C{i % 10}")
+        ax.set_xlabel(xlabel)
         ax.set_ylabel("top-1 (%)")
         ax.set_title(suite)
         ax.grid(alpha=0.3)
