@@ -60,7 +60,7 @@ def test_the_top_level_api():
                                          "scaled_attention_alpha", "soft_shrink", "sparse_activity",
                                          "check_pap_options", "PAPCache", "pap_prefill", "append_rows", "LOWRANKS", "SHRINKS",
                                          "hard_shrink", "robust_scale", "KEY_CONTROLS", "KEY_CONTROL_LEVELS",
-                                         "check_key_control", "clip_keys", "key_drop_mask",
+                                         "check_key_control", "clip_keys", "key_drop_mask", "controlled_keys",
                                          "controlled_symmetric_attention"])
     # the plumbing behind pap_attention is not public, but stays importable from its module
     from rpc_attention.functional import pap

@@ -247,11 +247,9 @@ class SymmetricAttention(_AttentionBase):
     def attention_keys(self, k: Tensor):
         """``(keys, mask)`` the attention of this block uses for its keys ``k``: the clipped keys under the
         ``clip`` control, the ``drop`` control's key mask (bool ``(B, H, 1, N)``), else ``k`` and None."""
-        if self.key_control == "clip":
-            return RF.clip_keys(k, self.key_control_level), None
-        if self.key_control == "drop":
-            return k, RF.key_drop_mask(k, self.key_control_level)
-        return k, None
+        if not self.key_control:
+            return k, None
+        return RF.controlled_keys(k, self.key_control, self.key_control_level)
 
     def extra_repr(self) -> str:
         return (f"key_control={self.key_control!r}, key_control_level={self.key_control_level}"

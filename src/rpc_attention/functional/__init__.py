@@ -20,6 +20,7 @@ from .key_controls import (
     KEY_CONTROLS,
     check_key_control,
     clip_keys,
+    controlled_keys,
     controlled_symmetric_attention,
     key_drop_mask,
 )
@@ -67,5 +68,6 @@ __all__ = [
     "check_key_control",
     "clip_keys",
     "key_drop_mask",
+    "controlled_keys",
     "controlled_symmetric_attention",
 ]

@@ -16,7 +16,7 @@ a constant of the backward pass. Tensors are ``(batch, heads, tokens, head_dim)`
 from __future__ import annotations
 
 import math
-from typing import Dict, Optional
+from typing import Dict, Optional, Tuple
 
 from torch import Tensor
 
@@ -64,6 +64,14 @@ def key_drop_mask(keys: Tensor, level: float) -> Tensor:
     return ~outlier_rows(keys, level).to(keys.device).transpose(-1, -2)
 
 
+def controlled_keys(k: Tensor, control: str, level: float) -> Tuple[Tensor, Optional[Tensor]]:
+    """``(keys, keep)`` symmetric attention uses behind ``control`` at ``level``: the clipped keys and no
+    mask (``"clip"``), or the keys unchanged and the key mask of :func:`key_drop_mask` (``"drop"``)."""
+    if control == "clip":
+        return clip_keys(k, level), None
+    return k, key_drop_mask(k, level)
+
+
 def controlled_symmetric_attention(k: Tensor, v: Tensor, control: str, level: Optional[float] = None, *,
                                    attn_mask: Optional[Tensor] = None, dropout_p: float = 0.0,
                                    scale: Optional[float] = None, fused: bool = True) -> Tensor:
@@ -74,9 +82,7 @@ def controlled_symmetric_attention(k: Tensor, v: Tensor, control: str, level: Op
     level = check_key_control(control, level)
     check_kv(k, v, need_same_dim=False)
     mask = normalise_mask(attn_mask, k.shape[0], k.shape[1], k.shape[2], k.shape[2])
-    if control == "clip":
-        return symmetric_attention(clip_keys(k, level), v, attn_mask=mask, dropout_p=dropout_p, scale=scale,
-                                   fused=fused)
-    keep = key_drop_mask(k, level)
-    return symmetric_attention(k, v, attn_mask=keep if mask is None else mask & keep, dropout_p=dropout_p,
-                               scale=scale, fused=fused)
+    keys, keep = controlled_keys(k, control, level)
+    if keep is not None:
+        mask = keep if mask is None else mask & keep
+    return symmetric_attention(keys, v, attn_mask=mask, dropout_p=dropout_p, scale=scale, fused=fused)

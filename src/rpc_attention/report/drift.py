@@ -13,7 +13,7 @@ from __future__ import annotations
 from typing import Any, Dict, List, Optional, Tuple
 
 from ..markdown import markdown_table
-from .render import fmt
+from .render import fmt, kernels_label
 
 
 def _claim_diff(c: Dict[str, Any]) -> Tuple[Optional[float], str]:
@@ -88,8 +88,7 @@ def drift_lines(a: Dict[str, Any], b: Dict[str, Any], name_a: str, name_b: str, 
     ``summary`` only the line of the largest changes."""
     def who(res: Dict[str, Any], name: str) -> str:
         setup = res.get("setup") or {}
-        kernels = f", {setup['cpu_capability']} kernels" if setup.get("cpu_capability") else ""
-        return f"`{name}` ({setup.get('cpu')}{kernels}, generated {res.get('generated')})"
+        return f"`{name}` ({setup.get('cpu')}{kernels_label(setup)}, generated {res.get('generated')})"
 
     claims, tables = claim_rows(a, b), table_rows(a, b)
     if summary:

@@ -16,7 +16,7 @@ from .sparsity import render_sparse_corruption, render_sparsity
 from .verdict import FAMILIES
 
 __all__ = ["render_markdown", "render_html", "fmt", "format_seconds", "task_table", "run_summary", "eps_table",
-           "corruption_table"]
+           "corruption_table", "kernels_label"]
 
 
 def fmt(x: Any, digits: int = 2) -> str:
@@ -221,6 +221,11 @@ def _seeds_text(setup: Dict[str, Any]) -> str:
     return "; ".join(f"{', '.join(labels)}: {', '.join(map(str, seeds))}" for seeds, labels in groups.items())
 
 
+def kernels_label(setup: Dict[str, Any]) -> str:
+    """``, AVX512 kernels``: the CPU kernels torch dispatched to, where the results record them, else ""."""
+    return f", {setup['cpu_capability']} kernels" if setup.get("cpu_capability") else ""
+
+
 def _kernels_text(setup: Dict[str, Any]) -> str:
     """``; CPU kernels AVX2 (ATEN_CPU_CAPABILITY=avx2)``: torch's kernel choice and the variables that capped
     it, where the results record them."""
@@ -294,9 +299,8 @@ def run_summary(res: Dict[str, Any]) -> str:
     wall = sum(r.get("seconds") or 0.0 for r in stages)
     cpu = sum(r.get("cpu_s") or 0.0 for r in stages)
     s = res.get("setup") or {}
-    isa = f", {s['cpu_capability']} kernels" if s.get("cpu_capability") else ""
     return (f"`{res['study']}` study, {done} of {len(stages)} stages done, {format_seconds(wall)} of stage time "
-            f"({format_seconds(cpu)} CPU) on {s.get('cpu')} ({s.get('cpu_count')} logical CPUs{isa}, torch "
+            f"({format_seconds(cpu)} CPU) on {s.get('cpu')} ({s.get('cpu_count')} logical CPUs{kernels_label(s)}, torch "
             f"{(s.get('versions') or {}).get('torch')}); generated {res.get('generated')}.")
 
 

@@ -271,8 +271,10 @@ def _patch_study(name: str, s: Dict[str, Any]) -> Study:
         raise StudyError("--set preset_symvit=...: the patch study compares every model with SymViT")
     common, samples = _fmnist_common(s)
     overrides = common + list(s.get("train_overrides") or [])
-    controls = [replace(r, model_kwargs=r.model_kwargs + (("key_control_level", float(s[f"{r.key[7:]}_level"])),))
-                for r in D.PATCH_CONTROLS] if s.get("controls") else []
+    # each control at its study setting's level (clip_level, drop_level)
+    controls = [replace(r, model_kwargs=r.model_kwargs + (
+        ("key_control_level", float(s[f"{dict(r.model_kwargs)['key_control']}_level"])),))
+        for r in D.PATCH_CONTROLS] if s.get("controls") else []
     rows = D.FMNIST_VISION + D.PATCH_VARIANTS + tuple(controls)
     models = _models(rows, s, seeds, overrides, samples, int(s["depth"]))
     keys = [m.key for m in models]

@@ -255,14 +255,13 @@ def load_run(run_dir: os.PathLike, device: Any = "cpu", ema: bool = False,
         path = ckpt / path.name
     if model_kwargs:
         model_cfg = dict(cfg.get("model") or {})
-        model_cfg["kwargs"] = dict(model_cfg.get("kwargs") or {}, **model_kwargs)
-        cfg = dict(cfg, model=model_cfg)
-        try:
-            model = task.build_model(cfg)
-        except TypeError as exc:
-            raise ValueError(f"model keywords {sorted(model_kwargs)} on {run.path}: {exc}") from None
-    else:
+        cfg = dict(cfg, model=dict(model_cfg, kwargs={**(model_cfg.get("kwargs") or {}), **model_kwargs}))
+    try:
         model = task.build_model(cfg)
+    except TypeError as exc:
+        if not model_kwargs:
+            raise
+        raise ValueError(f"model keywords {sorted(model_kwargs)} on {run.path}: {exc}") from None
     try:
         sd = load_file(str(path))
     except Exception as exc:
