@@ -190,7 +190,7 @@ def _collect_evals(res: Dict[str, Any], study, status: Dict[str, Any], out_dir: 
     for ev in study.evals:
         for key in ev.models:
             m = study.model(key)
-            for seed, run in zip(m.seeds, m.runs()):
+            for seed, run in ev.runs_of(m):
                 st = status.get(f"eval.{run}.{ev.suite}", {})
                 rec = _read_json(out_dir / "runs" / run / "eval" / f"{ev.suite}.json") if st.get("status") == "done" else None
                 entry = {"status": st.get("status", "not run"), "reason": st.get("reason"), "seconds": st.get("seconds")}

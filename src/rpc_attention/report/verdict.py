@@ -45,6 +45,13 @@ class Family:
 
 # The families, in report order. Which claim is in which family is study data (ClaimSpec.family).
 FAMILIES = {f.name: f for f in (
+    Family("paper", "The paper's claims, confirmatory (the scorecard)",
+           f"confirmatory: Holm over this family at {ALPHA:g}; every claim's target, margin, seeds and test examples "
+           "fixed in a plan committed before the run, on seeds no pilot used (docs/reproduce.md#the-paper-scorecard)",
+           True),
+    Family("pilot", "Pilot (sizes a plan; decides nothing)",
+           "a pilot: margin 0, no target; its figures size a plan (`rpc-attention plan`), its verdicts decide nothing",
+           True),
     Family("primary", "Primary: the paper's headline vision claims this study is powered for",
            f"confirmatory; Holm over this family at {ALPHA:g}; the seeds come from a power calculation on a pilot "
            "(docs/reproduce.md#deciding-claims)", True),

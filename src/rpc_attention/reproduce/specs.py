@@ -41,7 +41,7 @@ class ModelSpec:
 
 @dataclass(kw_only=True)
 class EvalSpec:
-    """One suite run on some models (every seed of each)."""
+    """One suite run on some models (every seed of each, or the listed ``seeds`` of each)."""
 
     suite: str
     models: List[str]
@@ -51,6 +51,11 @@ class EvalSpec:
     steps: Optional[int] = None                     # attack steps per eps (estimate of PGD sweeps)
     copies: int = 1                                 # corrupted copies per example (estimate)
     baseline_model: Optional[str] = None            # corruptions: normalise by this model's run (same seed)
+    seeds: Optional[List[int]] = None               # None: every seed of each model; else only these
+
+    def runs_of(self, model: "ModelSpec") -> List[tuple]:
+        """``(seed, run)`` of ``model`` this evaluation runs on."""
+        return [(s, r) for s, r in zip(model.seeds, model.runs()) if self.seeds is None or s in self.seeds]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -107,6 +112,9 @@ class Study:
     settings: Dict[str, Any] = field(default_factory=dict)
     notes: List[str] = field(default_factory=list)
     device: str = "cpu"
+    # claims the study keeps a row for without running them: {"id", "title", "reason", "command", "cost"}
+    not_run: List[Dict[str, Any]] = field(default_factory=list)
+    plan: Optional[Dict[str, Any]] = None   # the pre-registered plan the study follows ({"path", "sha256", ...})
 
     def model(self, key: str) -> ModelSpec:
         for m in self.models:

@@ -283,6 +283,125 @@ def _patch_study(name: str, s: Dict[str, Any]) -> Study:
     return Study(name, D.TEXTS[name].description, models, evals, [], None, claims, s)
 
 
+# ------------------------------------------------------------------------------------------- paper
+# which setting holds each suite's example count in a pilot run (a plan gives every claim its own)
+_PAPER_LIMITS = {"clean": "clean_limit", "corruptions": "corruption_limit", "ood": "ood_limit", "fgsm": "fgsm_limit",
+                 "pgd": "pgd_limit", "autoattack": "autoattack_limit", "square": "square_limit", "seg": "seg_limit",
+                 "seg-corruptions": "seg_corruption_limit", "ppl": None, "wordswap": None}
+
+
+def _paper_suite_sets(suite: str, s: Dict[str, Any]) -> tuple:
+    """``(eval --set options, n_eps, steps, copies)`` of one suite as the paper study runs it."""
+    if suite in ("fgsm", "pgd"):
+        n_eps = len(str(s["eps"]).split(",")) if ":" not in str(s["eps"]) else 6
+        sets = [f"{suite}.eps={s['eps']}"] + ([f"pgd.steps={int(s['pgd_steps'])}"] if suite == "pgd" else [])
+        return sets, n_eps, int(s["pgd_steps"]) if suite == "pgd" else None, 1
+    if suite == "corruptions":
+        names = list(s["corruptions"])
+        return ([f"corruptions.names={','.join(names)}"] if names else []), None, None, 5 * (len(names) or 15)
+    if suite == "ood":
+        return list(s["ood_sets"]), None, None, 2
+    if suite == "seg":
+        return ["seg.save_examples=4"], None, None, 1
+    if suite == "seg-corruptions":
+        return [], None, None, 75
+    if suite in ("ppl", "wordswap"):
+        sets = [f"{suite}.{x}" for x in s["lm_eval_sets"]] + (["wordswap.clean=false"] if suite == "wordswap" else [])
+        return sets, None, None, 1
+    return [], None, None, 1
+
+
+def _paper_models(s: Dict[str, Any], seeds_of: Dict[str, List[int]]) -> List[ModelSpec]:
+    """The models the claims use, each trained on the union of its claims' seeds (in first-use order)."""
+    common, samples = _fmnist_common(s)
+    vision = _models(D.PAPER_VISION + D.SCALED, s, [], common + list(s["train_overrides"]), samples, int(s["depth"]))
+    seg_epochs = int(s["seg_epochs"])
+    seg = _models(D.PAPER_SEG, s, [], [f"train.epochs={seg_epochs}"], seg_epochs * 3000, depth=4)
+    layers, steps, bs = int(s["lm_layers"]), int(s["lm_steps"]), int(s["lm_batch_size"])
+    if layers < 4:
+        raise StudyError(f"--set lm_layers={layers}: PAP runs in the first quarter of the layers; give at least 4")
+    quarter = list(range(layers // 4))
+    lm_common = [f"train.max_steps={steps}", f"train.batch_size={bs}", f"model.kwargs.n_layer={layers}"]
+    lm = _models(D.WIKI_LM, s, [], lm_common, steps * bs, depth=layers)
+    for m in lm:
+        if m.role == "rpc":
+            m.overrides.append(f"model.kwargs.rpc_layers=[{','.join(map(str, quarter))}]")
+            m.label = f"RPC-Symlm ({layers} layers, 4 iters in blocks 1-{len(quarter)})"
+            m.cost = E.pap_factor(4, len(quarter), layers)
+        else:
+            m.label = f"Symlm ({layers} layers)"
+    out = []
+    for m in vision + seg + lm:
+        if m.key in seeds_of:
+            m.seeds = list(seeds_of[m.key])
+            out.append(m)
+    return out
+
+
+def _paper_study(name: str, s: Dict[str, Any]) -> Study:
+    """The paper's scorecard: one claim per row of its results table plus the Scaled-Attention finding. A
+    pilot (no ``plan``) runs every claim on ``seeds`` with the settings' limits, margin 0 and no target; with
+    a plan, the plan's settings, seeds, examples, targets and margins (:mod:`rpc_attention.reproduce.plan`)."""
+    from . import plan as P
+
+    plan = None
+    if s.get("plan"):
+        plan = P.load_plan(s["plan"])
+        s = P.study_settings(plan, s)
+    rows, not_run = [], []
+    for c in D.PAPER_CLAIMS:
+        entry = P.plan_claim(plan, c.id) if plan else None
+        if c.id in D.PAPER_NOT_RUN or (entry and entry["status"] == P.NOT_RUN):
+            info = dict(D.PAPER_NOT_RUN.get(c.id) or {}, **{k: entry[k] for k in ("reason", "command", "cost")
+                                                            if entry and entry.get(k)})
+            not_run.append({"id": c.id, "title": f"{c.subject} {c.says}", **info})
+            continue
+        if entry:
+            seeds, limit = list(entry["seeds"]), entry["examples"]
+            spec = c.spec(entry["target"], entry["margin"], P.FAMILY)
+        else:
+            seeds = [int(x) for x in s["seeds"]]
+            key = _PAPER_LIMITS.get(c.suite)
+            limit = int(s[key]) if key else None
+            spec = c.spec(None, 0.0, "pilot")
+        rows.append((spec, seeds, limit))
+    if not rows:
+        raise StudyError("the paper study has no claim to run")
+    # every model on the union of its claims' seeds; one evaluation per (suite, model) on its claims' seeds
+    seeds_of: Dict[str, List[int]] = {}
+    evals: Dict[tuple, Dict[str, Any]] = {}
+    for spec, seeds, limit in rows:
+        for key in (spec.baseline, spec.rpc):
+            seeds_of.setdefault(key, [])
+            seeds_of[key] += [x for x in seeds if x not in seeds_of[key]]
+            ev = evals.setdefault((spec.suite, key), {"seeds": [], "limit": limit})
+            ev["seeds"] += [x for x in seeds if x not in ev["seeds"]]
+            if limit is not None and (ev["limit"] is None or limit > ev["limit"]):
+                ev["limit"] = limit
+    models = _paper_models(s, seeds_of)
+    known = {m.key for m in models}
+    missing = sorted(set(seeds_of) - known)
+    if missing:
+        raise StudyError(f"the paper study has no model {', '.join(missing)} (an empty preset setting leaves a "
+                         f"model out, and its claims with it)")
+    specs = []
+    for (suite, key), ev in evals.items():
+        sets, n_eps, steps, copies = _paper_suite_sets(suite, s)
+        baseline = "symvit" if suite == "corruptions" else None
+        specs.append(EvalSpec(suite=suite, models=[key], sets=sets, limit=ev["limit"], n_eps=n_eps, steps=steps,
+                              copies=copies, baseline_model=baseline, seeds=sorted(ev["seeds"])))
+    # the normalising model's corruption evaluation first, so that the others can wait for it
+    specs.sort(key=lambda e: (e.suite != "corruptions" or e.models != ["symvit"]))
+    st = Study(name, D.TEXTS[name].description, models, specs, [], None, [spec for spec, _, _ in rows], s,
+               not_run=not_run)
+    if plan:
+        st.plan = P.plan_summary(plan)
+    else:
+        st.notes.append("A pilot run: every claim on the pilot seeds with margin 0 and no target (family 'pilot'); "
+                        "its verdicts decide nothing. `rpc-attention plan` turns its figures into a plan.")
+    return st
+
+
 @dataclass(frozen=True)
 class StudyDef:
     """A study: its settings' defaults (a settings dataclass) and the function that builds it."""
@@ -300,7 +419,7 @@ STUDIES: Dict[str, StudyDef] = {d.name: d for d in (
     StudyDef("decide", D.DECIDE, _fmnist_study), StudyDef("patch", D.PATCH, _patch_study),
     StudyDef("fmnist-full", D.FULL, _fmnist_full), StudyDef("imagenet", D.IMAGENET, _imagenet),
     StudyDef("wikitext103", D.WIKITEXT, _wikitext103),
-    StudyDef("lm-gap", D.LM_GAP, _lm_gap))}
+    StudyDef("lm-gap", D.LM_GAP, _lm_gap), StudyDef("paper", D.PAPER, _paper_study))}
 
 
 def list_studies() -> List[tuple]:
@@ -349,7 +468,7 @@ def build_stages(study: Study, device: Optional[str] = None) -> List[Stage]:
     for ev in study.evals:
         for key in ev.models:
             m = study.model(key)
-            for seed, run in zip(m.seeds, m.runs()):
+            for seed, run in ev.runs_of(m):
                 sets = list(ev.sets)
                 deps = [train_names[run]]
                 if ev.baseline_model and ev.baseline_model != key:
