@@ -184,8 +184,8 @@ def test_registries_are_filled_by_explicit_imports():
     assert lines[1] == "True"
     assert "unknown callback 'jproj'" in lines[2] and "rpc_attention.kpca.register_callbacks()" in lines[2]
     assert lines[3] == "['jproj', 'sparsity']"
-    assert lines[4] == str(["analyze", "bench", "compare", "eval", "eval-external", "generate", "pap-demo", "presets",
-                            "publish", "reproduce", "robustness", "train"])
+    assert lines[4] == str(["analyze", "bench", "compare", "eval", "eval-external", "generate", "pap-demo", "plan",
+                            "presets", "publish", "reproduce", "robustness", "train", "verify"])
 
 
 def test_a_failed_builtin_registration_leaves_the_registry_unflagged_and_a_retry_fills_it():

@@ -91,3 +91,94 @@ def test_the_vectorised_rule_is_the_reports_rule():
             word = claim_verdict(cmp, True, 0.5, p, q)["verdict"]
             assert word == {REPRODUCE: "reproduced", CONTRADICT: "contradicted", EQUIVALENT_CODE: "equivalent",
                             0: "inconclusive"}[int(code)]
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Both variance sources: 10,000+ simulated studies with the test-set noise every seed shares and skewed per-seed
+# differences, simulated example by example. The example part's standard error is the analytic one of the pooled
+# mean (sd over examples of the seed-averaged paired differences / sqrt(N)), which the percentile bootstrap
+# estimates (checked against the bootstrap in tests/report/test_verdict.py).
+BIG = 10_000
+BIG_MC = 3.5 * math.sqrt(0.05 * 0.95 / BIG)   # 3.5 Monte-Carlo standard errors of a 5 % rate: 0.0076
+
+
+def _studies(rng, studies, m, n, examples, seed_sd, shared_sd, own_sd, effect=0.0, skew=True):
+    """Per-seed differences ``(studies, m, n)`` and example standard errors ``(studies, m)``: each claim's
+    per-example paired difference is a shared part a_i (the test example's own effect, the same for every
+    seed) plus each seed's own b_si, its per-seed difference their mean over the examples plus a seed effect
+    u_s, centred exponential (skewness 2) or normal. The true effect is ``effect``."""
+    d = np.empty((studies, m, n))
+    se = np.empty((studies, m))
+    for lo in range(0, studies, 500):
+        k = min(500, studies - lo)
+        a = rng.normal(0.0, shared_sd, size=(k, m, 1, examples))
+        b = rng.normal(0.0, own_sd, size=(k, m, n, examples))
+        e = a + b
+        u = (rng.exponential(1.0, size=(k, m, n)) - 1.0) if skew else rng.normal(size=(k, m, n))
+        d[lo:lo + k] = effect + seed_sd * u + e.mean(axis=-1)
+        se[lo:lo + k] = e.mean(axis=2).std(axis=-1, ddof=1) / math.sqrt(examples)
+    return d, se
+
+
+@pytest.mark.parametrize("m,n,seed_sd,shared_sd", [(4, 3, 1.0, 5.0), (13, 5, 1.0, 10.0), (4, 10, 0.2, 10.0),
+                                                    (2, 21, 1.0, 2.0)])
+def test_familywise_error_with_shared_test_noise_and_skewed_seeds(m, n, seed_sd, shared_sd):
+    rng = np.random.default_rng(1000 + 10 * m + n)
+    d, se = _studies(rng, BIG, m, n, examples=200, seed_sd=seed_sd, shared_sd=shared_sd, own_sd=3.0)
+    codes = family_decisions(d, np.zeros(m), se)
+    fwer = float(np.mean(np.isin(codes, (REPRODUCE, CONTRADICT)).any(axis=-1)))
+    assert fwer <= 0.05 + BIG_MC, fwer
+
+
+def test_the_seed_test_alone_misses_the_shared_test_noise():
+    # where the test set's sampling dominates, the seed-only test (no example part) calls far more than 5 %
+    # of null families: the reason the rule adds the example part
+    rng = np.random.default_rng(7)
+    d, se = _studies(rng, BIG, 4, 10, examples=200, seed_sd=0.2, shared_sd=10.0, own_sd=3.0)
+    seed_only = float(np.mean(np.isin(family_decisions(d, np.zeros(4)), (REPRODUCE, CONTRADICT)).any(axis=-1)))
+    both = float(np.mean(np.isin(family_decisions(d, np.zeros(4), se), (REPRODUCE, CONTRADICT)).any(axis=-1)))
+    assert seed_only > 0.3 and both <= 0.05 + BIG_MC, (seed_only, both)
+
+
+def test_effects_at_the_margin_with_both_sources_are_not_called_reproduced():
+    rng = np.random.default_rng(9)
+    d, se = _studies(rng, BIG, 3, 5, examples=200, seed_sd=1.0, shared_sd=5.0, own_sd=3.0, effect=0.5)
+    fwer = float(np.mean((family_decisions(d, np.full(3, 0.5), se) == REPRODUCE).any(axis=-1)))
+    assert fwer <= 0.05 + BIG_MC, fwer
+
+
+def test_the_claimed_power_with_an_example_part_is_a_lower_bound():
+    # normal seeds and a known example part: the noncentral-t power on n - 1 df is a lower bound of the
+    # simulated power (one claim at its MDE beside a null claim, family of 2), and not a loose one
+    n, sd, se_ex, margin = 6, 1.0, 0.3, 0.25
+    delta = mde(sd, n, margin, family=2, se_examples=se_ex)
+    rng = np.random.default_rng(21)
+    d = rng.normal(0.0, sd, size=(BIG, 2, n)) + rng.normal(0.0, se_ex, size=(BIG, 2, 1))
+    d[:, 0] += delta
+    got = float(np.mean(family_decisions(d, np.full(2, margin), np.full((BIG, 2), se_ex))[:, 0] == REPRODUCE))
+    assert 0.8 - 3.5 * math.sqrt(0.16 / BIG) <= got <= 0.9, got
+
+
+def test_holm_tost_and_t_quantiles_agree_with_statsmodels_and_scipy():
+    from scipy import stats
+    from statsmodels.stats.multitest import multipletests
+    from statsmodels.stats.weightstats import DescrStatsW
+
+    from rpc_attention.report.intervals import holm
+    from rpc_attention.report.power import margin_pvalues
+
+    rng = np.random.default_rng(4)
+    for _ in range(20):
+        p = rng.uniform(0, 0.2, size=7)
+        want = multipletests(p, method="holm")[1]
+        assert np.allclose(holm(list(p)), want, rtol=0, atol=1e-12)
+        assert np.allclose(holm_adjust(p), want, rtol=0, atol=1e-12)
+        # TOST of one sample of per-seed differences against +-margin (no example part: df = n - 1)
+        d = rng.normal(0.3, 1.0, size=6)
+        margin = 0.8
+        se = d.std(ddof=1) / math.sqrt(len(d))
+        _, p_tost = margin_pvalues(d.mean(), se, len(d) - 1, margin)
+        assert float(p_tost) == pytest.approx(DescrStatsW(d).ttost_mean(-margin, margin)[0], rel=1e-10)
+        # with margin 0, p_dir is the ordinary two-sided one-sample t test
+        p_dir, _ = margin_pvalues(d.mean(), se, len(d) - 1, 0.0)
+        assert float(p_dir) == pytest.approx(stats.ttest_1samp(d, 0.0).pvalue, rel=1e-10)

@@ -28,7 +28,8 @@ def _results(clean_rpc: float = 81.25) -> dict:
         "claims": [{"title": "RPC raises clean top-1", "suite": "clean", "metric": "top1", "higher": True,
                     "margin": 0.25, "family": "primary", "verdict": "inconclusive",
                     "intervals": {"per_seed_diff": {"0": 0.5, "1": 1.25, "2": 2.0},
-                                  "seed_ci": {"diff": 1.25, "lo": -0.5, "hi": 3.0}}}],
+                                  "seed_ci": {"diff": 1.25, "lo": -0.5, "hi": 3.0},
+                                  "tests": {"interval": {"diff": 1.25, "lo": -0.75, "hi": 3.25}}}}],
     }
 
 
@@ -51,7 +52,7 @@ def test_publish_renders_every_block_from_the_results(tmp_path):
     text = (tmp_path / "README.md").read_text()
     assert "old text" not in text and text.startswith("Intro.") and text.endswith("End.\n")
     assert "| RPC | 81.25 ± 0.50 (n=3) |" in text
-    assert "+1.25 [-0.50, +3.00]" in text and "**inconclusive**" in text
+    assert "+1.25 [-0.75, +3.25]" in text and "**inconclusive**" in text
     assert stale_blocks(tmp_path) == []
     assert json.loads((tmp_path / "docs/results/quick.json").read_text())["study"] == "quick"
 

@@ -1,13 +1,21 @@
 """The one verdict rule (RULES_TEXT) on constructed cases, Holm's adjustment against a hand
-computation, the paired t test and the smallest resolvable difference against scipy, and every claim
-of every study decided by the interval rule."""
+computation, the paired t test, the one interval over seeds and examples and the smallest resolvable
+difference against scipy, and every claim of every study decided by the interval rule."""
 
 import math
 
 import pytest
 from scipy import stats
 
-from rpc_attention.report.intervals import ALPHA, holm, margin_tests, min_detectable, paired_t, t_interval
+from rpc_attention.report.intervals import (
+    ALPHA,
+    example_se,
+    holm,
+    margin_tests,
+    min_detectable,
+    paired_t,
+    t_interval,
+)
 from rpc_attention.report.verdict import (
     CONTRADICTED,
     EQUIVALENT,
@@ -54,7 +62,10 @@ def test_paired_t_and_interval_against_scipy():
     assert paired_t([1.0]) is None
     # no spread, no noise figure: never p = 0
     assert paired_t([2.0, 2.0])["p"] is None and paired_t([0.0, 0.0])["p"] is None
-    assert margin_tests([2.0, 2.0, 2.0], 0.5) == {"p": None, "p_equivalence": None, "no_spread": True}
+    flat = margin_tests([2.0, 2.0, 2.0], 0.5)
+    assert flat["p"] is None and flat["p_equivalence"] is None and flat["no_spread"] is True
+    # an example part is a noise figure of its own: the same differences then have p's
+    assert margin_tests([2.0, 2.0, 2.0], 0.5, se_examples=0.3)["p"] is not None
 
 
 def test_min_detectable_is_the_80_percent_power_effect_at_holms_strictest_step():
@@ -98,12 +109,9 @@ def _cmp(diffs, example=None):
     ([-2.0, -2.2, -1.9], (-3.0, -1.5), True, 0.01, None, CONTRADICTED),
     ([2.0, 2.2, 1.9], None, True, 0.01, None, REPRODUCED),                # no per-example record: the seed test
     ([2.0, 2.2, 1.9], (1.5, 3.0), True, 0.051, None, INCONCLUSIVE),       # Holm-adjusted p not below 0.05
-    ([2.0, 2.2, 1.9], (-0.1, 3.0), True, 0.01, None, INCONCLUSIVE),       # the example interval reaches 0
-    ([2.0, 2.2, 1.9], (0.5, 3.0), True, 0.01, None, INCONCLUSIVE),        # ... or only the margin (1): its bound decides
     ([3.0, -1.0, 2.0], (0.5, 2.0), True, 0.4, 0.6, INCONCLUSIVE),         # the seeds disagree
     ([0.1, -0.1, 0.05], (-0.4, 0.5), True, 1.0, 0.01, EQUIVALENT),        # a measured null inside +-margin
-    ([0.1, -0.1, 0.05], (-1.4, 0.5), True, 1.0, 0.01, INCONCLUSIVE),      # ... but the example interval reaches -margin
-    ([0.1, -0.1, 0.05], (-0.4, 0.5), True, 1.0, 0.2, INCONCLUSIVE),       # ... or TOST not significant
+    ([0.1, -0.1, 0.05], (-0.4, 0.5), True, 1.0, 0.2, INCONCLUSIVE),       # ... but TOST not significant
     ([5.0], (4.0, 6.0), True, None, None, UNRESOLVED),                    # one seed, however large
     ([-5.0], (-6.0, -4.0), True, None, None, UNRESOLVED),
     ([2.0, 2.0, 2.0], (1.5, 3.0), True, None, None, INCONCLUSIVE),        # no spread: no p, no verdict
@@ -114,19 +122,33 @@ def test_the_rule_on_constructed_cases(diffs, example, higher, p_holm, p_tost, e
     assert v["verdict"] == expected, v["reason"]
 
 
+def test_the_example_part_widens_the_one_interval():
+    # the same per-seed differences, with an example interval that reaches 0: the one interval over seeds
+    # and examples is wider, its p larger, and a claim the seeds alone would call reproduced is not
+    d = [2.0, 2.2, 1.9]
+    seeds_only = margin_tests(d, 1.0)
+    se_ex = example_se({"lo": -0.1, "hi": 3.0})
+    assert se_ex == pytest.approx(3.1 / (2 * stats.norm.ppf(0.975)), rel=1e-12)
+    both = margin_tests(d, 1.0, se_examples=se_ex)
+    assert both["se"] == pytest.approx(math.sqrt(stats.tstd(d) ** 2 / 3 + se_ex ** 2), rel=1e-12)
+    half = stats.t.ppf(0.975, 2) * both["se"]
+    assert both["interval"]["lo"] == pytest.approx(sum(d) / 3 - half, rel=1e-12)
+    assert both["p"] > seeds_only["p"] and seeds_only["p"] < 0.05 <= both["p"]
+    v = claim_verdict({**_cmp(d, (-0.1, 3.0)), "tests": both}, True, 1.0, both["p"], both["p_equivalence"])
+    assert v["verdict"] == INCONCLUSIVE
+
+
 def test_inconclusive_says_what_is_missing():
-    v = claim_verdict(_cmp([2.0, 2.2, 1.9], (0.5, 3.0)), True, 1.0, 0.001)
-    assert "lacks the example interval past the margin" in v["reason"]
     v = claim_verdict(_cmp([2.0, 2.2, 1.9], (1.5, 3.0)), True, 1.0, 0.2)
     assert "lacks p (Holm) < 0.05" in v["reason"]
     v = claim_verdict(_cmp([2.0, 2.0, 2.0], (1.5, 3.0)), True, 1.0, None)
-    assert "no spread" in v["reason"]
+    assert "no noise figure" in v["reason"]
 
 
 def test_rules_text_states_the_one_rule():
     for word in ("reproduced", "contradicted", "equivalent", "inconclusive", "unresolved (one seed)", "not measured",
-                 "Holm", "margin", "Smallest resolvable", "Example interval", "TOST", "Families", "no spread",
-                 "two-level bootstrap", "recomputed on the same"):
+                 "Holm", "margin", "Smallest resolvable", "One interval for both variance sources", "TOST",
+                 "Families", "all equal", "two-level bootstrap", "on each resample", "n - 1"):
         assert word in RULES_TEXT
     assert "2 sigma" not in RULES_TEXT and "margin rule" not in RULES_TEXT
 
@@ -160,10 +182,10 @@ def test_every_claim_of_every_study_gets_the_interval_rule(tmp_path):
             assert v["verdict"] == (REPRODUCED if c.higher else CONTRADICTED), (s.name, c.id)
 
 
-def test_no_verdict_contradicts_its_own_intervals():
-    # random three-seed comparisons: a claim is never reproduced (contradicted) unless p (Holm) < 0.05 and
-    # every example interval it shows lies past +margin (-margin); never equivalent unless the example
-    # interval lies inside +-margin and the equivalence test's p (Holm) < 0.05
+def test_no_verdict_contradicts_its_own_interval():
+    # random three-seed comparisons with an example part, one claim per family: a claim is reproduced
+    # (contradicted) exactly when its one 95 % interval lies past +margin (-margin), and equivalent only with
+    # the TOST p < 0.05 (its 90 % interval inside +-margin)
     import numpy as np
 
     rng = np.random.default_rng(7)
@@ -171,17 +193,16 @@ def test_no_verdict_contradicts_its_own_intervals():
     for _ in range(2000):
         diffs = list(rng.normal(rng.normal(0, 2), rng.uniform(0.05, 3), size=3))
         ex = tuple(sorted(rng.normal(np.mean(diffs), 1.5, size=2)))
-        p_holm, p_tost = (float(x) for x in rng.uniform(0, 0.2, size=2))
         higher = bool(rng.integers(2))
-        v = claim_verdict(_cmp(diffs, ex), higher, 1.0, p_holm, p_tost)["verdict"]
-        seen.add(v)
+        tests = margin_tests(diffs, 1.0, higher, example_se({"lo": ex[0], "hi": ex[1]}))
+        v = claim_verdict({**_cmp(diffs, ex), "tests": tests}, higher, 1.0, tests["p"], tests["p_equivalence"])
+        seen.add(v["verdict"])
         sign = 1.0 if higher else -1.0
-        lo, hi = sorted((sign * ex[0], sign * ex[1]))
-        delta = sign * sum(diffs) / 3
-        if v == REPRODUCED:
-            assert lo > 1.0 and delta > 0 and p_holm < 0.05
-        if v == CONTRADICTED:
-            assert hi < -1.0 and delta < 0 and p_holm < 0.05
-        if v == EQUIVALENT:
-            assert -1.0 < lo and hi < 1.0 and p_tost < 0.05
+        lo, hi = sorted((sign * tests["interval"]["lo"], sign * tests["interval"]["hi"]))
+        assert (v["verdict"] == REPRODUCED) == (lo > 1.0), (lo, hi, v)
+        assert (v["verdict"] == CONTRADICTED) == (hi < -1.0), (lo, hi, v)
+        if v["verdict"] == EQUIVALENT:
+            half = stats.t.ppf(0.95, 2) * tests["se"]
+            mean = sign * sum(diffs) / 3
+            assert -1.0 < mean - half and mean + half < 1.0
     assert seen == {REPRODUCED, CONTRADICTED, EQUIVALENT, INCONCLUSIVE}

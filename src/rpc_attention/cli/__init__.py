@@ -65,16 +65,19 @@ def commands() -> List[Tuple[str, ModuleType]]:
         eval_external,
         generate,
         pap_demo,
+        plan,
         presets,
         publish,
         reproduce,
         robustness,
         train,
+        verify,
     )
 
     return [("analyze", analyze), ("bench", bench), ("compare", compare), ("eval", eval),
             ("eval-external", eval_external), ("generate", generate), ("pap-demo", pap_demo),
-            ("presets", presets), ("publish", publish), ("reproduce", reproduce), ("robustness", robustness), ("train", train)]
+            ("plan", plan), ("presets", presets), ("publish", publish), ("reproduce", reproduce), ("robustness", robustness), ("train", train),
+            ("verify", verify)]
 
 
 class _StderrHandler(logging.StreamHandler):

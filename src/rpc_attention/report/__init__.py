@@ -30,13 +30,17 @@ def build_report(out_dir, study, pipeline) -> Dict[str, Path]:
     from ..files import atomic_write_json, atomic_write_text
     from .collect import collect_results
     from .figures import make_figures
+    from .recompute import examples_path, write_examples
     from .render import render_html, render_markdown
 
     out_dir = Path(out_dir)
     res = collect_results(out_dir, study, pipeline)
+    per_example = res.pop("_per_example", None) or {}
     res["figures"] = make_figures(res, out_dir)
     md = render_markdown(res)
-    paths = {"results": out_dir / "results.json", "markdown": out_dir / "report.md", "html": out_dir / "report.html"}
+    paths = {"results": out_dir / "results.json", "markdown": out_dir / "report.md", "html": out_dir / "report.html",
+             "examples": examples_path(out_dir / "results.json")}
+    write_examples(paths["examples"], per_example)
     atomic_write_json(paths["results"], res)
     atomic_write_text(paths["markdown"], md)
     atomic_write_text(paths["html"], render_html(md, out_dir, title=f"rpc-attention: {study.name} study"))

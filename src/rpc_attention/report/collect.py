@@ -15,13 +15,13 @@ from pathlib import Path
 from typing import Any, Dict, List, Mapping, Optional, Tuple
 
 from ..evaluate.suites import Column, all_suites, get_suite
-from .intervals import holm, margin_tests, min_detectable, paired_comparison
+from .intervals import example_se, holm, margin_tests, min_detectable, paired_comparison
 from .lead import LEAD_RULE, lead_paragraph
 from .paper import PAPER_LABEL, PAPER_ROWS
 from .sparsity import collect_sparsity
 from .verdict import RULES_TEXT, claim_verdict, effect
 
-__all__ = ["collect_results", "setup_info", "metric_value", "TABLES"]
+__all__ = ["collect_results", "setup_info", "metric_value", "TABLES", "claims_of"]
 
 # The task tables, in the layout of the paper's tables; each suite contributes its own columns
 # (``Suite.columns``), placed by their ``position``.
@@ -148,7 +148,8 @@ def _cell(values: List[float]) -> Dict[str, Any]:
 
 def collect_results(out_dir, study, pipeline) -> Dict[str, Any]:
     """Every number of the study in ``out_dir`` as one JSON-able dict: models and their training,
-    evaluation records, the task tables, the claims' verdicts and the KPCA analyses."""
+    evaluation records, the task tables, the claims' verdicts and the KPCA analyses; under ``_per_example``
+    the per-example records of the evaluations (the caller writes them to ``examples.json.gz``)."""
     out_dir = Path(out_dir)
     stages = pipeline.stage_table()
     status = {r["name"]: r for r in stages}
@@ -158,6 +159,7 @@ def collect_results(out_dir, study, pipeline) -> Dict[str, Any]:
         "setup": setup_info(study), "stages": stages, "notes": list(study.notes),
         "rules": RULES_TEXT, "paper": {"label": PAPER_LABEL, "rows": PAPER_ROWS},
         "models": {}, "training": {}, "evals": {}, "tables": {}, "claims": [], "analysis": {},
+        "plan": getattr(study, "plan", None), "not_run": list(getattr(study, "not_run", None) or []),
     }
     _collect_models(res, study, status, out_dir)
     per_example = _collect_evals(res, study, status, out_dir)
@@ -166,6 +168,8 @@ def collect_results(out_dir, study, pipeline) -> Dict[str, Any]:
     res["sparsity"] = collect_sparsity(out_dir, study)  # S activity of every RPC model's runs
     _collect_analyses(res, study, status, out_dir)
     res["lead"] = {"text": lead_paragraph(res), "rule": LEAD_RULE}
+    # the per-example records behind the example intervals go to their own file (report.recompute), not here
+    res["_per_example"] = per_example
     return res
 
 
@@ -303,29 +307,35 @@ def compare_models(res: Dict[str, Any], per_example: Dict[str, Any], suite: str,
                              _seed_scores(per_example, suite, rpc, metric, reference))
 
 
-def _claim_rows(res: Dict[str, Any], study, per_example: Dict[str, Any]) -> List[tuple]:
+def _claim_rows(res: Dict[str, Any], claims, refs: Dict[str, Optional[str]], per_example: Dict[str, Any],
+                stored: Optional[Dict[str, Any]] = None) -> List[tuple]:
     """``(claim, baseline evals, RPC evals, baseline values, RPC values, effect, comparison)`` per claim,
-    with the margin tests of the comparison (``comparison["tests"]``)."""
-    refs = {ev.suite: ev.baseline_model for ev in study.evals if ev.baseline_model}
+    with the margin tests of the comparison on the one interval over seeds and examples
+    (``comparison["tests"]``). ``refs``: the model that normalises each suite's errors (mCE); ``stored``
+    ({claim id: its published bootstrap, per seed and pooled}) stands in for the bootstrap of a claim without
+    per-example records (a published study recomputed from its results alone)."""
     rows = []
-    for c in study.claims:
+    for c in claims:
         b = res["evals"].get(c.suite, {}).get(c.baseline, {})
         r = res["evals"].get(c.suite, {}).get(c.rpc, {})
         bv = [v for v in (metric_value(e.get("metrics", {}), c.metric) for e in b.values()) if v is not None]
         rv = [v for v in (metric_value(e.get("metrics", {}), c.metric) for e in r.values()) if v is not None]
         e = effect(bv, rv, c.higher, c.margin, c.relative)
         iv = compare_models(res, per_example, c.suite, c.metric, c.baseline, c.rpc, refs.get(c.suite))
+        if iv["bootstrap"] is None and stored and stored.get(c.id):
+            iv["bootstrap"] = stored[c.id]
         margin = e.margin if e.margin is not None else c.margin
-        iv["tests"] = margin_tests(list(iv["per_seed_diff"].values()), margin, c.higher)
+        pooled = (iv["bootstrap"] or {}).get("pooled")
+        iv["tests"] = margin_tests(list(iv["per_seed_diff"].values()), margin, c.higher, example_se(pooled))
         rows.append((c, b, r, bv, rv, e, iv))
     return rows
 
 
 def _holm_by_family(rows: List[tuple]) -> None:
     """Holm's adjustment of both tests within each claim's family (``p_holm``, ``p_equivalence_holm``),
-    the family's size and the MDE at its strictest step (``min_detectable``). A claim whose per-seed
-    differences have no spread enters Holm with p = 1 (it counts in the family, which is fixed before
-    the data) and gets no adjusted p."""
+    the family's size and the MDE at its strictest step (``min_detectable``). A claim without a noise
+    figure enters Holm with p = 1 (it counts in the family, which is fixed before the data) and gets no
+    adjusted p."""
     families: Dict[str, List[tuple]] = {}
     for row in rows:
         families.setdefault(row[0].family, []).append(row)
@@ -335,20 +345,23 @@ def _holm_by_family(rows: List[tuple]) -> None:
         p_dir = [1.0 if f else t.get("p") for t, f in zip(tests, flat)]
         p_tost = [1.0 if f else t.get("p_equivalence") for t, f in zip(tests, flat)]
         size = sum(p is not None for p in p_dir)
-        for row, f, p, q in zip(members, flat, holm(p_dir), holm(p_tost)):
+        for row, f, p, q, t in zip(members, flat, holm(p_dir), holm(p_tost), tests):
             c, e, iv = row[0], row[5], row[-1]
             margin = e.margin if e.margin is not None else c.margin
             iv["p_holm"], iv["p_equivalence_holm"] = (None, None) if f else (p, q)
             iv["family"] = size
-            iv["min_detectable"] = min_detectable(list(iv["per_seed_diff"].values()), size, margin)
+            iv["min_detectable"] = min_detectable(list(iv["per_seed_diff"].values()), size, margin,
+                                                  se_examples=t.get("se_examples") or 0.0)
 
 
-def _collect_claims(res: Dict[str, Any], study, per_example: Dict[str, Any]) -> None:
-    """Each claim's verdict by the one rule of RULES_TEXT: the margin tests of the paired per-seed
-    differences Holm-adjusted within the claim's family, the example interval where both models have
-    per-example records, and the smallest effect the seeds could have resolved."""
-    rows = _claim_rows(res, study, per_example)
+def claims_of(res: Dict[str, Any], claims, refs: Dict[str, Optional[str]], per_example: Dict[str, Any],
+              stored: Optional[Dict[str, Any]] = None) -> List[Dict[str, Any]]:
+    """Each claim's record and verdict by the one rule of RULES_TEXT: the margin tests on the one interval
+    over seeds and examples, Holm-adjusted within the claim's family, and the smallest effect the design
+    could have resolved. The report and ``rpc-attention verify`` both call this."""
+    rows = _claim_rows(res, claims, refs, per_example, stored)
     _holm_by_family(rows)
+    out = []
     for c, b, r, bv, rv, e, iv in rows:
         margin = e.margin if e.margin is not None else c.margin
         v = claim_verdict(iv, c.higher, e.margin, iv["p_holm"], iv["p_equivalence_holm"])
@@ -358,15 +371,21 @@ def _collect_claims(res: Dict[str, Any], study, per_example: Dict[str, Any]) -> 
                    if x.get("status") != "done"]
             if why:
                 reason += f" ({why[0]})"
-        res["claims"].append({
+        out.append({
             "id": c.id, "title": c.title, "table": c.table, "suite": c.suite, "metric": c.metric,
-            "family": c.family, "target": c.target,
+            "family": c.family, "target": c.target, "margin_spec": c.margin, "reference": refs.get(c.suite),
             "baseline": c.baseline, "baseline_label": res["models"].get(c.baseline, {}).get("label", c.baseline),
             "rpc": c.rpc, "rpc_label": res["models"].get(c.rpc, {}).get("label", c.rpc), "higher": c.higher,
             "margin": margin, "relative_margin": c.relative, "baseline_values": bv, "rpc_values": rv,
             "verdict": v["verdict"], "reason": reason, "effect": e.as_dict(), "intervals": iv,
-            "paper": PAPER_ROWS.get(getattr(c, "paper_id", None) or c.id),
+            "paper": PAPER_ROWS.get(getattr(c, "paper_id", None) or c.id), "paper_id": getattr(c, "paper_id", None),
         })
+    return out
+
+
+def _collect_claims(res: Dict[str, Any], study, per_example: Dict[str, Any]) -> None:
+    refs = {ev.suite: ev.baseline_model for ev in study.evals if ev.baseline_model}
+    res["claims"] = claims_of(res, study.claims, refs, per_example)
 
 
 def _collect_analyses(res: Dict[str, Any], study, status: Dict[str, Any], out_dir: Path) -> None:

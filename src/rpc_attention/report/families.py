@@ -1,11 +1,11 @@
 """The report's first screen and its power section, from ``results.json``'s claims.
 
-- :func:`family_tables`: one table per pre-registered family (claim, RPC - baseline with its intervals,
-  verdict), each under its rule;
-- :func:`power_rows` / :func:`power_section`: per claim, delta / sd of the per-seed differences, the
-  minimum detectable effect (MDE) at 80 % power for the claim's family (Holm's strictest step), and the
-  seeds and test examples the claim's target effect needs (:mod:`rpc_attention.report.power`). The same
-  rows feed ``rpc-attention reproduce --power DIR``.
+- :func:`family_tables`: one table per pre-registered family (claim, RPC - baseline with its one interval
+  over seeds and examples, verdict), each under its rule;
+- :func:`power_rows` / :func:`power_section`: per claim, delta / sd of the per-seed differences, the two
+  parts of the standard error (seeds, examples), the minimum detectable effect (MDE) at 80 % power for the
+  claim's family (Holm's strictest step), and the seeds the claim's target effect needs at its examples
+  (:mod:`rpc_attention.report.power`). The same rows feed ``rpc-attention reproduce --power DIR``.
 """
 
 from __future__ import annotations
@@ -14,7 +14,8 @@ import math
 from typing import Any, Dict, List, Optional
 
 from ..markdown import markdown_table
-from .power import POWER, example_mde, examples_needed, mde, seeds_needed
+from .intervals import example_se
+from .power import POWER, mde, seeds_needed
 from .verdict import FAMILIES
 
 
@@ -37,13 +38,14 @@ def _difference(c: Dict[str, Any]) -> str:
     diffs = list((iv.get("per_seed_diff") or {}).values())
     if not diffs:
         return "—"
-    seed = _iv(iv.get("seed_ci")) if len(diffs) > 1 else "one seed"
-    return f"{sum(diffs) / len(diffs):+.2f} {seed}"
+    both = _iv((iv.get("tests") or {}).get("interval")) if len(diffs) > 1 else "one seed"
+    return f"{sum(diffs) / len(diffs):+.2f} {both}"
 
 
 def family_tables(claims: List[Dict[str, Any]]) -> List[str]:
     """One table per family: claim, RPC - baseline (mean of the per-seed differences, metric units) with
-    its 95 % seed interval, the example interval, the margin and the verdict; the family's rule below."""
+    its 95 % interval over seeds and examples, the example interval alone, the margin and the verdict; the
+    family's rule below."""
     L: List[str] = []
     for name, members in by_family(claims).items():
         fam = FAMILIES.get(name)
@@ -52,8 +54,8 @@ def family_tables(claims: List[Dict[str, Any]]) -> List[str]:
                  _difference(c), _iv(((c.get("intervals") or {}).get("bootstrap") or {}).get("pooled")),
                  f"{c['margin']:.3g}" if c.get("margin") is not None else "—", f"**{c['verdict']}**"]
                 for c in members]
-        L += markdown_table(["claim", "metric", "RPC − baseline [95 % seed interval]", "95 % example interval",
-                             "margin", "verdict"], rows) + [""]
+        L += markdown_table(["claim", "metric", "RPC − baseline [95 % interval, seeds and examples]",
+                             "95 % example interval", "margin", "verdict"], rows) + [""]
         if fam:
             L += [f"*Rule: {fam.rule}.*", ""]
     return L
@@ -69,19 +71,11 @@ def _oriented_sd(c: Dict[str, Any]) -> tuple:
     return d, math.sqrt(sum((x - m) ** 2 for x in d) / (len(d) - 1))
 
 
-def _example_part(c: Dict[str, Any], target: Optional[float]) -> Dict[str, Any]:
-    pooled = ((c.get("intervals") or {}).get("bootstrap") or {}).get("pooled")
-    if not pooled or pooled.get("lo") is None:
-        return {"example_mde": None, "examples": None, "examples_needed": None}
-    lo, hi, n = pooled["lo"], pooled["hi"], pooled.get("n_examples")
-    need = examples_needed(lo, hi, n, target, c["margin"]) if target is not None and n else None
-    return {"example_mde": example_mde(lo, hi, c["margin"]), "examples": n, "examples_needed": need}
-
-
 def power_rows(res: Dict[str, Any], targets: Optional[Dict[str, float]] = None) -> List[Dict[str, Any]]:
-    """Per claim with numbers: n seeds, delta, sd and delta / sd of the oriented per-seed differences,
-    the family size m, the seed MDE at 80 % power (Holm's first step, alpha / m), the example MDE, the
-    target and the seeds / examples it needs. ``targets`` ({claim id: effect}) override the claims'."""
+    """Per claim with numbers: n seeds, delta, sd and delta / sd of the oriented per-seed differences, the
+    standard error's seed and example parts, the family size m, the MDE at 80 % power (Holm's first step,
+    alpha / m, on the one interval), the target and the seeds it needs at these examples. ``targets``
+    ({claim id: effect}) override the claims'."""
     rows = []
     for fam, members in by_family(res.get("claims") or []).items():
         size = max(1, max((c.get("intervals") or {}).get("family") or 0 for c in members))
@@ -91,17 +85,15 @@ def power_rows(res: Dict[str, Any], targets: Optional[Dict[str, float]] = None) 
                 continue
             delta = sum(d) / len(d)
             target = (targets or {}).get(c["id"], c.get("target"))
-            seed_mde = mde(sd, len(d), c["margin"], family=size) if sd else None
-            row = {"id": c["id"], "title": c["title"], "family": fam, "n": len(d), "delta": delta, "sd": sd,
-                   "delta_over_sd": delta / sd if sd else None, "m": size, "margin": c["margin"], "target": target,
-                   "seed_mde": seed_mde,
-                   "seeds_needed": seeds_needed(target, sd, c["margin"], family=size) if target and sd else None}
-            row.update(_example_part(c, target))
-            # the claim's MDE needs the seed level's: with one seed there is none, whatever the examples say
-            mdes = [x for x in (row["seed_mde"], row["example_mde"]) if x is not None]
-            row["mde"] = max(mdes) if row["seed_mde"] is not None else None
-            row["meets_target"] = None if target is None or row["mde"] is None else row["mde"] <= target
-            rows.append(row)
+            se_ex = example_se(((c.get("intervals") or {}).get("bootstrap") or {}).get("pooled"))
+            m = mde(sd, len(d), c["margin"], family=size, se_examples=se_ex) if sd is not None else None
+            rows.append({"id": c["id"], "title": c["title"], "family": fam, "n": len(d), "delta": delta, "sd": sd,
+                         "delta_over_sd": delta / sd if sd else None, "m": size, "margin": c["margin"],
+                         "target": target, "se_seeds": sd / math.sqrt(len(d)) if sd is not None else None,
+                         "se_examples": se_ex, "mde": m,
+                         "seeds_needed": seeds_needed(target, sd, c["margin"], family=size, se_examples=se_ex)
+                         if target and sd is not None else None,
+                         "meets_target": None if target is None or m is None else m <= target})
     return rows
 
 
@@ -121,34 +113,32 @@ def _verdict_of_target(r: Dict[str, Any]) -> str:
 
 def _seeds_text(r: Dict[str, Any]) -> str:
     if r["seeds_needed"] is None:
-        return "more than 1000 seeds at this sd"
-    return f"{r['seeds_needed']} seeds" + (f" and {r['examples_needed']} test examples" if r["examples_needed"] else "")
+        return "more than 1000 seeds at these examples"
+    return f"{r['seeds_needed']} seeds"
 
 
 def power_text(rows: List[Dict[str, Any]]) -> List[str]:
     """The power table (markdown lines) of :func:`power_rows`."""
-    table = [[r["title"], r["family"], r["n"], _f(r["delta"]), _f(r["sd"]), _f(r["delta_over_sd"]), r["m"],
-              _f(r["margin"], ".3g"), _f(r["seed_mde"]), _f(r["example_mde"]), _f(r["target"], ".3g"),
-              _verdict_of_target(r), _f(r["seeds_needed"], "d"),
-              f"{_f(r['examples_needed'], 'd')} (now {_f(r['examples'], 'd')})"] for r in rows]
-    return markdown_table(["claim", "family", "seeds", "delta", "sd", "delta / sd", "m", "margin",
-                           "MDE, seeds", "MDE, examples", "target", "MDE against target",
-                           "seeds for the target", "examples for the target"], table)
+    table = [[r["title"], r["family"], r["n"], _f(r["delta"]), _f(r["sd"]), _f(r["se_seeds"]), _f(r["se_examples"]),
+              r["m"], _f(r["margin"], ".3g"), _f(r["mde"]), _f(r["target"], ".3g"), _verdict_of_target(r),
+              _f(r["seeds_needed"], "d")] for r in rows]
+    return markdown_table(["claim", "family", "seeds", "delta", "sd", "se, seeds", "se, examples", "m", "margin",
+                           "MDE", "target", "MDE against target", "seeds for the target"], table)
 
 
 def power_section(res: Dict[str, Any]) -> List[str]:
     """The report's power section: every primary claim's MDE at 80 % power against its target."""
-    rows = [r for r in power_rows(res) if r["family"] == "primary"]
+    rows = [r for r in power_rows(res) if r["family"] in ("primary", "paper")]
     if not rows:
         return []
-    L = ["## Power of the primary claims", ""] + power_text(rows) + [""]
-    L += [f"delta, sd: mean and sd of the per-seed differences (oriented: > 0 = RPC better). MDE: the effect called "
-          f"reproduced with {100 * POWER:.0f} % power, seeds: at Holm's strictest step (alpha / m, m = the family's claims "
-          "with a p; exact noncentral t), examples: the example interval's bound past the margin (its width read "
-          "as normal, scaling as 1 / sqrt(examples)); the claim's MDE is the larger. Target: the paper's own "
-          "improvement in our units (docs/reproduce.md#deciding-claims); seeds and examples for the target: what "
-          "80 % power at the target needs at this sd and interval width. "
-          "`rpc-attention reproduce --power DIR` prints this for every claim.", ""]
+    title = "the paper's claims" if any(r["family"] == "paper" for r in rows) else "the primary claims"
+    L = [f"## Power of {title}", ""] + power_text(rows) + [""]
+    L += [f"delta, sd: mean and sd of the per-seed differences (oriented: > 0 = RPC better); se, seeds = sd / "
+          f"sqrt(n); se, examples: the example bootstrap's standard error. MDE: the effect called reproduced with "
+          f"{100 * POWER:.0f} % power at Holm's strictest step (alpha / m, m = the family's claims with a p) on the one "
+          "interval over seeds and examples (exact noncentral t). Target: the paper's own improvement in our units "
+          "(docs/reproduce.md#deciding-claims); seeds for the target: what 80 % power at the target needs at this sd "
+          "and these examples. `rpc-attention reproduce --power DIR` prints this for every claim.", ""]
     missed = [r for r in rows if r["meets_target"] is False]
     if missed:
         L += ["Misses: " + "; ".join(f"{r['title']}: MDE {r['mde']:.2f} against a target of {r['target']:.3g} "

@@ -374,47 +374,66 @@ def seg_examples(res: Dict[str, Any], out_dir: Path) -> List[dict]:
     return out
 
 
+def _forest_rows(res: Dict[str, Any]) -> Dict[str, List[tuple]]:
+    """``{family: [(claim, sign, one interval, example interval)]}`` of the claims with an interval."""
+    from .families import by_family
+
+    out: Dict[str, List[tuple]] = {}
+    for fam, members in by_family(res.get("claims") or []).items():
+        for c in members:
+            iv = c.get("intervals") or {}
+            one = (iv.get("tests") or {}).get("interval")
+            ex = (iv.get("bootstrap") or {}).get("pooled")
+            if one or ex:
+                out.setdefault(fam, []).append((c, 1.0 if c["higher"] else -1.0, one, ex))
+    return out
+
+
 def verdict_intervals(res: Dict[str, Any], out_dir: Path) -> List[dict]:
-    """One row per claim with an interval: RPC - baseline, oriented so that right of 0 is "RPC better",
-    the 95 % seed interval (thick) and the 95 % example interval (thin), the verdict beside it."""
-    rows = []
-    for c in res.get("claims") or []:
-        iv = c.get("intervals") or {}
-        sign = 1.0 if c["higher"] else -1.0
-        ivs = {name: ci for name, ci in (("seed", iv.get("seed_ci")),
-                                          ("example", (iv.get("bootstrap") or {}).get("pooled"))) if ci}
-        if ivs:
-            rows.append((c, sign, ivs))
-    if not rows:
-        return []
-    plt = pyplot()
-    fig, ax = plt.subplots(figsize=(7.5, 0.45 * len(rows) + 1.2))
-    labelled = set()
-    for y, (c, sign, ivs) in enumerate(reversed(rows)):
-        for name, ci, off, lw, color in (("seed", ivs.get("seed"), 0.12, 3.0, "C0"),
-                                         ("example", ivs.get("example"), -0.12, 1.2, "C1")):
-            if ci is None:
-                continue
-            lo, hi = sorted((sign * ci["lo"], sign * ci["hi"]))
-            ax.plot([lo, hi], [y + off, y + off], color=color, lw=lw,
-                    label=None if name in labelled else f"95 % {name} interval")
-            labelled.add(name)
-            ax.plot([sign * ci["diff"]], [y + off], "o", color=color, ms=4)
-        ax.annotate(c["verdict"], (1.01, y), xycoords=("axes fraction", "data"), fontsize=7, va="center")
-    ax.axvline(0.0, color="k", lw=0.8)
-    ax.set_yticks(range(len(rows)))
-    ax.set_yticklabels([f"{c['id']}: {c['rpc_label']} vs {c['baseline_label']}" for c, _, _ in reversed(rows)],
-                       fontsize=7)
-    ax.set_xlabel("RPC − baseline, oriented: > 0 means RPC better (metric units)")
-    handles, labels = ax.get_legend_handles_labels()
-    if handles:
-        ax.legend(handles, labels, fontsize=7, loc="lower right")
-    ax.grid(axis="x", alpha=0.3)
-    p = _save(fig, out_dir, "verdict_intervals.png")
-    return [{"path": p, "section": "verdicts", "caption": (
-        "Each claim's difference RPC − baseline with its 95 % intervals, signed so that right of 0 is the "
-        "paper's direction: by seed (t interval, thick) and over test examples (paired bootstrap, thin); the "
-        "verdict on the right.")}]
+    """A forest plot per family: each claim on its own axis (its own units, so a perplexity difference of 200
+    does not squeeze an accuracy difference of 1 into a sliver), RPC - baseline oriented so that right of 0
+    is the paper's direction, the one 95 % interval over seeds and examples (thick), the example interval
+    alone (thin), the margin band around 0 and the target (dashed) where the claim has one, the verdict on
+    the right."""
+    from .verdict import FAMILIES
+
+    figs = []
+    for fam, rows in _forest_rows(res).items():
+        plt = pyplot()
+        fig, axes = plt.subplots(len(rows), 1, figsize=(8.0, 0.62 * len(rows) + 0.9), squeeze=False)
+        for ax, (c, sign, one, ex) in zip(axes[:, 0], rows):
+            xs = [0.0]
+            for ci, lw, color, off in ((one, 4.0, "C0", 0.08), (ex, 1.3, "C1", -0.18)):
+                if ci:
+                    lo, hi = sorted((sign * ci["lo"], sign * ci["hi"]))
+                    ax.plot([lo, hi], [off, off], color=color, lw=lw, solid_capstyle="butt")
+                    ax.plot([sign * ci["diff"]], [off], "o", color=color, ms=4)
+                    xs += [lo, hi]
+            m = c.get("margin") or 0.0
+            if m:
+                ax.axvspan(-m, m, color="0.85", lw=0)
+            if c.get("target"):
+                ax.axvline(c["target"], color="C2", ls="--", lw=1.0)
+                xs.append(c["target"])
+            ax.axvline(0.0, color="k", lw=0.8)
+            span = max(xs) - min(xs) or 1.0
+            ax.set_xlim(min(xs) - 0.08 * span, max(xs) + 0.08 * span)
+            ax.set_ylim(-0.5, 0.5)
+            ax.set_yticks([])
+            ax.tick_params(axis="x", labelsize=7, pad=1)
+            ax.set_ylabel(c["id"], rotation=0, ha="right", va="center", fontsize=8)
+            ax.annotate(c["verdict"], (1.01, 0.5), xycoords="axes fraction", fontsize=8, va="center",
+                        weight="bold" if c["verdict"] in ("reproduced", "contradicted") else "normal")
+        title = FAMILIES[fam].title if fam in FAMILIES else fam
+        axes[0, 0].set_title(f"{title}: RPC − baseline, > 0 = RPC better (each claim in its own units)", fontsize=8)
+        fig.subplots_adjust(left=0.16, right=0.84, hspace=0.9)
+        p = _save(fig, out_dir, f"forest_{fam}.png")
+        figs.append({"path": p, "section": "scorecard" if fam == "paper" else "verdicts", "caption": (
+            f"{title}: each claim's RPC − baseline on its own axis (its units), oriented so that right of 0 is the "
+            "paper's direction: the one 95 % interval over seeds and examples (thick, blue), the example interval "
+            "alone (thin, orange), ± the margin shaded around 0, the target dashed (green); the verdict on the "
+            "right.")})
+    return figs
 
 
 def patch_frontier(res: Dict[str, Any], out_dir: Path) -> List[dict]:

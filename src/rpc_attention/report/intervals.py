@@ -1,7 +1,9 @@
-"""95 % intervals and tests for the difference RPC - baseline of one metric: paired by seed (a t
-interval and a two-sided paired t test over the per-seed differences, Holm's adjustment across a
-study's claims, and the smallest difference the seeds could resolve) and paired over test examples (a
-bootstrap that resamples example indices, the same resample for both models, and recomputes the metric).
+"""95 % intervals and tests for the difference RPC - baseline of one metric: paired by seed (the per-seed
+differences, their t interval and paired t test), paired over test examples (a bootstrap that resamples
+example indices, the same resample for both models, and recomputes the metric), and the rule's one
+interval over both variance sources (:func:`margin_tests`: the seed variance over n plus the example
+bootstrap's variance, the tests against the margin, Holm's adjustment across a family and the smallest
+difference the design could resolve).
 
 The bootstrap works on per-example records (``evaluate.per_example``): each model and seed gives an
 :class:`~rpc_attention.evaluate.per_example.ExampleData` (example indices, one row of values per
@@ -20,9 +22,9 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence
 
 import numpy as np
 
-from .power import ALPHA, margin_pvalues, mde
+from .power import ALPHA, combined_se, margin_pvalues, mde
 
-__all__ = ["LEVEL", "ALPHA", "RESAMPLES", "t_interval", "paired_t", "margin_tests", "holm", "min_detectable",
+__all__ = ["LEVEL", "ALPHA", "RESAMPLES", "t_interval", "paired_t", "margin_tests", "holm", "min_detectable", "example_se",
            "paired_bootstrap", "paired_comparison"]
 
 LEVEL = 0.95
@@ -75,29 +77,51 @@ def holm(pvalues: Sequence[Optional[float]]) -> List[Optional[float]]:
     return out
 
 
-def margin_tests(diffs: Sequence[float], margin: float, higher_is_better: bool = True) -> Optional[Dict[str, Any]]:
-    """The rule's two tests of RPC - baseline per-seed differences against +-margin
-    (:func:`~rpc_attention.report.power.margin_pvalues`, oriented so that > 0 means RPC better):
-    ``{"p", "p_equivalence", "no_spread"}`` with p's None where the differences have no spread; None with
-    fewer than 2 differences."""
+def example_se(pooled: Optional[Dict[str, Any]], level: float = LEVEL) -> float:
+    """The standard error of the example part: the width of the pooled paired bootstrap's percentile interval
+    read as normal, (hi - lo) / (2 z_{(1+level)/2}); 0 without one. Computed from the stored interval, so
+    a published study's verdicts recompute from its results alone."""
+    from scipy import stats
+
+    if not pooled or pooled.get("lo") is None or pooled.get("hi") is None:
+        return 0.0
+    return (float(pooled["hi"]) - float(pooled["lo"])) / (2.0 * float(stats.norm.ppf(0.5 + level / 2)))
+
+
+def margin_tests(diffs: Sequence[float], margin: float, higher_is_better: bool = True,
+                 se_examples: float = 0.0, level: float = LEVEL) -> Optional[Dict[str, Any]]:
+    """The rule's two tests of RPC - baseline per-seed differences against +-margin on the one interval over
+    seeds and examples (:func:`~rpc_attention.report.power.combined_se`,
+    :func:`~rpc_attention.report.power.margin_pvalues`, oriented so that > 0 means RPC better):
+    ``{"p", "p_equivalence", "no_spread", "se", "df", "interval"}`` (``interval``: the ``level`` interval
+    of the mean difference, not oriented); p's None without any noise figure; None with fewer than 2
+    differences."""
+    from scipy import stats
+
     d = _diffs(diffs) * (1.0 if higher_is_better else -1.0)
     if len(d) < 2:
         return None
     sd = float(d.std(ddof=1))
-    if sd == 0.0:
-        return {"p": None, "p_equivalence": None, "no_spread": True}
-    p_dir, p_tost = margin_pvalues(float(d.mean()), sd, len(d), margin)
-    return {"p": float(p_dir), "p_equivalence": float(p_tost), "no_spread": False}
+    se, df = (float(x) for x in combined_se(sd, len(d), se_examples))
+    if se == 0.0:
+        return {"p": None, "p_equivalence": None, "no_spread": True, "se": 0.0, "df": None, "interval": None}
+    p_dir, p_tost = margin_pvalues(float(d.mean()), se, df, margin)
+    raw = float(d.mean()) * (1.0 if higher_is_better else -1.0)
+    half = float(stats.t.ppf(0.5 + level / 2, df)) * se
+    return {"p": float(p_dir), "p_equivalence": float(p_tost), "no_spread": False, "se": se,
+            "df": df, "se_seeds": sd / math.sqrt(len(d)), "se_examples": float(se_examples),
+            "interval": {"diff": raw, "lo": raw - half, "hi": raw + half, "level": level}}
 
 
-def min_detectable(diffs: Sequence[float], family: int, margin: float = 0.0, alpha: float = ALPHA) -> Optional[float]:
-    """The effect these per-seed differences' spread would call reproduced with 80 % power at Holm's
-    strictest threshold alpha / family (:func:`~rpc_attention.report.power.mde`); None with fewer than
-    2 differences, no spread or an empty family."""
+def min_detectable(diffs: Sequence[float], family: int, margin: float = 0.0, alpha: float = ALPHA,
+                   se_examples: float = 0.0) -> Optional[float]:
+    """The effect these per-seed differences' spread and the example part would call reproduced with 80 %
+    power at Holm's strictest threshold alpha / family (:func:`~rpc_attention.report.power.mde`); None
+    with fewer than 2 differences, no noise figure or an empty family."""
     d = _diffs(diffs)
     if len(d) < 2 or family < 1:
         return None
-    return mde(float(d.std(ddof=1)), len(d), margin, alpha, family)
+    return mde(float(d.std(ddof=1)), len(d), margin, alpha, family, se_examples=se_examples)
 
 
 def _mean_statistic(values: np.ndarray, strata: Optional[np.ndarray]) -> np.ndarray:

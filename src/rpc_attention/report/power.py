@@ -1,25 +1,39 @@
 """The decision rule of a family of claims on arrays, and the power of a design.
 
-One family of m claims, each with the per-seed differences ``d`` (oriented: > 0 means RPC better) and a
-margin: two one-sided tests of the mean of ``d`` against the margin,
+One claim has the per-seed differences ``d`` (oriented: > 0 means RPC better; n seeds, sample sd) and,
+where the suite keeps per-example records, the standard error ``se_ex`` of the paired example bootstrap
+(the test-set sampling that every seed shares). Its one interval covers both variance sources by adding
+them (a variance decomposition), on the seeds' degrees of freedom:
 
-- ``p_dir`` = min(1, 2 min(p_up, p_down)), with p_up the one-sided p of "delta > +margin" and p_down that
-  of "delta < -margin" (with margin 0 this is the ordinary two-sided paired t test);
-- ``p_tost`` = max of the one-sided p's of "delta > -margin" and "delta < +margin" (two one-sided tests,
-  TOST: the effect lies inside +-margin);
+    se^2 = sd^2 / n + se_ex^2,   df = n - 1
 
-both Holm-adjusted within the family. ``p_dir`` (Holm) < alpha is the same as "Holm's (1 - alpha_k)
-t interval lies past the margin", so a claim is called reproduced on the interval's bound, never on the
-point estimate. Zero spread of the per-seed differences is no evidence: both p's are 1 there (a t test
-needs a noise figure; n equal differences are not an infinitely precise one).
+Why n - 1 and not a Welch-Satterthwaite df (which would count the well-estimated example part as extra
+degrees of freedom): that df is computed from the sample sd, so a seed sd that is small by chance makes
+the interval narrow *and* its df large at once. Simulated, it called 13 % of null families of 4 claims
+at 3 seeds (normal seeds) instead of 5 %. The statistic's null distribution lies between t_{n-1} (no
+example part) and the normal (example part only), and t_{n-1} has the heavier tails, so df = n - 1 is
+the choice that holds whatever the ratio of the two parts. Against the claim's margin, with ``T`` a t
+variable of df degrees of freedom:
 
-Power of one claim at Holm's first (strictest) step, per-test alpha / m: with n seeds and sd of the
-per-seed differences, the probability that ``p_dir`` falls below alpha / m at a true effect delta is the
-exact noncentral-t probability ``P(T'(n - 1, (delta - margin) sqrt(n) / sd) > t_{1 - alpha/(2m), n-1})``.
-The minimum detectable effect (MDE) is the delta at which that reaches 1 - beta: about
-``margin + (t_{1 - alpha/(2m), n-1} + t_{1 - beta, n-1}) sd / sqrt(n)`` (the normal-shift approximation; we
-solve the noncentral-t equation exactly). Holm's later steps test at larger alphas, so this is a lower
-bound on a claim's power within its family.
+- ``p_dir`` = min(1, 2 min(p_up, p_down)), p_up = P(T > (delta - margin) / se), p_down = P(T < (delta +
+  margin) / se): RPC better (or worse) by more than the margin (margin 0: the ordinary two-sided test);
+- ``p_tost`` = max(P(T > (delta + margin) / se), P(T < (delta - margin) / se)): two one-sided tests
+  (TOST) that the effect lies inside +-margin;
+
+both Holm-adjusted within the family. ``p_dir`` (Holm) < alpha is the same as Holm's (1 - alpha_k)
+interval lying past the margin, so a claim is called reproduced on the interval's bound, never on the
+point estimate. No spread at all (sd 0 and no example part) is no evidence: both p's are 1.
+
+The sum double-counts one small part (the example noise of each seed, inside both sd and se_ex), so the
+interval errs wide; the simulation tests measure its family-wise error with shared test-set noise and
+skewed per-seed differences (tests/report/test_decision_simulation.py).
+
+Power of one claim at Holm's first (strictest) step, per-test alpha / m: the noncentral-t probability
+``P(T'(n - 1, (delta - margin) / se) > t_{1 - alpha/(2m), n - 1})`` (exact without an example part, a
+lower bound with one). The minimum detectable effect
+(MDE) is the delta at which that reaches 1 - beta: about ``margin + (t_{1 - alpha/(2m)} + t_{1 - beta})
+se``. Holm's later steps test at larger alphas, so this is a lower bound on a claim's power within its
+family.
 """
 
 from __future__ import annotations
@@ -34,14 +48,21 @@ POWER = 0.80
 REPRODUCE, CONTRADICT, EQUIVALENT_CODE, UNDECIDED = 1, -1, 2, 0
 
 
-def margin_pvalues(mean, sd, n, margin):
-    """``(p_dir, p_tost)`` (arrays, broadcast over the inputs) of the mean of n oriented per-seed
-    differences with sample sd, against +-margin; 1 where sd is 0 (no noise figure). n >= 2."""
+def combined_se(sd, n, se_examples=0.0):
+    """``(se, df)`` (arrays, broadcast) of the mean of n per-seed differences of sample sd plus a shared
+    example part of standard error ``se_examples``: se^2 = sd^2/n + se_ex^2 on df = n - 1 (see the
+    module's docstring for why not more)."""
+    sd, n, ex = (np.asarray(x, dtype=np.float64) for x in (sd, n, se_examples))
+    se = np.sqrt(sd ** 2 / n + ex ** 2)
+    return se, np.broadcast_to(n - 1.0, se.shape).copy()
+
+
+def margin_pvalues(mean, se, df, margin):
+    """``(p_dir, p_tost)`` (arrays, broadcast over the inputs) of an oriented mean with standard error se
+    on df degrees of freedom, against +-margin; 1 where se is 0 (no noise figure)."""
     from scipy import stats
 
-    mean, sd, n, margin = (np.asarray(x, dtype=np.float64) for x in (mean, sd, n, margin))
-    df = n - 1.0
-    se = sd / np.sqrt(n)
+    mean, se, df, margin = (np.asarray(x, dtype=np.float64) for x in (mean, se, df, margin))
     spread = se > 0
     safe = np.where(spread, se, 1.0)
     t_up, t_dn = (mean - margin) / safe, (mean + margin) / safe
@@ -65,78 +86,69 @@ def holm_adjust(p):
     return np.where(present, out, np.nan)
 
 
-def family_decisions(diffs, margin, alpha: float = ALPHA):
-    """The seed-level decision of every claim of a family: ``diffs`` ``(..., m, n)`` oriented per-seed
-    differences, ``margin`` ``(m,)``; returns ``(...,m)`` codes: REPRODUCE (1), CONTRADICT (-1),
-    EQUIVALENT_CODE (2) or UNDECIDED (0). Vectorised over leading axes (simulated studies)."""
+def family_decisions(diffs, margin, se_examples=None, alpha: float = ALPHA):
+    """The decision of every claim of a family: ``diffs`` ``(..., m, n)`` oriented per-seed differences,
+    ``margin`` ``(m,)``, ``se_examples`` ``(..., m)`` the example standard errors (None: 0); returns
+    ``(...,m)`` codes: REPRODUCE (1), CONTRADICT (-1), EQUIVALENT_CODE (2) or UNDECIDED (0). Vectorised
+    over leading axes (simulated studies)."""
     d = np.asarray(diffs, dtype=np.float64)
     n = d.shape[-1]
     mean, sd = d.mean(axis=-1), d.std(axis=-1, ddof=1)
-    p_dir, p_tost = margin_pvalues(mean, sd, n, margin)
+    se, df = combined_se(sd, n, 0.0 if se_examples is None else se_examples)
+    p_dir, p_tost = margin_pvalues(mean, se, df, margin)
     h_dir, h_tost = holm_adjust(p_dir), holm_adjust(p_tost)
     return np.where(h_dir < alpha, np.sign(mean).astype(int),
                     np.where(h_tost < alpha, EQUIVALENT_CODE, UNDECIDED))
 
 
-def power(delta: float, sd: float, n: int, margin: float = 0.0, alpha: float = ALPHA, family: int = 1) -> float:
+def power(delta: float, sd: float, n: int, margin: float = 0.0, alpha: float = ALPHA, family: int = 1,
+          se_examples: float = 0.0) -> float:
     """Probability that a claim with true oriented effect ``delta`` is called reproduced at Holm's first
-    step (per-test alpha / family), n seeds, per-seed difference sd (exact noncentral t)."""
+    step (per-test alpha / family), n seeds of per-seed difference sd and an example part of standard
+    error ``se_examples`` (noncentral t on n - 1 df: exact without an example part, a lower bound with one)."""
     from scipy import stats
 
-    if n < 2 or sd <= 0:
+    if n < 2 or sd < 0 or not math.isfinite(sd):
         return float("nan")
-    df = n - 1
+    se, df = (float(x) for x in combined_se(sd, n, se_examples))
+    if se <= 0:
+        return float("nan")
     crit = stats.t.ppf(1.0 - alpha / (2 * family), df)
-    return float(stats.nct.sf(crit, df, (delta - margin) * math.sqrt(n) / sd))
+    return float(stats.nct.sf(crit, df, (delta - margin) / se))
 
 
 def mde(sd: float, n: int, margin: float = 0.0, alpha: float = ALPHA, family: int = 1,
-        target_power: float = POWER) -> Optional[float]:
+        target_power: float = POWER, se_examples: float = 0.0) -> Optional[float]:
     """The smallest oriented effect called reproduced with probability ``target_power`` (at Holm's
-    first step), or None without a noise figure (n < 2 or sd 0)."""
+    first step), or None without a noise figure (n < 2, or neither spread nor an example part)."""
     from scipy import optimize
 
-    if n < 2 or not sd or sd <= 0 or not math.isfinite(sd):
+    if n < 2 or sd is None or not math.isfinite(sd) or sd < 0:
         return None
-    hi = margin + sd
-    while power(hi, sd, n, margin, alpha, family) < target_power:
+    se = float(combined_se(sd, n, se_examples)[0])
+    if se <= 0:
+        return None
+    hi = margin + se
+    while power(hi, sd, n, margin, alpha, family, se_examples) < target_power:
         hi = margin + 2 * (hi - margin)
-    return float(optimize.brentq(lambda x: power(x, sd, n, margin, alpha, family) - target_power, margin, hi,
-                                 xtol=1e-10 * max(1.0, sd)))
+    return float(optimize.brentq(lambda x: power(x, sd, n, margin, alpha, family, se_examples) - target_power,
+                                 margin, hi, xtol=1e-10 * max(1.0, se)))
 
 
 def seeds_needed(target: float, sd: float, margin: float = 0.0, alpha: float = ALPHA, family: int = 1,
-                 target_power: float = POWER, max_seeds: int = 1000) -> Optional[int]:
+                 target_power: float = POWER, max_seeds: int = 1000, se_examples: float = 0.0) -> Optional[int]:
     """The fewest seeds (>= 2) at which an effect ``target`` is called reproduced with probability
-    ``target_power``; None when the target is not past the margin, sd unknown, or beyond ``max_seeds``."""
-    if target <= margin or not sd or sd <= 0:
+    ``target_power``; None when the target is not past the margin, there is no noise figure, or it is
+    beyond ``max_seeds`` (the example part alone may already forbid it)."""
+    if target <= margin or sd is None or sd < 0 or (sd == 0 and not se_examples):
         return None
-    for n in range(2, max_seeds + 1):
-        if power(target, sd, n, margin, alpha, family) >= target_power:
-            return n
-    return None
-
-
-def _z(p: float) -> float:
-    from scipy import stats
-
-    return float(stats.norm.ppf(p))
-
-
-def example_mde(lo: float, hi: float, margin: float = 0.0, level: float = 0.95,
-                target_power: float = POWER) -> float:
-    """The smallest effect whose example interval (a ``level`` bootstrap interval of width ``hi - lo``,
-    read as normal) lies past the margin with probability ``target_power``."""
-    se = (hi - lo) / (2.0 * _z(0.5 + level / 2))
-    return margin + (_z(0.5 + level / 2) + _z(target_power)) * se
-
-
-def examples_needed(lo: float, hi: float, n_examples: int, target: float, margin: float = 0.0,
-                    level: float = 0.95, target_power: float = POWER) -> Optional[int]:
-    """Test examples the example interval needs for ``target`` at ``target_power`` (the interval's
-    width scales as 1 / sqrt(examples)); None when the target is not past the margin."""
-    if target <= margin:
+    if power(target, 0.0 if sd == 0 else sd, max_seeds, margin, alpha, family, se_examples) < target_power:
         return None
-    se = (hi - lo) / (2.0 * _z(0.5 + level / 2))
-    need = n_examples * ((_z(0.5 + level / 2) + _z(target_power)) * se / (target - margin)) ** 2
-    return max(1, int(math.ceil(need)))
+    lo, hi = 2, max_seeds   # power rises with n: bisect for the first n that reaches it
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if power(target, sd, mid, margin, alpha, family, se_examples) >= target_power:
+            hi = mid
+        else:
+            lo = mid + 1
+    return lo

@@ -21,7 +21,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional
 
-from ..files import atomic_write_json, atomic_write_text
+from ..files import atomic_write_bytes, atomic_write_json, atomic_write_text
+from .recompute import examples_path
 
 RESULTS_DIR = Path("docs") / "results"
 DOC_FILES = ("README.md", "docs/*.md")
@@ -179,7 +180,20 @@ def _view_variants(res: Dict[str, Any], arg: str, ctx: Context) -> List[str]:
     return variant_table(res, SUITE, patches=int(arg or 1))
 
 
+def _view_scorecard(res: Dict[str, Any], arg: str, ctx: Context) -> List[str]:
+    from .scorecard import has_scorecard, scorecard_lines
+
+    if not has_scorecard(res):
+        raise PublishError("view scorecard: the results test none of the paper's claims")
+    if arg not in ("", "table"):
+        raise PublishError(f"view scorecard:{arg}: only 'scorecard' or 'scorecard:table' (without the count and lead)")
+    elsewhere = None if res.get("plan") else "the confirmatory run (docs/results/paper.json)"
+    lines = scorecard_lines(res, elsewhere)
+    return lines[4:] if arg == "table" else lines
+
+
 VIEWS: Dict[str, Callable[..., List[str]]] = {
+    "scorecard": _view_scorecard,  # one row per claim of the paper, the count line and the lead (scorecard:table)
     "table": _view_table,        # table:vision, table:lm: a task table (mean +- std over seeds, paper rows);
                                  # table:vision:ood,sparse: the columns of those suites only
     "verdicts": _view_verdicts,  # the claims' verdict tables, one per family, each under its rule (verdicts:own: one)
@@ -292,5 +306,8 @@ def publish_results(study_dir: Path, root: Path, name: str, force: bool = False)
         raise PublishError(f"{dest} holds other results (study {old.get('study')!r}, generated "
                            f"{old.get('generated')}); --force replaces them")
     atomic_write_json(dest, res)
+    examples = examples_path(src)
+    if examples.exists():  # the records behind the example intervals (rpc-attention verify recomputes from them)
+        atomic_write_bytes(examples_path(dest), examples.read_bytes())
     render_blocks(root)
     return dest

@@ -12,6 +12,7 @@ from typing import Any, Dict, List
 from ..markdown import format_seconds, markdown_table
 from .families import by_family, family_tables, power_section
 from .rows import gather_rows
+from .scorecard import has_scorecard, scorecard_lines
 from .sparsity import render_sparse_corruption, render_sparsity
 from .verdict import FAMILIES
 
@@ -47,6 +48,20 @@ def _cell_text(c: Dict[str, Any]) -> str:
 
 def _table(header: List[str], rows: List[List[Any]]) -> List[str]:
     return markdown_table(header, rows) + [""]
+
+
+def _plan_lines(res: Dict[str, Any]) -> List[str]:
+    """The pre-registered plan the run followed: its file, hash, when it was written and committed."""
+    plan = res.get("plan")
+    if not plan:
+        return []
+    git = plan.get("git") or {}
+    committed = (f"committed in {git['commit'][:12]} at {git['date']}" + ("" if git.get("clean") else
+                 " (the file differed from that commit when the run started)") if git else "not in a git checkout")
+    rule = plan.get("rule") or {}
+    return [f"*Plan: `{plan['path']}`, sha256 `{plan['sha256']}`, written {plan.get('created')}, {committed}; "
+            f"confirmatory seeds from {plan.get('seed_base')}, Holm over a family of {rule.get('family_size')} "
+            f"claims at {rule.get('alpha')}; targets by its rule: {rule.get('text', '')}.*", ""]
 
 
 def _figs(res: Dict[str, Any], section: str) -> List[str]:
@@ -378,6 +393,10 @@ def _problems_section(res: Dict[str, Any], stages: List[Dict[str, Any]]) -> List
 def render_markdown(res: Dict[str, Any]) -> str:
     """``report.md``: verdicts, setup, time per stage, one section per task, the rules, KPCA, problems."""
     L: List[str] = [f"# Reproduction report: `{res['study']}` study", ""]
+    if has_scorecard(res):  # the first screen: the paper's claims, one row each, in the paper's order
+        elsewhere = None if res.get("plan") else "the confirmatory run (docs/results/paper.json)"
+        L += ["## Scorecard: the paper's claims at this scale", ""] + scorecard_lines(res, elsewhere)
+        L += _plan_lines(res) + _figs(res, "scorecard")
     if (res.get("lead") or {}).get("text"):
         L += [f"**The answer at this scale.** {res['lead']['text']}", ""]
     if res.get("claims"):

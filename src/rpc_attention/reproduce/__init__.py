@@ -107,6 +107,8 @@ def directory_conflict(study: Study, out_dir) -> Optional[str]:
                 f"{out_dir} and start {study.name!r} there from scratch")
     before, now = _plain(old.get("settings") or {}), _plain(study.settings)
     changed = [k for k in sorted(set(before) | set(now)) if before.get(k) != now.get(k)]
+    if before.get("plan_sha256") and before.get("plan_sha256") != now.get("plan_sha256"):
+        return None  # plan_conflict refuses it, whatever --force says
     if not changed:
         return None
     diff = "; ".join(f"{k}: {before.get(k)!r} -> {now.get(k)!r}" for k in changed[:4])
@@ -114,6 +116,20 @@ def directory_conflict(study: Study, out_dir) -> Optional[str]:
     return (f"{out_dir} holds the study {study.name!r} with other settings ({diff}{more}); running it with these "
             f"would replace finished results: give the settings in {Path(out_dir) / 'study.json'}, another --out, "
             f"or add --force to rerun the selected stages with the new settings")
+
+
+def plan_conflict(study: Study, out_dir) -> Optional[str]:
+    """Why ``out_dir`` cannot run ``study``'s plan: its run started from a plan with other bytes. A plan edited
+    after its run started is a new plan (its own hash), so it runs in a new ``--out``; --force does not
+    override this, since the finished stages would mix two plans. None when the plans agree."""
+    old = (read_json(Path(out_dir) / "study.json") or {}).get("settings") or {}
+    before, now = old.get("plan_sha256"), (study.settings or {}).get("plan_sha256")
+    if not before or before == now:
+        return None
+    return (f"{out_dir} holds a run of the plan with sha256 {before[:12]}; {study.settings.get('plan')} now has sha256 "
+            f"{str(now)[:12]}: a plan edited after its run started is a new plan, so it runs in a new --out "
+            f"(restore the plan's committed bytes, e.g. `git checkout -- {study.settings.get('plan')}`, to resume "
+            f"this run)")
 
 
 def _remove_other_study(out_dir, log: Callable[[str], None]) -> None:
@@ -145,6 +161,9 @@ def run_study(preset: str, out_dir, settings: Optional[Sequence[str]] = None, se
     except ValueError as exc:
         raise StudyError(str(exc)) from None
     study = get_study(preset, settings)
+    refused = plan_conflict(study, out_dir)
+    if refused:
+        raise StudyError(refused)
     conflict = directory_conflict(study, out_dir)
     if conflict and not force:
         raise StudyError(conflict)

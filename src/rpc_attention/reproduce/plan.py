@@ -32,9 +32,6 @@ from typing import Any, Dict, List, Optional, Sequence
 
 from .specs import StudyError
 
-__all__ = ["FAMILY", "PLANNED", "UNDERPOWERED", "NOT_RUN", "MARGIN_SHARE", "FALLBACK_ROW", "target_for",
-           "load_plan", "plan_claim", "study_settings", "plan_summary", "plan_sha256", "PLAN_FORMAT"]
-
 PLAN_FORMAT = 1
 FAMILY = "paper"
 PLANNED, UNDERPOWERED, NOT_RUN = "planned", "under-powered at this budget", "not run"
@@ -112,7 +109,7 @@ def plan_claim(plan: Dict[str, Any], claim_id: str) -> Optional[Dict[str, Any]]:
 def study_settings(plan: Dict[str, Any], given: Dict[str, Any]) -> Dict[str, Any]:
     """The study settings of a plan run: the plan's settings, its path and its hash. A setting given beside
     ``plan`` (other than the plan itself) is an error: the plan fixes them all."""
-    from .study_data import PAPER
+    from .paper_data import PAPER
     from .specs import settings_dict
 
     defaults = settings_dict(PAPER)
@@ -128,10 +125,293 @@ def study_settings(plan: Dict[str, Any], given: Dict[str, Any]) -> Dict[str, Any
     return out
 
 
+def plan_commit(path) -> Optional[Dict[str, Any]]:
+    """The git commit that last changed the plan file and whether the file still has those bytes (``{"commit",
+    "date", "clean"}``), or None outside a git checkout: the history that shows the plan came before the run."""
+    import subprocess
+
+    p = Path(str(path)).expanduser().resolve()
+    try:
+        out = subprocess.run(["git", "log", "-1", "--format=%H %cI", "--", p.name], cwd=p.parent, capture_output=True,
+                             text=True, timeout=20)
+        dirty = subprocess.run(["git", "status", "--porcelain", "--", p.name], cwd=p.parent, capture_output=True,
+                               text=True, timeout=20)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    if out.returncode != 0 or not out.stdout.strip():
+        return None
+    commit, date = out.stdout.split()
+    return {"commit": commit, "date": date, "clean": dirty.returncode == 0 and not dirty.stdout.strip()}
+
+
 def plan_summary(plan: Dict[str, Any]) -> Dict[str, Any]:
-    """What a run's results say of its plan: path, SHA-256, when it was written, its seed base and rule."""
+    """What a run's results say of its plan: path, SHA-256, when it was written and committed, its seed base
+    and rule."""
     return {"path": plan["_path"], "sha256": plan["_sha256"], "created": plan.get("created"),
+            "git": plan_commit(plan["_path"]),
             "seed_base": plan["seed_base"], "rule": plan["rule"], "budget": plan.get("budget"),
             "pilot": {k: v for k, v in (plan.get("pilot") or {}).items() if k != "figures"},
             "claims": [{k: c.get(k) for k in ("id", "status", "target", "margin", "examples", "power", "mde", "gain")}
                        | {"seeds": len(c.get("seeds") or [])} for c in plan["claims"]]}
+
+
+# ------------------------------------------------------------------------------------------- planning
+# the most test examples each suite can take (the test split, or the OOD set's 1,797 digits per side; the
+# Segmenter's composed test scenes); None: the suite scores the whole split and has no limit
+MAX_EXAMPLES = {"clean": 10000, "corruptions": 10000, "ood": 1797, "fgsm": 10000, "pgd": 10000, "autoattack": 10000,
+                "square": 10000, "seg": 500, "seg-corruptions": 500, "ppl": None, "wordswap": None}
+EXAMPLE_STEPS = (0.5, 1.0, 2.0, 4.0, 8.0, 20.0)   # multiples of the pilot's examples a plan considers
+
+
+def _sd(values: Sequence[float]) -> Optional[float]:
+    if len(values) < 2:
+        return None
+    m = sum(values) / len(values)
+    return math.sqrt(sum((v - m) ** 2 for v in values) / (len(values) - 1))
+
+
+def pilot_figures(claim: Dict[str, Any]) -> Dict[str, Any]:
+    """What a pilot's claim (a ``results.json`` claim) tells a plan: seeds, delta, the sd of the oriented
+    per-seed differences, our baseline's mean, the examples of the pooled bootstrap and the two parts of the
+    example variance (shared by every seed, and each seed's own), from the per-seed and pooled intervals."""
+    from ..report.intervals import example_se
+
+    iv = claim.get("intervals") or {}
+    sign = 1.0 if claim.get("higher", True) else -1.0
+    d = [sign * x for x in (iv.get("per_seed_diff") or {}).values()]
+    boot = iv.get("bootstrap") or {}
+    pooled = boot.get("pooled")
+    n0 = len(d)
+    out = {"n": n0, "delta": sum(d) / n0 if d else None, "sd": _sd(d),
+           "baseline_mean": (claim.get("effect") or {}).get("baseline_mean"),
+           "examples": (pooled or {}).get("n_examples"), "var_shared": 0.0, "var_seed": 0.0}
+    if pooled:
+        vp = example_se(pooled) ** 2
+        per = [example_se(b) ** 2 for b in (boot.get("per_seed") or {}).values() if b]
+        v1 = sum(per) / len(per) if per else vp
+        spec = max(0.0, (v1 - vp) * n0 / (n0 - 1)) if n0 > 1 else 0.0
+        out["var_seed"], out["var_shared"] = spec, max(0.0, vp - spec / max(n0, 1))
+    return out
+
+
+def example_var(fig: Dict[str, Any], n: int, examples: Optional[int]) -> float:
+    """The example part's variance at n seeds and ``examples`` examples (each part scales as 1 / examples;
+    each seed's own part also as 1 / n)."""
+    if not fig.get("examples") or not examples:
+        return fig["var_shared"] + fig["var_seed"] / max(n, 1)
+    return (fig["var_shared"] + fig["var_seed"] / max(n, 1)) * fig["examples"] / examples
+
+
+def stage_costs(res: Dict[str, Any]) -> Dict[str, Any]:
+    """CPU seconds per training of each model and per evaluated example of each (suite, model), from a pilot's
+    stage table (the process CPU time of each stage, which other jobs on the machine do not inflate)."""
+    train: Dict[str, List[float]] = {}
+    per_example: Dict[str, List[float]] = {}
+    for st in res.get("stages") or []:
+        secs = st.get("cpu_s") or st.get("seconds")
+        if st.get("status") != "done" or not secs:
+            continue
+        parts = st["name"].split(".")
+        if parts[0] == "train":
+            train.setdefault(parts[1].rsplit("-s", 1)[0], []).append(float(secs))
+        elif parts[0] == "eval" and len(parts) >= 3:
+            model, seed = parts[1].rsplit("-s", 1)
+            suite = ".".join(parts[2:])
+            n = ((res.get("evals") or {}).get(suite, {}).get(model, {}).get(seed) or {}).get("n_examples")
+            per_example.setdefault(f"{suite}:{model}", []).append(float(secs) / (n or 1))
+    return {"train": {k: sum(v) / len(v) for k, v in train.items()},
+            "per_example": {k: sum(v) / len(v) for k, v in per_example.items()}}
+
+
+def _options(claim, fig, costs, family: int, target: float, margin: float):
+    """``(n, examples)`` choices of one claim that reach 80 % power at its target, cheapest per seed first."""
+    from ..report.power import seeds_needed
+
+    n0 = fig["examples"]
+    cap = MAX_EXAMPLES.get(claim["suite"])
+    steps = [None] if not n0 or cap is None else sorted({min(cap, max(1, int(round(n0 * k)))) for k in EXAMPLE_STEPS})
+    out = []
+    for N in steps:
+        # the example part depends on n through each seed's own part: solve n by fixed point from above
+        n = seeds_needed(target, fig["sd"], margin, family=family,
+                         se_examples=math.sqrt(example_var(fig, 1000, N)), max_seeds=400)
+        if n is None:
+            continue
+        while True:
+            need = seeds_needed(target, fig["sd"], margin, family=family,
+                                se_examples=math.sqrt(example_var(fig, n, N)), max_seeds=400)
+            if need is None or need <= n:
+                break
+            n = need
+        if need is None:
+            continue
+        per_seed = sum(costs["per_example"].get(f"{claim['suite']}:{m}", 0.0) * (N or fig["examples"] or 1)
+                       for m in (claim["baseline"], claim["rpc"]))
+        out.append((n, N, per_seed))
+    return out
+
+
+def allocate(claims: List[Dict[str, Any]], figures: Dict[str, Dict[str, Any]], costs: Dict[str, Any],
+             budget_s: float, family: int, floor: int = 3) -> Dict[str, Any]:
+    """Seeds and examples per claim within ``budget_s`` CPU seconds (see the module's docstring). Every claim
+    first gets ``floor`` seeds at its pilot's examples; then claims are upgraded to a design with 80 % power
+    at their target by marginal cost (models already trained for another claim cost nothing more), cheapest
+    first, while the budget lasts; a claim left over keeps the floor (or the seeds its models get anyway,
+    where evaluating them fits) and is under-powered."""
+    def pilot_n(c):
+        return None if MAX_EXAMPLES.get(c["suite"]) is None else figures[c["id"]]["examples"]
+
+    def per_seed(c, N):
+        return sum(costs["per_example"].get(f"{c['suite']}:{m}", 0.0) * (N or figures[c["id"]]["examples"] or 1)
+                   for m in (c["baseline"], c["rpc"]))
+
+    seeds_of: Dict[str, int] = {}
+    design = {c["id"]: (floor, pilot_n(c)) for c in claims}
+
+    def total():
+        trained: Dict[str, int] = {}
+        for c in claims:
+            for m in (c["baseline"], c["rpc"]):
+                trained[m] = max(trained.get(m, 0), design[c["id"]][0])
+        return (sum(n * costs["train"].get(m, 0.0) for m, n in trained.items())
+                + sum(design[c["id"]][0] * per_seed(c, design[c["id"]][1]) for c in claims)), trained
+
+    spent, seeds_of = total()
+    if spent > budget_s:
+        raise StudyError(f"the budget ({budget_s / 3600:.1f} CPU hours) cannot run every claim at {floor} seeds "
+                         f"({spent / 3600:.1f} CPU hours): raise --budget-hours")
+    status = {c["id"]: UNDERPOWERED for c in claims}
+    pending = {c["id"]: c for c in claims}
+    while pending:
+        best = None
+        for cid, c in pending.items():
+            for n, N, _ in _options(c, figures[cid], costs, family, c["target"], c["margin"]):
+                old = design[cid]
+                design[cid] = (max(n, floor), N)
+                cost = total()[0] - spent
+                design[cid] = old
+                if best is None or cost < best[0]:
+                    best = (cost, cid, max(n, floor), N)
+        if best is None or spent + best[0] > budget_s:
+            break
+        cost, cid, n, N = best
+        pending.pop(cid)
+        design[cid], status[cid] = (n, N), PLANNED
+        spent, seeds_of = total()
+    for cid, c in pending.items():   # under-powered: the seeds their models get anyway, where that fits
+        n = max(floor, min(seeds_of.get(m, 0) for m in (c["baseline"], c["rpc"])))
+        old = design[cid]
+        design[cid] = (n, old[1])
+        if total()[0] > budget_s:
+            design[cid] = old
+        spent, seeds_of = total()
+    return {"claims": {cid: {"n": design[cid][0], "examples": design[cid][1], "status": status[cid]}
+                       for cid in design},
+            "models": seeds_of, "cost_s": spent}
+
+
+RULE_TEXT = (
+    "target = the paper's relative improvement of the claim's row, |RPC - baseline| / baseline in the paper's "
+    f"direction, times |our baseline's mean in the pilot| (a finding without numbers takes the {FALLBACK_ROW!r} "
+    f"row's); margin = {MARGIN_SHARE:g} x target; seeds and examples: 80 % power at the target under the report's "
+    "rule (one interval over seeds and examples, Holm's first step over the confirmatory family), from the pilot's "
+    "per-seed sd and example variance; claims funded cheapest first within the budget, the rest run at the seeds "
+    "their models get anyway and are labelled under-powered at this budget")
+
+
+def _pilot_claims(sources: Sequence[tuple]) -> tuple:
+    """``(claims with their targets, pilot figures by claim, the source of each)`` of the claims a plan runs:
+    each claim's figures from the first source that names it (or has it, when it names none)."""
+    from .paper_data import PAPER_CLAIMS, PAPER_NOT_RUN
+
+    figures, claims, origin = {}, [], {}
+    for c in PAPER_CLAIMS:
+        if c.id in PAPER_NOT_RUN:
+            continue
+        for path, res, ids in sources:
+            if ids is not None and c.id not in ids:
+                continue
+            found = next((x for x in res.get("claims") or [] if x["id"] == c.id), None)
+            if found and len((found.get("intervals") or {}).get("per_seed_diff") or {}) >= 2:
+                figures[c.id], origin[c.id] = pilot_figures(found), str(path)
+                break
+        if c.id not in figures:
+            raise StudyError(f"no pilot has claim {c.id!r} with two or more seeds")
+        fig = figures[c.id]
+        if fig["baseline_mean"] is None or fig["sd"] is None:
+            raise StudyError(f"the pilot of claim {c.id!r} has no baseline mean or no spread")
+        rule = target_for(c.id, fig["baseline_mean"])
+        claims.append({"id": c.id, "title": f"{c.subject} {c.says}", "suite": c.suite, "metric": c.metric,
+                       "baseline": c.baseline, "rpc": c.rpc, "higher": c.higher, **rule})
+    return claims, figures, origin
+
+
+def make_plan(sources: Sequence[tuple], budget_hours: float, jobs: int = 2, seed_base: int = 1000,
+              created: Optional[str] = None) -> Dict[str, Any]:
+    """A plan for the paper study from pilot results. ``sources``: ``(path, results dict, claim ids or None)``
+    in priority order (a claim's figures come from the first source that names it, or has it when it names
+    none); the stage costs come from the first source that ran the paper study. ``budget_hours``: the cap on
+    the run's wall time at ``jobs`` stages at once (CPU seconds = hours x 3600 x jobs)."""
+    from ..report.paper import PAPER_ROWS
+    from ..report.power import POWER, mde, power
+    from .paper_data import PAPER, PAPER_CLAIMS, PAPER_NOT_RUN
+    from .specs import settings_dict
+
+    paper_src = next((res for _, res, _ in sources if res.get("study") == "paper"), None)
+    if paper_src is None:
+        raise StudyError("a plan needs a pilot of the paper study among --pilot (its stage costs and settings)")
+    costs = stage_costs(paper_src)
+    claims, figures, origin = _pilot_claims(sources)
+    family = len(claims)
+    budget_s = float(budget_hours) * 3600.0 * int(jobs)
+    alloc = allocate(claims, figures, costs, budget_s, family)
+    out_claims = []
+    for c in PAPER_CLAIMS:
+        if c.id in PAPER_NOT_RUN:
+            out_claims.append({"id": c.id, "title": f"{c.subject} {c.says}", "status": NOT_RUN,
+                               "paper": PAPER_ROWS[c.id], **PAPER_NOT_RUN[c.id]})
+            continue
+        spec = next(x for x in claims if x["id"] == c.id)
+        a, fig = alloc["claims"][c.id], figures[c.id]
+        se_ex = math.sqrt(example_var(fig, a["n"], a["examples"]))
+        out_claims.append({
+            **spec, "status": a["status"], "paper": PAPER_ROWS[c.id],
+            "seeds": list(range(seed_base, seed_base + a["n"])), "examples": a["examples"],
+            "power": power(spec["target"], fig["sd"], a["n"], spec["margin"], family=family, se_examples=se_ex),
+            "mde": mde(fig["sd"], a["n"], spec["margin"], family=family, target_power=POWER, se_examples=se_ex),
+            "pilot": {"source": origin[c.id], **fig}})
+    pilot_seeds = sorted({int(s) for _, res, _ in sources for m in (res.get("models") or {}).values()
+                          for s in m.get("seeds") or []})
+    settings = {k: v for k, v in settings_dict(PAPER).items() if k not in ("plan", "seeds")}
+    settings.update({k: v for k, v in (paper_src.get("settings") or {}).items()
+                     if k in settings and k not in ("plan", "seeds", "plan_sha256")})
+    return {
+        "format": PLAN_FORMAT, "study": "paper", "created": created,
+        "rule": {"text": RULE_TEXT, "margin_share": MARGIN_SHARE, "fallback_row": FALLBACK_ROW, "alpha": 0.05,
+                 "power": POWER, "family": FAMILY, "family_size": family},
+        "budget": {"cap_hours": float(budget_hours), "jobs": int(jobs), "cpu_s": budget_s,
+                   "estimate_cpu_s": alloc["cost_s"], "estimate_hours": alloc["cost_s"] / 3600.0 / int(jobs),
+                   "note": "CPU seconds of the pilot's stages; wall time at `jobs` stages at once on an idle machine"},
+        "seed_base": int(seed_base),
+        "pilot": {"sources": [{"path": str(p), "study": res.get("study"), "generated": res.get("generated"),
+                               "claims": sorted(ids) if ids is not None else None} for p, res, ids in sources],
+                  "seeds": pilot_seeds, "costs": costs},
+        "settings": settings,
+        "models": {k: {"seeds": n} for k, n in alloc["models"].items()},
+        "claims": out_claims,
+    }
+
+
+def write_plan(plan: Dict[str, Any], path, force: bool = False) -> str:
+    """Write ``plan`` (sorted keys, two-space indent, one trailing newline: the bytes its hash is of) and
+    return its SHA-256. An existing plan is kept unless ``force``."""
+    from ..files import atomic_write_text
+
+    p = Path(path)
+    if p.exists() and not force:
+        raise StudyError(f"{p} exists: a plan is not rewritten once written (a confirmatory run may have started "
+                         f"from it); give another path, or --force if no run has used it")
+    text = json.dumps(plan, indent=2, sort_keys=True, default=float) + "\n"
+    p.parent.mkdir(parents=True, exist_ok=True)
+    atomic_write_text(p, text)
+    return hashlib.sha256(text.encode()).hexdigest()

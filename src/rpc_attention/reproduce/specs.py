@@ -53,7 +53,7 @@ class EvalSpec:
     baseline_model: Optional[str] = None            # corruptions: normalise by this model's run (same seed)
     seeds: Optional[List[int]] = None               # None: every seed of each model; else only these
 
-    def runs_of(self, model: "ModelSpec") -> List[tuple]:
+    def runs_of(self, model: ModelSpec) -> List[tuple]:
         """``(seed, run)`` of ``model`` this evaluation runs on."""
         return [(s, r) for s, r in zip(model.seeds, model.runs()) if self.seeds is None or s in self.seeds]
 

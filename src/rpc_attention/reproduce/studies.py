@@ -17,6 +17,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence
 
 from ..evaluate.suites import get_suite
 from . import estimates as E
+from . import paper_data as PD
 from . import study_data as D
 from .pipeline import Stage
 from .specs import ClaimSpec, EvalSpec, ModelSpec, Study, StudyError, parse_settings, settings_dict
@@ -314,9 +315,9 @@ def _paper_suite_sets(suite: str, s: Dict[str, Any]) -> tuple:
 def _paper_models(s: Dict[str, Any], seeds_of: Dict[str, List[int]]) -> List[ModelSpec]:
     """The models the claims use, each trained on the union of its claims' seeds (in first-use order)."""
     common, samples = _fmnist_common(s)
-    vision = _models(D.PAPER_VISION + D.SCALED, s, [], common + list(s["train_overrides"]), samples, int(s["depth"]))
+    vision = _models(PD.PAPER_VISION + D.SCALED, s, [], common + list(s["train_overrides"]), samples, int(s["depth"]))
     seg_epochs = int(s["seg_epochs"])
-    seg = _models(D.PAPER_SEG, s, [], [f"train.epochs={seg_epochs}"], seg_epochs * 3000, depth=4)
+    seg = _models(PD.PAPER_SEG, s, [], [f"train.epochs={seg_epochs}"], seg_epochs * 3000, depth=4)
     layers, steps, bs = int(s["lm_layers"]), int(s["lm_steps"]), int(s["lm_batch_size"])
     if layers < 4:
         raise StudyError(f"--set lm_layers={layers}: PAP runs in the first quarter of the layers; give at least 4")
@@ -338,6 +339,22 @@ def _paper_models(s: Dict[str, Any], seeds_of: Dict[str, List[int]]) -> List[Mod
     return out
 
 
+def _paper_seeds(rows: List[tuple]) -> tuple:
+    """``({model: seeds}, {(suite, model): {"seeds", "limit"}})``: every model on the union of its claims'
+    seeds; one evaluation per (suite, model) on its claims' seeds, with the most examples any of them asks."""
+    seeds_of: Dict[str, List[int]] = {}
+    evals: Dict[tuple, Dict[str, Any]] = {}
+    for spec, seeds, limit in rows:
+        for key in (spec.baseline, spec.rpc):
+            seeds_of.setdefault(key, [])
+            seeds_of[key] += [x for x in seeds if x not in seeds_of[key]]
+            ev = evals.setdefault((spec.suite, key), {"seeds": [], "limit": limit})
+            ev["seeds"] += [x for x in seeds if x not in ev["seeds"]]
+            if limit is not None and (ev["limit"] is None or limit > ev["limit"]):
+                ev["limit"] = limit
+    return seeds_of, evals
+
+
 def _paper_study(name: str, s: Dict[str, Any]) -> Study:
     """The paper's scorecard: one claim per row of its results table plus the Scaled-Attention finding. A
     pilot (no ``plan``) runs every claim on ``seeds`` with the settings' limits, margin 0 and no target; with
@@ -349,10 +366,10 @@ def _paper_study(name: str, s: Dict[str, Any]) -> Study:
         plan = P.load_plan(s["plan"])
         s = P.study_settings(plan, s)
     rows, not_run = [], []
-    for c in D.PAPER_CLAIMS:
+    for c in PD.PAPER_CLAIMS:
         entry = P.plan_claim(plan, c.id) if plan else None
-        if c.id in D.PAPER_NOT_RUN or (entry and entry["status"] == P.NOT_RUN):
-            info = dict(D.PAPER_NOT_RUN.get(c.id) or {}, **{k: entry[k] for k in ("reason", "command", "cost")
+        if c.id in PD.PAPER_NOT_RUN or (entry and entry["status"] == P.NOT_RUN):
+            info = dict(PD.PAPER_NOT_RUN.get(c.id) or {}, **{k: entry[k] for k in ("reason", "command", "cost")
                                                             if entry and entry.get(k)})
             not_run.append({"id": c.id, "title": f"{c.subject} {c.says}", **info})
             continue
@@ -367,17 +384,7 @@ def _paper_study(name: str, s: Dict[str, Any]) -> Study:
         rows.append((spec, seeds, limit))
     if not rows:
         raise StudyError("the paper study has no claim to run")
-    # every model on the union of its claims' seeds; one evaluation per (suite, model) on its claims' seeds
-    seeds_of: Dict[str, List[int]] = {}
-    evals: Dict[tuple, Dict[str, Any]] = {}
-    for spec, seeds, limit in rows:
-        for key in (spec.baseline, spec.rpc):
-            seeds_of.setdefault(key, [])
-            seeds_of[key] += [x for x in seeds if x not in seeds_of[key]]
-            ev = evals.setdefault((spec.suite, key), {"seeds": [], "limit": limit})
-            ev["seeds"] += [x for x in seeds if x not in ev["seeds"]]
-            if limit is not None and (ev["limit"] is None or limit > ev["limit"]):
-                ev["limit"] = limit
+    seeds_of, evals = _paper_seeds(rows)
     models = _paper_models(s, seeds_of)
     known = {m.key for m in models}
     missing = sorted(set(seeds_of) - known)
@@ -419,7 +426,7 @@ STUDIES: Dict[str, StudyDef] = {d.name: d for d in (
     StudyDef("decide", D.DECIDE, _fmnist_study), StudyDef("patch", D.PATCH, _patch_study),
     StudyDef("fmnist-full", D.FULL, _fmnist_full), StudyDef("imagenet", D.IMAGENET, _imagenet),
     StudyDef("wikitext103", D.WIKITEXT, _wikitext103),
-    StudyDef("lm-gap", D.LM_GAP, _lm_gap), StudyDef("paper", D.PAPER, _paper_study))}
+    StudyDef("lm-gap", D.LM_GAP, _lm_gap), StudyDef("paper", PD.PAPER, _paper_study))}
 
 
 def list_studies() -> List[tuple]:
