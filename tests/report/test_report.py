@@ -143,6 +143,7 @@ def test_report_on_fake_two_seed_study(tmp_path):
     out = make_study(tmp_path / "study")
     check_report_files_and_tables(out)
     check_figures_are_pngs_and_html_inlines_them(out)
+    check_verify_recomputes_from_the_examples(out)
     check_rerun_skips_everything_and_keeps_report(out)
 
 
@@ -274,6 +275,28 @@ def check_intervals_and_lead(md, res):
     assert "adjusted within each family over its claims that have a p (2 primary, 8 secondary, 1 own)" in md
     for c in claims.values():   # every claim's verdict word in the tables is the detail table's
         assert f"**{c['verdict']}**" in md
+
+
+def check_verify_recomputes_from_the_examples(study_dir):
+    # the per-example records sit beside results.json, and every interval and verdict recomputes from the two
+    # files alone; a changed record changes the recomputed numbers
+    from rpc_attention.report.recompute import examples_path, read_examples, verify_results, write_examples
+
+    res_path = study_dir / "results.json"
+    assert examples_path(res_path).name == "examples.json.gz"
+    out = verify_results(res_path)
+    assert out["examples"] and out["differences"] == [], out["differences"]
+    records = read_examples(examples_path(res_path))
+    assert set(records) >= {"clean", "corruptions", "fgsm"}
+    import shutil
+    copy = study_dir.parent / "copy"
+    copy.mkdir()
+    shutil.copy(res_path, copy / "results.json")
+    bits = records["clean"]["rpc6"]["0"]["correct"]["clean"]
+    records["clean"]["rpc6"]["0"]["correct"]["clean"] = "0" * 40 + bits[40:]   # 40 examples now wrong
+    write_examples(copy / "examples.json.gz", records)
+    changed = {field for cid, field, _, _ in verify_results(copy / "results.json")["differences"] if cid == "clean"}
+    assert {"examples.lo", "examples.hi"} <= changed
 
 
 def check_figures_are_pngs_and_html_inlines_them(study_dir):

@@ -36,16 +36,15 @@ def _paper_text(cid: str) -> str:
     return f"{row['baseline']:.2f} → {row['rpc']:.2f}"
 
 
-def scorecard_rows(res: Dict[str, Any], elsewhere: Optional[str] = None) -> List[Dict[str, Any]]:
+def scorecard_rows(res: Dict[str, Any]) -> List[Dict[str, Any]]:
     """One row per claim of the paper (:data:`~rpc_attention.report.paper.SCORECARD`): ``{"id", "claim",
-    "paper", "ours", "difference", "mde", "verdict", "note"}``. ``elsewhere`` names where the claims this study
-    did not run are decided (e.g. the published confirmatory results)."""
+    "paper", "ours", "difference", "mde", "verdict", "note"}``."""
     not_run = {c["id"]: c for c in res.get("not_run") or []}
     rows = []
     for cid in SCORECARD:
         row = PAPER_ROWS.get(cid) or {}
         c = _official(res, cid)
-        out = {"id": cid, "claim": f"{row.get('change', cid)}: {row.get('setting', '')}, {row.get('metric', '')}",
+        out = {"id": cid, "claim": f"{SHORT.get(cid, cid)} ({row.get('change', '')})",
                "paper": _paper_text(cid), "ours": "—", "difference": "—", "mde": "—", "verdict": NOT_RUN, "note": ""}
         if c is not None:
             e, iv = c.get("effect") or {}, c.get("intervals") or {}
@@ -67,7 +66,7 @@ def scorecard_rows(res: Dict[str, Any], elsewhere: Optional[str] = None) -> List
             out["note"] = "; ".join(x for x in (nr.get("reason"), f"command: `{nr['command']}`" if nr.get("command")
                                                  else None, f"cost: {nr['cost']}" if nr.get("cost") else None) if x)
         else:
-            out["note"] = f"not in this study{f'; decided in {elsewhere}' if elsewhere else ''}"
+            out["note"] = "not in this study"
         rows.append(out)
     return rows
 
@@ -101,10 +100,13 @@ def scorecard_lead(res: Dict[str, Any], rows: List[Dict[str, Any]]) -> str:
 
 
 def scorecard_lines(res: Dict[str, Any], elsewhere: Optional[str] = None) -> List[str]:
-    """The count line, the lead and the table (markdown lines)."""
-    rows = scorecard_rows(res, elsewhere)
+    """The count line, the lead and the table (markdown lines); ``elsewhere`` names where the claims this study
+    did not run are decided (e.g. the published confirmatory results)."""
+    rows = scorecard_rows(res)
     table = [[r["claim"], r["paper"], r["ours"], r["difference"], r["mde"],
               f"**{r['verdict']}**" + (f" ({r['note']})" if r["note"] else "")] for r in rows]
     return ([f"**{count_line(rows)}.**", "", scorecard_lead(res, rows), ""]
             + markdown_table(["claim", "paper: baseline → RPC", "ours: baseline → RPC",
-                              "RPC − baseline [95 % interval]", "MDE (80 %)", "verdict"], table) + [""])
+                              "RPC − baseline [95 % interval]", "MDE (80 %)", "verdict"], table) + [""]
+            + ([f"Claims not in this study are decided in {elsewhere}.", ""]
+               if elsewhere and any(r["note"] == "not in this study" for r in rows) else []))
