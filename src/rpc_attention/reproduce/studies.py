@@ -324,13 +324,14 @@ def _paper_models(s: Dict[str, Any], seeds_of: Dict[str, List[int]]) -> List[Mod
     quarter = list(range(layers // 4))
     lm_common = [f"train.max_steps={steps}", f"train.batch_size={bs}", f"model.kwargs.n_layer={layers}"]
     lm = _models(D.WIKI_LM, s, [], lm_common, steps * bs, depth=layers)
-    for m in lm:
+    for m in lm:  # the estimates' LM constant is for the presets' 4 layers: cost grows with depth
         if m.role == "rpc":
             m.overrides.append(f"model.kwargs.rpc_layers=[{','.join(map(str, quarter))}]")
             m.label = f"RPC-Symlm ({layers} layers, 4 iters in blocks 1-{len(quarter)})"
-            m.cost = E.pap_factor(4, len(quarter), layers)
+            m.cost = E.pap_factor(4, len(quarter), layers) * layers / 4
         else:
             m.label = f"Symlm ({layers} layers)"
+            m.cost = layers / 4
     out = []
     for m in vision + seg + lm:
         if m.key in seeds_of:
