@@ -428,7 +428,7 @@ def verdict_intervals(res: Dict[str, Any], out_dir: Path) -> List[dict]:
         axes[0, 0].set_title(f"{title}: RPC − baseline, > 0 = RPC better (each claim in its own units)", fontsize=8)
         fig.subplots_adjust(left=0.16, right=0.84, hspace=0.9)
         p = _save(fig, out_dir, f"forest_{fam}.png")
-        figs.append({"path": p, "section": "scorecard" if fam == "paper" else "verdicts", "caption": (
+        figs.append({"path": p, "section": "forest", "caption": (
             f"{title}: each claim's RPC − baseline on its own axis (its units), oriented so that right of 0 is the "
             "paper's direction: the one 95 % interval over seeds and examples (thick, blue), the example interval "
             "alone (thin, orange), ± the margin shaded around 0, the target dashed (green); the verdict on the "

@@ -195,7 +195,7 @@ def _verdicts_section(res: Dict[str, Any], claims: List[Dict[str, Any]]) -> List
           "per-seed differences (seeds paired). Example interval: paired bootstrap over test examples (the same "
           "resampled examples for both models and every seed, seeds pooled); per-seed intervals are in "
           f"`results.json`. {_holm_note(claims)} Every verdict follows the one rule in Verdict rules.", ""]
-    L += _figs(res, "verdicts")
+    L += ([] if has_scorecard(res) else _figs(res, "forest")) + _figs(res, "verdicts")
     L += ["Reasons:", ""]
     return L + [f"- {c['title']}: {c['verdict']} — {c['reason']}." for c in claims] + [""]
 
@@ -396,7 +396,7 @@ def render_markdown(res: Dict[str, Any]) -> str:
     if has_scorecard(res):  # the first screen: the paper's claims, one row each, in the paper's order
         elsewhere = None if res.get("plan") else "the confirmatory run (docs/results/paper.json)"
         L += ["## Scorecard: the paper's claims at this scale", ""] + scorecard_lines(res, elsewhere)
-        L += _plan_lines(res) + _figs(res, "scorecard")
+        L += _plan_lines(res) + _figs(res, "forest")
     if (res.get("lead") or {}).get("text"):
         L += [f"**The answer at this scale.** {res['lead']['text']}", ""]
     if res.get("claims"):
