@@ -158,8 +158,11 @@ def plan_summary(plan: Dict[str, Any]) -> Dict[str, Any]:
 # ------------------------------------------------------------------------------------------- planning
 # the most test examples each suite can take (the test split, or the OOD set's 1,797 digits per side; the
 # Segmenter's composed test scenes); None: the suite scores the whole split and has no limit
-MAX_EXAMPLES = {"clean": 10000, "corruptions": 10000, "ood": 1797, "fgsm": 10000, "pgd": 10000, "autoattack": 10000,
+MAX_EXAMPLES = {"clean": 10000, "corruptions": 10000, "ood": None, "fgsm": 10000, "pgd": 10000, "autoattack": 10000,
                 "square": 10000, "seg": 500, "seg-corruptions": 500, "ppl": None, "wordswap": None}
+# suites whose examples a plan keeps at the pilot's setting (OOD: its limit counts each side, and the OOD side
+# has 1,797 digits at most)
+FIXED_EXAMPLES = {"ood": "ood_limit"}
 EXAMPLE_STEPS = (0.5, 1.0, 2.0, 4.0, 8.0, 20.0)   # multiples of the pilot's examples a plan considers
 
 
@@ -362,6 +365,9 @@ def make_plan(sources: Sequence[tuple], budget_hours: float, jobs: int = 2, seed
         raise StudyError("a plan needs a pilot of the paper study among --pilot (its stage costs and settings)")
     costs = stage_costs(paper_src)
     claims, figures, origin = _pilot_claims(sources)
+    settings = {k: v for k, v in settings_dict(PAPER).items() if k not in ("plan", "seeds")}
+    settings.update({k: v for k, v in (paper_src.get("settings") or {}).items()
+                     if k in settings and k not in ("plan", "seeds", "plan_sha256")})
     family = len(claims)
     budget_s = float(budget_hours) * 3600.0 * int(jobs)
     alloc = allocate(claims, figures, costs, budget_s, family)
@@ -374,17 +380,16 @@ def make_plan(sources: Sequence[tuple], budget_hours: float, jobs: int = 2, seed
         spec = next(x for x in claims if x["id"] == c.id)
         a, fig = alloc["claims"][c.id], figures[c.id]
         se_ex = math.sqrt(example_var(fig, a["n"], a["examples"]))
+        fixed = FIXED_EXAMPLES.get(spec["suite"])
         out_claims.append({
             **spec, "status": a["status"], "paper": PAPER_ROWS[c.id],
-            "seeds": list(range(seed_base, seed_base + a["n"])), "examples": a["examples"],
+            "seeds": list(range(seed_base, seed_base + a["n"])),
+            "examples": int(settings[fixed]) if fixed else a["examples"],
             "power": power(spec["target"], fig["sd"], a["n"], spec["margin"], family=family, se_examples=se_ex),
             "mde": mde(fig["sd"], a["n"], spec["margin"], family=family, target_power=POWER, se_examples=se_ex),
             "pilot": {"source": origin[c.id], **fig}})
     pilot_seeds = sorted({int(s) for _, res, _ in sources for m in (res.get("models") or {}).values()
                           for s in m.get("seeds") or []})
-    settings = {k: v for k, v in settings_dict(PAPER).items() if k not in ("plan", "seeds")}
-    settings.update({k: v for k, v in (paper_src.get("settings") or {}).items()
-                     if k in settings and k not in ("plan", "seeds", "plan_sha256")})
     return {
         "format": PLAN_FORMAT, "study": "paper", "created": created,
         "rule": {"text": RULE_TEXT, "margin_share": MARGIN_SHARE, "fallback_row": FALLBACK_ROW, "alpha": 0.05,
