@@ -176,3 +176,26 @@ def test_plan_command_writes_the_plan_and_refuses_to_overwrite(tmp_path, capsys)
     got = json.loads((tmp_path / "two.json").read_text())
     assert next(c for c in got["claims"] if c["id"] == "clean")["pilot"]["source"].endswith("decide.json")
     assert math.isclose(got["budget"]["cap_hours"], 5.0)
+
+
+def test_the_pilot_configures_each_claim_as_the_papers_row():
+    from rpc_attention.reproduce import build_stages
+    from rpc_attention.train.config import resolve_config
+
+    st = get_study("paper", [])
+    assert {c.family for c in st.claims} == {"pilot"} and all(c.margin == 0.0 for c in st.claims)
+    claims = {c.id: c for c in st.claims}
+    kw = {m.key: resolve_config(m.preset, m.overrides)["model"] for m in st.models}
+    assert kw[claims["clean"].rpc]["kwargs"]["n_iter"] == 6 and kw["rpc6"]["kwargs"]["rpc_layers"] == [0]
+    assert kw[claims["ood_aupr"].rpc]["kwargs"]["n_iter"] == 5
+    assert kw[claims["pgd"].rpc]["kwargs"]["n_iter"] == 2 and kw["rpc2all"]["kwargs"]["rpc_layers"] == "all"
+    assert kw[claims["seg_miou"].rpc]["kwargs"]["n_iter"] == 4 and kw["seg_rpc4"]["decoder_n_iter"] == 4
+    assert kw[claims["seg_corrupt_miou"].rpc]["kwargs"]["n_iter"] == 6 and kw["seg_rpc6"]["decoder_n_iter"] == 6
+    # the language models at the paper's depth and width, PAP in the first quarter of the layers
+    assert kw["symlm"]["kwargs"]["n_layer"] == 16 and kw["symlm"]["kwargs"]["d_model"] == 128
+    assert kw["rpc_symlm"]["kwargs"]["rpc_layers"] == [0, 1, 2, 3] and kw["rpc_symlm"]["kwargs"]["n_iter"] == 4
+    assert claims["scaled_s"].baseline == "vit" and claims["scaled_alpha"].rpc == "scaled_alpha"
+    assert [r["id"] for r in st.not_run] == ["base_clean"]
+    # an evaluation runs on its claims' seeds only
+    names = {s.name for s in build_stages(get_study("paper", ["seeds=[5,6]"]))}
+    assert "eval.symvit-s5.pgd" in names and "eval.symvit-s0.pgd" not in names
