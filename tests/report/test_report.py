@@ -251,11 +251,16 @@ def check_intervals_and_lead(md, res):
     assert "(ratio 0.960 [0.960, 0.960])" in md
     assert "p / p (Holm)" in md and "smallest resolvable" in md and "margin rule" not in md
     assert "RPC − baseline, 95 % example interval" in md and "**reproduced**" in md
-    assert "![" in md and "(figures/verdict_intervals.png)" in md
+    assert "![" in md and "(figures/forest_primary.png)" in md and "(figures/forest_lm.png)" in md
     # the lead: first thing after the title, at most five sentences, the same text in results.json, the
     # tables' words; the paper's claims and the library's own apart
     lead = res["lead"]["text"]
-    assert md.split("\n")[2] == f"**The answer at this scale.** {lead}"
+    # the first screen is the scorecard (count line, a short lead, one row per claim of the paper, the forest
+    # plots); the longer lead follows it
+    lines = md.split("\n")
+    assert lines[2] == "## Scorecard: the paper's claims at this scale" and lines[4].startswith("**14 claims: ")
+    assert md.index("(figures/forest_primary.png)") < md.index("**The answer at this scale.**") < md.index("## Verdicts")
+    assert f"**The answer at this scale.** {lead}" in lines
     assert len(re.findall(r"[.!?](?:\s|$)", lead)) <= 5, lead
     assert "RPC-SymViT 6iter/layer1: acted as iterated attention;" in lead
     assert "RPC-SymViT 6iter/layer1, PCP-active: fired (up to 12 % of S entries non-zero)" in lead
@@ -303,7 +308,7 @@ def check_figures_are_pngs_and_html_inlines_them(study_dir):
     res = json.loads((study_dir / "results.json").read_text())
     figs = [f for f in res["figures"] if f.get("path")]
     names = {f["path"] for f in figs}
-    for expected in ("figures/verdict_intervals.png", "figures/attack_curves.png", "figures/corruption_errors.png", "figures/training_vision.png",
+    for expected in ("figures/forest_primary.png", "figures/attack_curves.png", "figures/corruption_errors.png", "figures/training_vision.png",
                      "figures/jproj_symvit-s0.png", "figures/alignment_symvit-s0.png"):
         assert expected in names
     assert not [f for f in res["figures"] if f.get("section") == "errors"]
