@@ -2,7 +2,7 @@
 
 ``plan --pilot runs/paper-pilot --pilot docs/results/decide.json:clean,mce --budget-hours 5 --out
 docs/plans/paper.json`` reads each pilot's ``results.json`` (a study directory or a results file; after a
-colon, the claims to take from it), sizes every claim (seeds, test examples) for 80 % power at its target
+colon, the claims to take from it; the plan's settings are the first paper pilot's), sizes every claim (seeds, test examples) for 80 % power at its target
 within the budget, prints the plan as a table and writes it. Commit the file before the run:
 ``rpc-attention reproduce --study paper --set plan=docs/plans/paper.json --out runs/paper``."""
 
@@ -23,6 +23,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--seed-base", type=int, default=1000, metavar="S",
                         help="the first confirmatory seed (default 1000; no pilot may have used it)")
     parser.add_argument("--out", required=True, metavar="FILE", help="the plan file to write (e.g. docs/plans/paper.json)")
+    parser.add_argument("--note", action="append", default=[], metavar="TEXT",
+                        help="a reason for a choice the plan cannot show (repeatable; kept in the plan)")
     parser.add_argument("--force", action="store_true", help="replace an existing plan file")
 
 
@@ -59,7 +61,7 @@ def run(args: argparse.Namespace) -> int:
     sources = [_source(s) for s in args.pilot]
     try:
         plan = make_plan(sources, args.budget_hours, args.jobs, args.seed_base,
-                         created=time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()))
+                         created=time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()), notes=args.note)
         rows = [[c["id"], c["status"], f"{c['target']:.3g}" if c.get("target") else "—",
                  f"{c['margin']:.3g}" if c.get("margin") else "—", len(c.get("seeds") or []) or "—",
                  c.get("examples") or ("all" if c.get("seeds") else "—"),

@@ -61,7 +61,8 @@ def _plan_lines(res: Dict[str, Any]) -> List[str]:
     rule = plan.get("rule") or {}
     return [f"*Plan: `{plan['path']}`, sha256 `{plan['sha256']}`, written {plan.get('created')}, {committed}; "
             f"confirmatory seeds from {plan.get('seed_base')}, Holm over a family of {rule.get('family_size')} "
-            f"claims at {rule.get('alpha')}; targets by its rule: {rule.get('text', '')}.*", ""]
+            f"claims at {rule.get('alpha')}; targets by its rule: {rule.get('text', '')}.*", ""] + [
+            f"*Plan note: {note}*" for note in plan.get("notes") or []] + ([""] if plan.get("notes") else [])
 
 
 def _figs(res: Dict[str, Any], section: str) -> List[str]:

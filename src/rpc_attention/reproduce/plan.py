@@ -150,6 +150,7 @@ def plan_summary(plan: Dict[str, Any]) -> Dict[str, Any]:
     return {"path": plan["_path"], "sha256": plan["_sha256"], "created": plan.get("created"),
             "git": plan_commit(plan["_path"]),
             "seed_base": plan["seed_base"], "rule": plan["rule"], "budget": plan.get("budget"),
+            "notes": list(plan.get("notes") or []),
             "pilot": {k: v for k, v in (plan.get("pilot") or {}).items() if k != "figures"},
             "claims": [{k: c.get(k) for k in ("id", "status", "target", "margin", "examples", "power", "mde", "gain")}
                        | {"seeds": len(c.get("seeds") or [])} for c in plan["claims"]]}
@@ -350,20 +351,25 @@ def _pilot_claims(sources: Sequence[tuple]) -> tuple:
 
 
 def make_plan(sources: Sequence[tuple], budget_hours: float, jobs: int = 2, seed_base: int = 1000,
-              created: Optional[str] = None) -> Dict[str, Any]:
+              created: Optional[str] = None, notes: Sequence[str] = ()) -> Dict[str, Any]:
     """A plan for the paper study from pilot results. ``sources``: ``(path, results dict, claim ids or None)``
     in priority order (a claim's figures come from the first source that names it, or has it when it names
-    none); the stage costs come from the first source that ran the paper study. ``budget_hours``: the cap on
+    none); the settings come from the first source that ran the paper study, each stage's cost from the first
+    that ran it. ``notes``: the planner's reasons for choices the plan cannot show (kept in the plan). ``budget_hours``: the cap on
     the run's wall time at ``jobs`` stages at once (CPU seconds = hours x 3600 x jobs)."""
     from ..report.paper import PAPER_ROWS
     from ..report.power import POWER, mde, power
     from .paper_data import PAPER, PAPER_CLAIMS, PAPER_NOT_RUN
     from .specs import settings_dict
 
-    paper_src = next((res for _, res, _ in sources if res.get("study") == "paper"), None)
-    if paper_src is None:
+    papers = [res for _, res, _ in sources if res.get("study") == "paper"]
+    if not papers:
         raise StudyError("a plan needs a pilot of the paper study among --pilot (its stage costs and settings)")
-    costs = stage_costs(paper_src)
+    paper_src = papers[0]   # the plan's settings are the first paper pilot's
+    costs: Dict[str, Dict[str, float]] = {"train": {}, "per_example": {}}
+    for res in papers:      # each stage's cost from the first paper pilot that ran it
+        for kind, got in stage_costs(res).items():
+            costs[kind] = dict(got, **costs[kind])
     claims, figures, origin = _pilot_claims(sources)
     settings = {k: v for k, v in settings_dict(PAPER).items() if k not in ("plan", "seeds")}
     settings.update({k: v for k, v in (paper_src.get("settings") or {}).items()
@@ -397,7 +403,7 @@ def make_plan(sources: Sequence[tuple], budget_hours: float, jobs: int = 2, seed
         "budget": {"cap_hours": float(budget_hours), "jobs": int(jobs), "cpu_s": budget_s,
                    "estimate_cpu_s": alloc["cost_s"], "estimate_hours": alloc["cost_s"] / 3600.0 / int(jobs),
                    "note": "CPU seconds of the pilot's stages; wall time at `jobs` stages at once on an idle machine"},
-        "seed_base": int(seed_base),
+        "seed_base": int(seed_base), "notes": list(notes),
         "pilot": {"sources": [{"path": str(p), "study": res.get("study"), "generated": res.get("generated"),
                                "claims": sorted(ids) if ids is not None else None} for p, res, ids in sources],
                   "seeds": pilot_seeds, "costs": costs},
