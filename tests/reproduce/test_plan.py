@@ -199,3 +199,19 @@ def test_the_pilot_configures_each_claim_as_the_papers_row():
     # an evaluation runs on its claims' seeds only
     names = {s.name for s in build_stages(get_study("paper", ["seeds=[5,6]"]))}
     assert "eval.symvit-s5.pgd" in names and "eval.symvit-s0.pgd" not in names
+
+
+def test_the_committed_plan_recomputes_from_the_committed_pilots():
+    # the plan of the confirmatory run, made again from the pilots' published results, gives the same claims,
+    # targets, margins, seeds and examples (only its time of writing differs)
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    committed = json.loads((root / "docs" / "plans" / "paper.json").read_text())
+    sources = []
+    for src in committed["pilot"]["sources"]:
+        res = json.loads((root / src["path"]).read_text())
+        sources.append((src["path"], res, set(src["claims"]) if src["claims"] is not None else None))
+    again = P.make_plan(sources, committed["budget"]["cap_hours"], committed["budget"]["jobs"],
+                        committed["seed_base"], created=committed["created"], notes=committed["notes"])
+    assert json.loads(json.dumps(again, default=float)) == committed
