@@ -42,6 +42,8 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from .. import nn as rnn
+from ..functional.attention import normalise_mask
+from ..functional.key_controls import valid_keys
 from .inputs import Normalized, data_name, eval_indices, load_eval_data, norm_stats
 from .per_example import PerExample
 from .predict import chunks, top1_hits
@@ -117,20 +119,24 @@ def choose_cells(saliency: Tensor, k: int, restart: int, generator: torch.Genera
     return draw.argsort(dim=1)[:, :k]
 
 
-def _attention_probs(mod: nn.Module, x: Tensor) -> Tensor:
+def _attention_probs(mod: nn.Module, x: Tensor, attn_mask: Optional[Tensor] = None) -> Tensor:
     """``[B, H, N, N]`` softmax attention a block's output used, recomputed with gradients from its
-    ``qkv`` projection (PAP blocks: from the cleaned keys of their final pass, ``last_state``)."""
-    keep = None
+    ``qkv`` projection (PAP blocks: from the cleaned keys of their final pass, ``last_state``), under
+    the forward's ``attn_mask`` (bool or additive, or None; a key it hides gets no attention)."""
+    b, n, _ = x.shape
+    mask = normalise_mask(attn_mask, b, mod.num_heads, n, n)
+    keep = mask
     if isinstance(mod, rnn.RPCAttention) and mod.last_state is not None:
         q = k = mod.last_state.cleaned_keys
     else:
-        b, n, _ = x.shape
         parts = mod.qkv(x).reshape(b, n, mod.n_proj, mod.num_heads, mod.head_dim).permute(2, 0, 3, 1, 4)
         k = parts[0] if isinstance(mod, rnn.SymmetricAttention) else parts[1]
         q = k if isinstance(mod, rnn.SymmetricAttention) else parts[0]
         if isinstance(mod, rnn.SymmetricAttention):  # a key control's clipped keys or dropped tokens
-            k, keep = mod.attention_keys(k)
+            k, dropped = mod.attention_keys(k, valid_keys(mask))
             q = k
+            if dropped is not None:
+                keep = dropped if keep is None else keep & dropped
     scores = mod.scale * (q @ k.transpose(-2, -1))
     if keep is not None:
         scores = scores.masked_fill(~keep, float("-inf"))
@@ -153,8 +159,8 @@ class TokenAttention:
         self._handles: list = []
         self._kept: Dict[int, bool] = {}
 
-    def _hook(self, mod: nn.Module, args, output) -> None:
-        probs = _attention_probs(mod, args[0])
+    def _hook(self, mod: nn.Module, args, kwargs, output) -> None:
+        probs = _attention_probs(mod, args[0], kwargs.get("attn_mask"))
         idx = self.tokens.to(probs.device)
         on = probs.gather(-1, idx.view(-1, 1, 1, idx.shape[1]).expand(*probs.shape[:3], idx.shape[1]))
         self.masses.append(on.sum(-1).mean(dim=(1, 2)))
@@ -169,7 +175,7 @@ class TokenAttention:
         for m in self.blocks:
             if isinstance(m, rnn.RPCAttention):
                 self._kept[id(m)], m.keep_state = m.keep_state, True
-            self._handles.append(m.register_forward_hook(self._hook))
+            self._handles.append(m.register_forward_hook(self._hook, with_kwargs=True))
         return self
 
     def __exit__(self, *exc) -> None:
@@ -299,7 +305,7 @@ class Variant:
         return self.loss if self.gradient == "model" else f"{self.loss}_bpda"
 
 
-def _variants(model: nn.Module, opts: Mapping[str, Any]) -> Tuple[List[Variant], Optional[nn.Module], str]:
+def attack_variants(model: nn.Module, opts: Mapping[str, Any]) -> Tuple[List[Variant], Optional[nn.Module], str]:
     """The variants to run, the BPDA surrogate (None when none runs) and a note on the BPDA setting."""
     use_bpda = opts["bpda"] != "none" and has_nondifferentiable_pap(model)
     gradients = ["model"] + (["bpda"] if use_bpda else [])
@@ -392,7 +398,7 @@ def patch_suite(model: nn.Module, cfg: Mapping[str, Any], run_dir, opts: Dict[st
     judge = Normalized(model, *stats).to(device)
     grid = patch_grid(model, tuple(x.shape))
     ks = _patch_counts(opts, grid)
-    variants, surrogate, bpda_note = _variants(model, opts)
+    variants, surrogate, bpda_note = attack_variants(model, opts)
     surrogate_image = None if surrogate is None else Normalized(surrogate, *stats).to(device)
     record = PerExample(eval_indices(cfg, "test", opts.get("limit")))
     clean = _clean_hits(judge, x, y, bs, device)
