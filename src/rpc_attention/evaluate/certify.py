@@ -19,9 +19,9 @@ entirely inside at least one mask.
 * **Realisation.** A mask drops its cells as tokens through the attention key mask of every block
   (``masking=tokens``; :class:`rpc_attention.evaluate.masking.MaskedClassifier`), or, for comparison,
   sets their pixels to ``fill`` (``masking=pixels``). All the masked copies of an image run in batches.
-* **Adaptive attack on the defended classifier** (``attack_steps > 0``): at every patch position (the
-  patch threat: every ``attack_stride`` pixels along each axis and the last position; the token threat:
-  every grid cell), PGD on the patch pixels maximising the mean over the single masks of the
+* **Adaptive attack on the defended classifier** (``attack_steps > 0``; on the patch threat, whose
+  positions include the token-aligned ones): at every patch position (every ``attack_stride`` pixels
+  along each axis and the last position), PGD on the patch pixels maximising the mean over the single masks of the
   cross-entropy, or of it plus the Patch-Fool attention mass on the patch's tokens, with gradients
   through the masked forward passes of the model or of its BPDA surrogate (as the ``patch`` suite's
   variants: :func:`rpc_attention.evaluate.patch.bpda_surrogate`); the discrete decision itself is the
@@ -261,7 +261,7 @@ def _run_threat(threat: str, models: Tuple[MaskedClassifier, Dict[str, MaskedCla
     for name, hits in ((defended_metric(threat), defended), (certified_metric(threat), cert)):
         record.add(name, hits)
         record.metric(name, [name])
-    if int(opts["attack_steps"]) > 0:
+    if int(opts["attack_steps"]) > 0 and threat == "patch":
         target = defended if opts["attack_certified"] else defended & ~cert
         idx = target.nonzero().flatten()
         survived = defended.clone()

@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
+from ..evaluate.certify import certified_metric
 from ..evaluate.classification import MEAN_TOP1, TOP1, top1_at
 from ..evaluate.corruptions import MCE
 from ..evaluate.lm import ppl_metric
@@ -178,6 +179,26 @@ class PatchSettings(FmnistSettings):
     suites: List[str] = setting(["patch"])
 
 
+@dataclass(frozen=True)
+class CertifySettings(FmnistSettings):
+    """``certify``: the certified patch defence (double masking, tokens dropped through the key mask) on SymViT,
+    RPC-6 and robust PAP, each trained plainly and masking-aware (``train.token_drop``), the quick study's
+    schedule; only the certify suite."""
+
+    seeds: List[int] = setting([0, 1, 2, 3, 4])
+    preset_rpc_pcp: str = ""
+    preset_rpc2all: str = ""
+    token_drop: float = 0.5                      # masking-aware models: up to half of the 16 tokens dropped
+    certify_limit: int = 100
+    # the adaptive attack on the defended decision: cross-entropy over the single masks, exact gradients and
+    # BPDA, 10 steps at 16 positions (every 7 pixels and the last: the token-aligned ones among them)
+    certify_sets: List[str] = setting(["certify.attack_steps=10", "certify.attack_stride=7", "certify.losses=ce"])
+    certify_models: List[str] = setting([])      # []: every model of the study
+    jproj_history: bool = False
+    lm: bool = False
+    suites: List[str] = setting(["certify"])
+
+
 QUICK = FmnistSettings()
 SMOKE = replace(
     QUICK, seeds=[0], epochs=1, batch_size=64, train_subset=256, val_size=64, test_subset=256,
@@ -199,6 +220,7 @@ FULL = FullSettings(
     patch_limit=500, patch_steps=100, patch_sets=["patch.restarts=3"], patch_models=["symvit", "rpc6", "rpc2all"],
     suites=FMNIST_SUITES + ["noise", "sld", "spsa", "cw", "autoattack", "square"])
 PATCH = PatchSettings()
+CERTIFY = CertifySettings()
 IMAGENET = ImagenetSettings()
 WIKITEXT = WikitextSettings()
 LM_GAP = LmGapSettings()
@@ -265,6 +287,16 @@ PATCH_CONTROLS = (
              role="variant", base="symvit", model_kwargs=(("key_control", "clip"),)),
     ModelRow(key="symvit_drop", label="SymViT + drop (block 0's outlier tokens)", preset="preset_symvit",
              family="vision", role="variant", base="symvit", model_kwargs=(("key_control", "drop"),)),
+)
+# the certify study's masking-aware models: the same presets trained with random token drop (the drop fraction
+# is the study's token_drop setting, added by the study)
+CERTIFY_MASKED = (
+    ModelRow(key="symvit_md", label="SymViT, masking-aware", preset="preset_symvit", family="vision",
+             role="variant"),
+    ModelRow(key="rpc6_md", label="RPC-SymViT 6iter/layer1, masking-aware", preset="preset_rpc6", family="vision",
+             role="rpc", pap=(6, 1)),
+    ModelRow(key="rpc_robust_md", label="RPC-SymViT robust PAP 2iter/layer1, masking-aware",
+             preset="preset_rpc_robust", family="vision", role="rpc", pap=(2, 1)),
 )
 IMAGENET_VISION = (
     ModelRow(key="symvit", label="SymViT-tiny", preset="preset_symvit", family="vision", role="baseline"),
@@ -387,6 +419,23 @@ PATCH_CLAIMS = tuple(
                          ("symvit_clip", "SymViT with block 0's keys clipped"),
                          ("symvit_drop", "SymViT with block 0's outlier tokens dropped as keys")))
 
+# The certify study: does PAP raise certified accuracy over SymViT under the same defence and training (paired
+# by seed), and does masking-aware training raise it? Certified top-1 against one 7x7 patch anywhere.
+CERTIFY_CLAIMS = tuple(
+    ClaimSpec(id=cid, subject=subject, says=says, table="vision", suite="certify", metric=certified_metric("patch"),
+              baseline=base, rpc=key, margin=1.0, family="own")
+    for cid, subject, says, base, key in (
+        ("cert_rpc6_md", "RPC (6 iters, layer 1), masking-aware", "has higher certified top-1 against one patch "
+         "than the masking-aware SymViT", "symvit_md", "rpc6_md"),
+        ("cert_robust_md", "RPC with robust PAP, masking-aware", "has higher certified top-1 against one patch "
+         "than the masking-aware SymViT", "symvit_md", "rpc_robust_md"),
+        ("cert_rpc6", "RPC (6 iters, layer 1)", "has higher certified top-1 against one patch than SymViT",
+         "symvit", "rpc6"),
+        ("cert_robust", "RPC with robust PAP", "has higher certified top-1 against one patch than SymViT", "symvit",
+         "rpc_robust"),
+        ("cert_training", "Masking-aware training", "raises SymViT's certified top-1 against one patch", "symvit",
+         "symvit_md")))
+
 LM_CLAIMS = tuple(
     ClaimSpec(id=cid, subject="RPC-Symlm", says=says, table="lm", suite=suite, metric=metric, baseline="symlm",
               rpc="rpc_symlm", higher=False, margin=0.02, relative=True, family="lm")
@@ -487,6 +536,13 @@ TEXTS = {
         "robust std; tokens with an outlying key row dropped as keys); the quick study's schedule, five seeds; "
         "clean top-1 on the same test images; the frontier of accuracy under attack against clean accuracy."),
         summary="Adaptive patch attack: SymViT, PAP variants and key controls (frontier, 5 seeds; under an hour on 2 cores)."),
+    "certify": Texts(description=(
+        "The certified patch defence (docs/robustness.md#certified-patch-defence): double masking with the masked "
+        "tokens dropped through the attention key mask, on SymViT, RPC-SymViT 6iter/layer1 and robust PAP, each "
+        "trained plainly and masking-aware (random token drop), the quick study's schedule, five seeds; certified "
+        "and defended top-1 against one 7x7 patch anywhere on the 28x28 images and against one token, and top-1 "
+        "under the adaptive attack on the defended decision; the frontier of certified against defended top-1."),
+        summary="Certified patch defence: SymViT, RPC-6, robust PAP, plain and masking-aware (5 seeds)."),
     "decide": Texts(description=(
         f"The primary claims (RPC 6iter/layer1: clean top-1 and mCE against SymViT) and the library's own claim "
         f"(robust PAP under key corruption) at the {DECIDE_SEEDS} seeds a power calculation on the three-seed quick "
