@@ -46,7 +46,7 @@ def test_quick_study_runs_the_patch_attack_on_the_listed_models():
     study = get_study("quick")
     patch = next(e for e in study.evals if e.suite == "patch")
     assert patch.models == ["symvit", "rpc6", "rpc_robust"] and patch.limit == 100 and patch.steps == 20
-    assert patch.sets == ["patch.steps=20", "patch.restarts=2"]
+    assert patch.sets == ["patch.steps=20"]
     claim = next(c for c in study.claims if c.id == "patch")
     assert (claim.metric, claim.baseline, claim.rpc) == ("top1@1patch", "symvit", "rpc_robust")
     # a listed model the study leaves out is skipped; a name no study model has is refused

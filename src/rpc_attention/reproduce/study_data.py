@@ -66,12 +66,13 @@ class FmnistSettings:
     sparse_limit: int = 500                      # sparse corruption: 9 corrupted settings + clean per image
     # the key corruption as a dose-response (the robust-PAP claim is on its mean)
     sparse_sets: List[str] = setting(["sparse.key_magnitude=5,20,100"])
-    # adversarial patches, the input-level sparse threat: 1 and 2 patches, each of 4 variants (CE and
-    # attention loss, exact and BPDA gradients) x 2 restarts of patch_steps steps, on these models only
-    # (about 2.5 minutes for 3 models x 3 seeds; docs/robustness.md#adversarial-patch)
+    # adversarial patches, the input-level sparse threat: 1 and 2 patches, each of up to 4 variants (CE and
+    # attention loss, exact and BPDA gradients), patch_steps steps from one random start at every cell (one
+    # patch) and at every pair of the most salient half of the cells (two), on these models only
+    # (docs/robustness.md#adversarial-patch)
     patch_limit: int = 100
     patch_steps: int = 20
-    patch_sets: List[str] = setting(["patch.restarts=2"])
+    patch_sets: List[str] = setting([])
     patch_models: List[str] = setting(["symvit", "rpc6", "rpc_robust"])
     analyze_sets: List[str] = setting(["limit=8"])  # KPCA analysis options (kpca.options.AnalysisOptions)
     # language model (presets on the embedded Wikipedia corpus; 1200 steps there)
@@ -207,7 +208,7 @@ SMOKE = replace(
     depth=2, eval_limit=128, attack_limit=32, eps="2/255,6/255", pgd_steps=3,
     corruptions=["gaussian_noise", "contrast"], corruption_limit=32, ood_limit=128,
     strong_attack_limit=16, sparse_limit=64, preset_rpc_robust="", sparse_sets=[], lm_steps=4, lm_batch_size=4,
-    patch_limit=16, patch_steps=2, patch_sets=["patch.restarts=1", "patch.patches=1"],
+    patch_limit=16, patch_steps=2, patch_sets=["patch.patches=1"],
     lm_overrides=["model.kwargs.d_model=32", "model.kwargs.n_layer=2", "model.kwargs.n_head=2",
                   "model.kwargs.d_inner=64", "model.kwargs.context=32", "train.threads=0",
                   "train.eval_every=0", "eval.final_split=null"],
@@ -217,7 +218,7 @@ FULL = FullSettings(
     val_size=5000, train_subset=0, eval_limit=0, attack_limit=1000,
     corruptions=[], corruption_limit=1000, ood_limit=0, strong_attack_limit=500, sparse_limit=0,
     preset_rpc_robust="", sparse_sets=[], lm_steps=1200, lm_batch_size=16, lm_eval_sets=[],
-    patch_limit=500, patch_steps=100, patch_sets=["patch.restarts=3"], patch_models=["symvit", "rpc6", "rpc2all"],
+    patch_limit=500, patch_steps=100, patch_sets=[], patch_models=["symvit", "rpc6", "rpc2all"],
     suites=FMNIST_SUITES + ["noise", "sld", "spsa", "cw", "autoattack", "square"])
 PATCH = PatchSettings()
 CERTIFY = CertifySettings()
