@@ -304,3 +304,17 @@ def test_cli_bench_rejects_an_unknown_group(capsys, tmp_path):
 
     assert main(["bench", "--smoke", "--only", "nope", "--out", str(tmp_path)]) == 2
     assert "unknown benchmark group" in capsys.readouterr().err and not list(tmp_path.iterdir())
+
+
+def test_the_certify_cost_benchmark_runs_on_toy_shapes():
+    """benchmarks/certify_cost.py (the defence's cost against its mask count times one forward), loaded by path."""
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "benchmarks" / "certify_cost.py"
+    spec = importlib.util.spec_from_file_location("certify_cost", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    lines = module.main(smoke=True)
+    assert lines[0].startswith("| model | threat | masks M |") and len(lines) == 2 + 3 * 2
+    assert "| SymViT | patch | 9 |" in lines[2] and "| SymViT | token | 16 |" in lines[3]

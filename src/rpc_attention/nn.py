@@ -244,12 +244,14 @@ class SymmetricAttention(_AttentionBase):
         return self._merge(out)
 
     @torch.jit.ignore
-    def attention_keys(self, k: Tensor):
+    def attention_keys(self, k: Tensor, valid: Optional[Tensor] = None):
         """``(keys, mask)`` the attention of this block uses for its keys ``k``: the clipped keys under the
-        ``clip`` control, the ``drop`` control's key mask (bool ``(B, H, 1, N)``), else ``k`` and None."""
+        ``clip`` control, the ``drop`` control's key mask (bool ``(B, H, 1, N)``), else ``k`` and None.
+        ``valid`` (bool ``(B, H, N, 1)``): the keys the forward's attention mask lets some query see, the
+        tokens a control's statistics are taken over (None: all)."""
         if not self.key_control:
             return k, None
-        return RF.controlled_keys(k, self.key_control, self.key_control_level)
+        return RF.controlled_keys(k, self.key_control, self.key_control_level, valid)
 
     def extra_repr(self) -> str:
         return (f"key_control={self.key_control!r}, key_control_level={self.key_control_level}"

@@ -19,9 +19,13 @@ from rpc_attention.evaluate.patch import (
     PatchAttack,
     PatchOptions,
     TokenAttention,
+    Variant,
+    _attack_examples,
     _attention_probs,
     bpda_surrogate,
+    candidate_cells,
     cell_mask,
+    cell_saliency,
     has_nondifferentiable_pap,
     patch_grid,
     patch_pgd,
@@ -130,17 +134,76 @@ def _run(model, cfg, limit, **sets):
 
 def test_accuracy_falls_with_steps_and_patches(tiny_model):  # skips without Fashion-MNIST (the fixture)
     model, cfg = tiny_model
-    few = _run(model, cfg, 40, steps="2", restarts="1", patches="1,2,4", losses="ce", bpda="none")
-    many = _run(model, cfg, 40, steps="12", restarts="1", patches="1", losses="ce", bpda="none")
+    few = _run(model, cfg, 40, steps="1", restarts="1", patches="1,2,4", losses="ce", bpda="none")
+    many = _run(model, cfg, 40, steps="4", restarts="1", patches="1", losses="ce", bpda="none")
     m = few["metrics"]
     for name, value in m.items():  # every metric has its per-example record, for the paired intervals
         assert has_example_record("patch", name)
         assert example_scores(few["per_example"], name).mean() == pytest.approx(value)
-    assert m["clean_top1"] > m["top1@1patch"] >= m["top1@2patch"] >= m["top1@4patch"]
-    # one restart, the same seed: the first 2 steps of the longer run are the short run's
+    assert m["clean_top1"] > m["top1@1patch"] > m["top1@2patch"] >= m["top1@4patch"]
+    bits = few["per_example"]["correct"]  # per example too: broken with fewer patches, broken with more
+    assert all(a >= b >= c for a, b, c in zip(bits["top1@1patch"], bits["top1@2patch"], bits["top1@4patch"]))
+    # one restart, the same seed: the first step of the longer run is the short run's
     short = few["per_example"]["correct"]["top1@1patch"]
     long_ = many["per_example"]["correct"]["top1@1patch"]
     assert all(a >= b for a, b in zip(short, long_)) and many["metrics"]["top1@1patch"] < m["top1@1patch"]
+
+
+def test_the_location_search_tries_every_cell_and_the_top_half_pairs():
+    saliency = torch.tensor([[0.1, 0.9, 0.5, 0.3, 0.7, 0.2, 0.8, 0.4], [8.0, 7.0, 6.0, 5.0, 4.0, 3.0, 2.0, 1.0]])
+    one = candidate_cells(saliency, 1)
+    assert one.shape == (2, 8, 1) and one[0, :, 0].tolist() == [1, 6, 4, 2, 7, 3, 5, 0]  # most salient first
+    assert sorted(one[1, :, 0].tolist()) == list(range(8))
+    two = candidate_cells(saliency, 2)
+    assert two.shape == (2, 6, 2)  # every pair among the top half (4 cells)
+    assert {frozenset(p) for p in two[0].tolist()} == {frozenset(p) for p in ([1, 6], [1, 4], [1, 2], [6, 4], [6, 2],
+                                                                               [4, 2])}
+    assert candidate_cells(saliency, 8).shape == (2, 1, 8)  # more patches than the half: every cell
+
+
+def _search_reference(model, x, y, k, grid, attack, seed, restarts):
+    """The location search one example at a time: every candidate location and restart in turn, each from
+    its own seeded start, until one breaks the example."""
+    locations = candidate_cells(cell_saliency(model, x, y, grid), k)
+    out = []
+    for b in range(len(y)):
+        survived = True
+        for loc in range(locations.shape[1]):
+            for r in range(restarts):
+                start = torch.rand(x.shape, generator=torch.Generator().manual_seed(seed * 1_000_003 + 7919 * loc + r))
+                cells = locations[b:b + 1, loc]
+                _, broken = patch_pgd(model, model, x[b:b + 1].detach(), y[b:b + 1], cell_mask(cells, grid, x), attack,
+                                      None, None, None, start=start[b:b + 1])
+                if broken.item():
+                    survived = False
+                    break
+            if not survived:
+                break
+        out.append(survived)
+    return torch.tensor(out)
+
+
+def test_the_search_equals_every_location_tried_one_example_at_a_time():
+    model = _tiny64()
+    x = torch.rand(10, 1, 8, 8, generator=torch.Generator().manual_seed(1)).double()
+    with torch.no_grad():
+        model.model.head.bias.sub_(model(x).mean(0))
+        y = model(x).argmax(-1)
+    grid = patch_grid(model.model, x.shape)
+    opts = {"device": "cpu", "batch_size": 64, "steps": 1, "step_size": 0.02, "attention_weight": 0.0, "restarts": 2}
+    for k in (1, 2):
+        got = _attack_examples(model, model, x, y, k, grid, Variant("ce"), opts, seed=3)
+        ref = _search_reference(model, x, y, k, grid, PatchAttack(1, 0.02, 0.0), 3, 2)
+        assert torch.equal(got, ref) and got.any() and not got.all()
+
+
+def test_more_steps_or_restarts_never_raise_accuracy(tiny_model):
+    model, cfg = tiny_model
+    runs = {(steps, restarts): _run(model, cfg, 40, steps=str(steps), restarts=str(restarts), patches="1", losses="ce",
+                                    bpda="none")["per_example"]["correct"]["top1@1patch"]
+            for steps, restarts in ((1, 1), (3, 1), (1, 2))}
+    for more in ((3, 1), (1, 2)):  # each example broken with less is broken with more (a superset of trajectories)
+        assert all(a >= b for a, b in zip(runs[(1, 1)], runs[more]))
 
 
 def test_a_patch_covering_the_image_is_an_unbounded_attack(tiny_model):

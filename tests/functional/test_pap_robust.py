@@ -252,3 +252,29 @@ def test_dual_free_fast_path_runs_and_matches_with_a_mask():
     torch.testing.assert_close(out[1], loop[1], rtol=0, atol=1e-10)
     torch.testing.assert_close(out[0, :, :6], loop[0, :, :6], rtol=0, atol=1e-10)
     assert not pap_robust.dual_free("soft", 0.0, 2) and not pap_robust.dual_free("hard", 0.5, 2)
+
+
+def test_the_masked_median_is_the_median_of_the_valid_entries():
+    from rpc_attention.functional.pap import _masked_median
+
+    gen = torch.Generator().manual_seed(4)
+    for shape in ((7, 3, 17, 16), (9, 2, 6, 5), (9, 2, 5, 4)):
+        x = torch.randn(*shape, dtype=torch.float64, generator=gen)
+        for p in (0.0, 0.1, 0.5, 0.9, 1.0):
+            valid = torch.rand(shape[0], 1, shape[2], 1, generator=gen) < p
+            for dim in (-2, (-2, -1)):
+                got = _masked_median(x, valid, dim)
+                for b in range(shape[0]):
+                    for h in range(shape[1]):
+                        rows = x[b, h][valid[b, 0, :, 0]]
+                        if dim == -2:
+                            want = rows.sort(0).values[(len(rows) - 1) // 2] if len(rows) else None
+                            got_bh = got[b, h, 0]
+                        else:
+                            flat = rows.flatten()
+                            want = flat.sort().values[(len(flat) - 1) // 2] if len(flat) else None
+                            got_bh = got[b, h, 0]
+                        if want is None:
+                            assert torch.isnan(got_bh).all()
+                        else:
+                            assert torch.equal(got_bh, want)

@@ -164,3 +164,23 @@ def test_frontier_figure_is_drawn_from_the_same_rows(tmp_path):
     assert [f["path"] for f in figs] == ["figures/patch_frontier.png"]
     assert (tmp_path / "figures" / "patch_frontier.png").stat().st_size > 1000
     assert patch_frontier({"evals": {}}, tmp_path) == []
+
+
+def test_certify_frontier_view_and_figure(tmp_path):
+    from rpc_attention.report.figures import certify_frontier
+
+    def rec(clean, defended, cert):
+        return {"status": "done", "metrics": {"clean_top1": clean, "defended_top1_patch": defended,
+                                              "certified_top1_patch": cert, "certified_top1_token": cert + 10}}
+
+    res = {"models": {"symvit": {"label": "SymViT", "role": "baseline"}, "md": {"label": "masked", "role": "variant"}},
+           "evals": {"certify": {"symvit": {"0": rec(80.0, 70.0, 20.0), "1": rec(82.0, 72.0, 22.0)},
+                                 "md": {"0": rec(79.0, 75.0, 40.0), "1": rec(81.0, 77.0, 46.0)}}}}
+    text = render_view(res, "frontier:certify")
+    assert text.splitlines()[0].startswith("| model | seeds | undefended clean top-1 (%) | defended clean top-1 (%) | "
+                                           "certified top-1, 1 patch (%) |")
+    assert "defended − SymViT | certified − SymViT |" in text.splitlines()[0]
+    assert "| masked | 2 | 80.00 ± 1.41 | 76.00 ± 1.41 | 43.00 ± 4.24 | — | 53.00 ± 4.24 | +5.00" in text
+    figs = certify_frontier(res, tmp_path)
+    assert [f["path"] for f in figs] == ["figures/certify_frontier.png"]
+    assert certify_frontier({"evals": {}}, tmp_path) == []

@@ -1,6 +1,8 @@
 """Study presets: which models run with which seeds, and what the study tells the report about it."""
 
-from rpc_attention.reproduce import get_study
+import pytest
+
+from rpc_attention.reproduce import StudyError, get_study
 
 
 def test_quick_study_runs_three_seeds_per_vision_model_and_one_lm_seed():
@@ -44,7 +46,7 @@ def test_quick_study_runs_the_patch_attack_on_the_listed_models():
     study = get_study("quick")
     patch = next(e for e in study.evals if e.suite == "patch")
     assert patch.models == ["symvit", "rpc6", "rpc_robust"] and patch.limit == 100 and patch.steps == 20
-    assert patch.sets == ["patch.steps=20", "patch.restarts=2"]
+    assert patch.sets == ["patch.steps=20"]
     claim = next(c for c in study.claims if c.id == "patch")
     assert (claim.metric, claim.baseline, claim.rpc) == ("top1@1patch", "symvit", "rpc_robust")
     # a listed model the study leaves out is skipped; a name no study model has is refused
@@ -167,3 +169,22 @@ def test_patch_study_trains_the_variants_and_evaluates_the_controls_on_the_symvi
     level = get_study("patch", ["clip_level=2.5", "controls=false"])
     assert "symvit_clip" not in [m.key for m in level.models]
     assert get_study("patch", ["clip_level=2.5"]).model("symvit_clip").model_kwargs["key_control_level"] == 2.5
+
+
+def test_certify_study_trains_each_model_plainly_and_masking_aware():
+    st = get_study("certify")
+    keys = [m.key for m in st.models]
+    assert keys == ["symvit", "rpc6", "rpc_robust", "symvit_md", "rpc6_md", "rpc_robust_md"]
+    assert all(m.seeds == [0, 1, 2, 3, 4] for m in st.models)
+    assert st.model("rpc6_md").overrides[-1] == "train.token_drop=0.5"
+    assert not any("token_drop" in o for o in st.model("rpc6").overrides)
+    assert st.model("rpc6_md").preset == st.model("rpc6").preset
+    assert [ev.suite for ev in st.evals] == ["certify"] and st.evals[0].models == keys and st.evals[0].limit == 100
+    assert "certify.attack_steps=10" in st.evals[0].sets
+    assert {(c.baseline, c.rpc) for c in st.claims} == {("symvit_md", "rpc6_md"), ("symvit_md", "rpc_robust_md"),
+                                                         ("symvit", "rpc6"), ("symvit", "rpc_robust"),
+                                                         ("symvit", "symvit_md")}
+    assert all(c.metric == "certified_top1_patch" and c.family == "own" for c in st.claims)
+    assert "train.token_drop=0.25" in get_study("certify", ["token_drop=0.25"]).model("symvit_md").overrides
+    with pytest.raises(StudyError, match="token_drop"):
+        get_study("certify", ["token_drop=0"])

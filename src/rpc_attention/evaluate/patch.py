@@ -5,13 +5,20 @@ embedding, the worst case for a ViT), whose pixels are free in ``[0, 1]``; the r
 unchanged. Pixel space: the model is wrapped with its normalisation and the attack works on ``[0, 1]``
 pixels.
 
-* **Location.** Searched per example: the first restart puts the patches on the ``k`` grid cells with
-  the largest input-gradient saliency (sum of ``|d loss / d x|`` over the cell, from the variant's
-  gradient model on the clean image); each further restart on ``k`` distinct random cells (seeded).
-* **Pixels.** PGD: uniform random start in ``[0, 1]``, ``steps`` signed-gradient steps of
-  ``step_size`` on the patch pixels, clipped to ``[0, 1]``. An example is broken at its first
-  misclassified iterate (as the ``pgd`` suite's ``keep_best``); restarts run only on the examples
-  still unbroken.
+* **Location.** Searched exhaustively per example, in the order of the attack's own ranking: the grid
+  cells ranked by input-gradient saliency (sum of ``|d loss / d x|`` over the cell, from the variant's
+  gradient model on the clean image). One patch: every cell of the grid. ``k`` patches: every set of
+  ``k`` distinct cells among the top half of the ranking (all cells when that half has fewer than
+  ``k``), in lexicographic order of their ranks (:func:`candidate_cells`).
+* **Pixels.** PGD at each location: ``restarts`` uniform random starts in ``[0, 1]``, each drawn from
+  its own seed (the variant, the location's rank, the restart), so an example's start does not depend
+  on which other examples are still being attacked; ``steps`` signed-gradient steps of ``step_size``
+  on the patch pixels, clipped to ``[0, 1]``. An example is broken at its first misclassified iterate
+  (as the ``pgd`` suite's ``keep_best``); further locations and restarts run only on the examples
+  still unbroken. More steps or restarts therefore never raise accuracy: the same seeds give the same
+  trajectories, only longer or more of them. The numbers of patches run in increasing order and an
+  example a variant broke with fewer patches counts as broken with more (the extra patch may copy the
+  clean pixels it covers), so accuracy never rises with the number of patches either.
 * **Losses.** ``ce``: cross-entropy. ``attention``: Patch-Fool's attention-aware loss (Fu et al., ICLR
   2022), cross-entropy plus ``attention_weight`` times the attention mass every block puts on the
   patch tokens (mean over blocks, heads and queries; in ``[0, 1]``), read from the blocks' own keys
@@ -34,6 +41,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import itertools
 from dataclasses import dataclass
 from typing import Any, Dict, List, Mapping, Optional, Tuple
 
@@ -42,6 +50,8 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from .. import nn as rnn
+from ..functional.attention import normalise_mask
+from ..functional.key_controls import valid_keys
 from .inputs import Normalized, data_name, eval_indices, load_eval_data, norm_stats
 from .per_example import PerExample
 from .predict import chunks, top1_hits
@@ -109,28 +119,38 @@ def cell_saliency(model: nn.Module, x: Tensor, y: Tensor, grid: PatchGrid) -> Te
     return F.avg_pool2d(per_pixel, grid.patch).flatten(1)
 
 
-def choose_cells(saliency: Tensor, k: int, restart: int, generator: torch.Generator) -> Tensor:
-    """``[B, k]`` distinct cells: the ``k`` most salient at restart 0, random ones (seeded) after."""
-    if restart == 0:
-        return saliency.topk(k, dim=1).indices.cpu()
-    draw = torch.rand(saliency.shape, generator=generator)
-    return draw.argsort(dim=1)[:, :k]
+def candidate_cells(saliency: Tensor, k: int) -> Tensor:
+    """``[B, L, k]``: the cell sets the location search tries per example, in order: the grid cells ranked
+    by ``saliency`` (``[B, cells]``, most salient first); for ``k = 1`` every cell, for ``k > 1`` every set
+    of ``k`` distinct cells among the top half of the ranking (among all cells when the half has fewer
+    than ``k``), in lexicographic order of their ranks."""
+    cells = saliency.shape[1]
+    ranked = saliency.argsort(dim=1, descending=True, stable=True).cpu()
+    if k == 1:
+        return ranked[:, :, None]
+    top = max(-(-cells // 2), k)
+    ranks = torch.tensor(list(itertools.combinations(range(top), k)), dtype=torch.long)   # [L, k]
+    return ranked[:, ranks]
 
 
-def _attention_probs(mod: nn.Module, x: Tensor) -> Tensor:
+def _attention_probs(mod: nn.Module, x: Tensor, attn_mask: Optional[Tensor] = None) -> Tensor:
     """``[B, H, N, N]`` softmax attention a block's output used, recomputed with gradients from its
-    ``qkv`` projection (PAP blocks: from the cleaned keys of their final pass, ``last_state``)."""
-    keep = None
+    ``qkv`` projection (PAP blocks: from the cleaned keys of their final pass, ``last_state``), under
+    the forward's ``attn_mask`` (bool or additive, or None; a key it hides gets no attention)."""
+    b, n, _ = x.shape
+    mask = normalise_mask(attn_mask, b, mod.num_heads, n, n)
+    keep = mask
     if isinstance(mod, rnn.RPCAttention) and mod.last_state is not None:
         q = k = mod.last_state.cleaned_keys
     else:
-        b, n, _ = x.shape
         parts = mod.qkv(x).reshape(b, n, mod.n_proj, mod.num_heads, mod.head_dim).permute(2, 0, 3, 1, 4)
         k = parts[0] if isinstance(mod, rnn.SymmetricAttention) else parts[1]
         q = k if isinstance(mod, rnn.SymmetricAttention) else parts[0]
         if isinstance(mod, rnn.SymmetricAttention):  # a key control's clipped keys or dropped tokens
-            k, keep = mod.attention_keys(k)
+            k, dropped = mod.attention_keys(k, valid_keys(mask))
             q = k
+            if dropped is not None:
+                keep = dropped if keep is None else keep & dropped
     scores = mod.scale * (q @ k.transpose(-2, -1))
     if keep is not None:
         scores = scores.masked_fill(~keep, float("-inf"))
@@ -153,8 +173,8 @@ class TokenAttention:
         self._handles: list = []
         self._kept: Dict[int, bool] = {}
 
-    def _hook(self, mod: nn.Module, args, output) -> None:
-        probs = _attention_probs(mod, args[0])
+    def _hook(self, mod: nn.Module, args, kwargs, output) -> None:
+        probs = _attention_probs(mod, args[0], kwargs.get("attn_mask"))
         idx = self.tokens.to(probs.device)
         on = probs.gather(-1, idx.view(-1, 1, 1, idx.shape[1]).expand(*probs.shape[:3], idx.shape[1]))
         self.masses.append(on.sum(-1).mean(dim=(1, 2)))
@@ -169,7 +189,7 @@ class TokenAttention:
         for m in self.blocks:
             if isinstance(m, rnn.RPCAttention):
                 self._kept[id(m)], m.keep_state = m.keep_state, True
-            self._handles.append(m.register_forward_hook(self._hook))
+            self._handles.append(m.register_forward_hook(self._hook, with_kwargs=True))
         return self
 
     def __exit__(self, *exc) -> None:
@@ -202,18 +222,19 @@ def _forward(model: nn.Module, adv: Tensor, attention: Optional[TokenAttention],
 
 
 def patch_pgd(judge: nn.Module, grad_model: nn.Module, x: Tensor, y: Tensor, mask: Tensor, attack: PatchAttack,
-              generator: torch.Generator, attention: Optional[TokenAttention] = None,
-              tokens: Optional[Tensor] = None) -> Tuple[Tensor, Tensor]:
+              generator: Optional[torch.Generator] = None, attention: Optional[TokenAttention] = None,
+              tokens: Optional[Tensor] = None, start: Optional[Tensor] = None) -> Tuple[Tensor, Tensor]:
     """PGD on the pixels under ``mask`` (``[B, 1, H, W]``) of the ``[0, 1]`` images ``x``.
 
     Gradients come from ``grad_model`` (the defended model, or a BPDA surrogate); whether an iterate
-    is misclassified is judged on ``judge``. Starts from ``U(0, 1)`` patch pixels (drawn from
-    ``generator`` for the whole image, so the draw does not depend on where the patch is). Returns
+    is misclassified is judged on ``judge``. Starts from ``start`` (``[0, 1]`` images, the pixels under the
+    patch are used) or from ``U(0, 1)`` patch pixels drawn from ``generator`` for the whole image, so the
+    draw does not depend on where the patch is. Returns
     ``(adversarial images, broken [B])``: an example broken at some iterate keeps its first
     misclassified iterate and is not attacked further; the others get the last iterate.
     """
     x = x.detach()
-    values = torch.rand(x.shape, generator=generator).to(x)
+    values = (torch.rand(x.shape, generator=generator) if start is None else start).to(x).clone()
     best = apply_patch(x, mask, values)
     broken = torch.zeros(len(y), dtype=torch.bool, device=x.device)
     for step in range(int(attack.steps) + 1):
@@ -299,7 +320,7 @@ class Variant:
         return self.loss if self.gradient == "model" else f"{self.loss}_bpda"
 
 
-def _variants(model: nn.Module, opts: Mapping[str, Any]) -> Tuple[List[Variant], Optional[nn.Module], str]:
+def attack_variants(model: nn.Module, opts: Mapping[str, Any]) -> Tuple[List[Variant], Optional[nn.Module], str]:
     """The variants to run, the BPDA surrogate (None when none runs) and a note on the BPDA setting."""
     use_bpda = opts["bpda"] != "none" and has_nondifferentiable_pap(model)
     gradients = ["model"] + (["bpda"] if use_bpda else [])
@@ -316,27 +337,32 @@ def _variants(model: nn.Module, opts: Mapping[str, Any]) -> Tuple[List[Variant],
 
 
 def _attack_examples(judge: nn.Module, grad_model: nn.Module, x: Tensor, y: Tensor, k: int, grid: PatchGrid,
-                     variant: Variant, opts: Mapping[str, Any], generator: torch.Generator) -> Tensor:
+                     variant: Variant, opts: Mapping[str, Any], seed: int) -> Tensor:
     """``[N]`` bool: which examples (all correct on the clean image) survive one variant with ``k``
-    patches: every restart (salient cells first, random cells after) misses them."""
+    patches: every location of :func:`candidate_cells` and every restart there misses them. The start of
+    restart ``r`` at the ``l``-th location is drawn for the whole chunk from a generator seeded by
+    ``(seed, l, r)`` and indexed by example, so it does not depend on which examples are still alive."""
     device, bs = opts["device"], int(opts["batch_size"])
     attack = PatchAttack(int(opts["steps"]), float(opts["step_size"]), float(opts["attention_weight"]))
     survived = []
     for sl in chunks(len(y), bs, desc=f"patch k={k} {variant.name}"):
         xb, yb = x[sl].to(device), y[sl].to(device)
         alive = torch.ones(len(yb), dtype=torch.bool)
-        saliency = cell_saliency(grad_model, xb, yb, grid)
+        locations = candidate_cells(cell_saliency(grad_model, xb, yb, grid), k)
         attention = TokenAttention(grad_model) if variant.loss == "attention" else None
         with attention if attention is not None else contextlib.nullcontext():
-            for restart in range(int(opts["restarts"])):
-                idx = alive.nonzero().flatten()
-                if len(idx) == 0:
-                    break
-                cells = choose_cells(saliency[idx.to(saliency.device)], k, restart, generator)
-                mask = cell_mask(cells, grid, xb)
-                _, broken = patch_pgd(judge, grad_model, xb[idx], yb[idx], mask, attack, generator, attention,
-                                      cells + grid.prefix)
-                alive[idx[broken.cpu()]] = False
+            for loc in range(locations.shape[1]):
+                for restart in range(int(opts["restarts"])):
+                    idx = alive.nonzero().flatten()
+                    if len(idx) == 0:
+                        break
+                    gen = torch.Generator().manual_seed(seed * 1_000_003 + 7919 * loc + restart)
+                    start = torch.rand(xb.shape, generator=gen)[idx]
+                    cells = locations[idx, loc]
+                    mask = cell_mask(cells, grid, xb)
+                    _, broken = patch_pgd(judge, grad_model, xb[idx], yb[idx], mask, attack, None, attention,
+                                          cells + grid.prefix, start=start)
+                    alive[idx[broken.cpu()]] = False
         survived.append(alive)
     return torch.cat(survived) if survived else torch.zeros(0, dtype=torch.bool)
 
@@ -359,23 +385,26 @@ def _patch_counts(opts: Mapping[str, Any], grid: PatchGrid) -> List[int]:
     return ks
 
 
-def _run_k(k: int, models: Tuple[nn.Module, Optional[nn.Module]], x: Tensor, y: Tensor, clean: Tensor,
+def _run_k(k: int, models: Tuple[nn.Module, Optional[nn.Module]], x: Tensor, y: Tensor, alive: Dict[str, Tensor],
            grid: PatchGrid, variants: List[Variant], opts: Mapping[str, Any], record: PerExample):
-    """``(row, metrics)`` of ``k`` patches: top-1 (%) under each variant and the per-example worst case."""
+    """``(row, metrics)`` of ``k`` patches: top-1 (%) under each variant and the per-example worst case.
+    ``alive[variant]``: the examples each variant has not broken with fewer patches (the clean hits at
+    first); only those are attacked, and the entry is narrowed to the survivors."""
     judge, surrogate = models
-    idx = clean.nonzero().flatten()
-    worst, row, metrics = clean.clone(), {"patches": k}, {}
+    worst, row, metrics = None, {"patches": k}, {}
     for i, variant in enumerate(variants):
-        gen = torch.Generator().manual_seed(int(opts["seed"]) * 1_000_003 + 101 * k + i)
         grad_model = judge if variant.gradient == "model" else surrogate
-        survived = clean.clone()
+        survived = alive[variant.name].clone()
+        idx = survived.nonzero().flatten()
         if len(idx):
-            survived[idx] = _attack_examples(judge, grad_model, x[idx], y[idx], k, grid, variant, opts, gen)
+            survived[idx] = _attack_examples(judge, grad_model, x[idx], y[idx], k, grid, variant, opts,
+                                             int(opts["seed"]) * 1009 + 101 * k + i)
+        alive[variant.name] = survived
         name = f"{top1_patches(k)}_{variant.name}"
         record.add(name, survived)
         record.metric(name, [name])
         metrics[name] = row[variant.name] = _percent(survived)
-        worst &= survived
+        worst = survived.clone() if worst is None else worst & survived
     record.add(top1_patches(k), worst)
     record.metric(top1_patches(k), [top1_patches(k)])
     metrics[top1_patches(k)] = row["worst case"] = _percent(worst)
@@ -392,7 +421,7 @@ def patch_suite(model: nn.Module, cfg: Mapping[str, Any], run_dir, opts: Dict[st
     judge = Normalized(model, *stats).to(device)
     grid = patch_grid(model, tuple(x.shape))
     ks = _patch_counts(opts, grid)
-    variants, surrogate, bpda_note = _variants(model, opts)
+    variants, surrogate, bpda_note = attack_variants(model, opts)
     surrogate_image = None if surrogate is None else Normalized(surrogate, *stats).to(device)
     record = PerExample(eval_indices(cfg, "test", opts.get("limit")))
     clean = _clean_hits(judge, x, y, bs, device)
@@ -400,8 +429,11 @@ def patch_suite(model: nn.Module, cfg: Mapping[str, Any], run_dir, opts: Dict[st
     record.metric(CLEAN_TOP1, ["clean"])
     metrics: Dict[str, float] = {CLEAN_TOP1: _percent(clean)}
     rows = []
-    for k in ks:
-        row, m = _run_k(k, (judge, surrogate_image), x, y, clean, grid, variants, opts, record)
+    # fewer patches first: an image broken with k patches is broken with more (an extra patch may copy the
+    # clean pixels under it), so only the survivors are attacked again and the result falls with k
+    alive = {v.name: clean.clone() for v in variants}
+    for k in sorted(ks):
+        row, m = _run_k(k, (judge, surrogate_image), x, y, alive, grid, variants, opts, record)
         rows.append(row)
         metrics.update(m)
     return {"metrics": metrics, "rows": rows, "n_examples": len(y), "per_example": record.as_dict(),
@@ -409,21 +441,22 @@ def patch_suite(model: nn.Module, cfg: Mapping[str, Any], run_dir, opts: Dict[st
             "settings": {"patch_size": grid.patch, "grid": f"{grid.rows}x{grid.cols}", "bpda": bpda_note,
                          "variants": [v.name for v in variants], "space": "pixel [0,1]"},
             "protocol": (f"top-1 (%) under k adversarial patches on the {grid.patch}-pixel patch grid (pixels free in "
-                         "[0,1]; location: most salient cells, then random restarts; PGD with signed steps; "
+                         "[0,1]; location: every cell for one patch, every set of cells among the most salient half for "
+                         "several; PGD with signed steps from seeded random starts; "
                          "cross-entropy and Patch-Fool attention losses; gradients through the model and BPDA "
                          "through a surrogate); an example counts under its worst variant")}
 
 
 @dataclass(frozen=True)
 class PatchOptions(CommonOptions):
-    """Numbers of patches (one result each), the PGD budget (``steps`` of ``step_size`` per restart,
-    ``restarts`` locations), the losses (``ce``, ``attention``), the weight of the attention term and
+    """Numbers of patches (one result each), the PGD budget (``steps`` of ``step_size``, ``restarts``
+    random starts at every location of the search), the losses (``ce``, ``attention``), the weight of the attention term and
     the BPDA surrogate of PAP blocks (``symmetric``, ``soft`` or ``none``)."""
 
     limit: Optional[int] = 500
     patches: List[float] = list_option([1.0, 2.0])
     steps: int = 100
-    restarts: int = 3
+    restarts: int = 1
     step_size: float = 0.05
     losses: List[str] = list_option(list(LOSSES))
     attention_weight: float = 1.0
@@ -450,7 +483,7 @@ register_suite(
     "patch", patch_suite, options=PatchOptions,
     description="adversarial patches on the patch grid (k = 1, 2), adaptive: CE and Patch-Fool losses, gradients "
                 "through PAP and BPDA; worst case per example",
-    metrics=(CLEAN_TOP1, top1_patches(1), top1_patches(2)), cost=Cost(3, 400, per_step=4.0),
+    metrics=(CLEAN_TOP1, top1_patches(1), top1_patches(2)), cost=Cost(3, 1600, per_step=16.0),
     columns=(Column("vision", top1_patches(1), "adaptive 1-patch top-1 (%)", position=95),
              Column("vision", top1_patches(2), "adaptive 2-patch top-1 (%)", position=96)),
     study=StudyUse(limit="patch_limit", steps=True, extra_sets="patch_sets", models="patch_models"))

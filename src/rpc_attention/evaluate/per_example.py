@@ -56,6 +56,7 @@ EXAMPLE_METRICS: Dict[str, tuple] = {
     "corruptions": ("clean_error", "mean_corruption_error", "mCE"),
     "sparse": ("top1_*", "mean_top1_input", "mean_top1_keys"),
     "patch": ("clean_top1", "top1@*patch", "top1@*patch_*"),
+    "certify": ("clean_top1", "certified_top1_*", "defended_top1_*", "attacked_top1_*"),
     "ood": ("AUPR_*", "AUROC_*"),
     "imagenet-a": ("top1",), "imagenet-r": ("top1",),
     "ppl": ("*_ppl_*",), "wordswap": ("*_ppl_*",),

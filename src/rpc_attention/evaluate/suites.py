@@ -214,7 +214,7 @@ def _register_builtin_suites() -> None:
     global _BUILTINS_REGISTERED
     if _BUILTINS_REGISTERED:
         return
-    from . import classification, corruptions, lm, ood, patch, segmentation, sparse  # noqa: F401
+    from . import certify, classification, corruptions, lm, ood, patch, segmentation, sparse  # noqa: F401
     _BUILTINS_REGISTERED = True
 
 

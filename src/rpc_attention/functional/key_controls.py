@@ -49,27 +49,37 @@ def check_key_control(control: Optional[str], level: Optional[float] = None) -> 
     return float(level)
 
 
-def clip_keys(keys: Tensor, c: float) -> Tensor:
+def clip_keys(keys: Tensor, c: float, valid: Optional[Tensor] = None) -> Tensor:
     """``keys`` clipped to ``median +- c * robust_scale``: per (batch, head) and feature the median over
-    tokens, per (batch, head) ``1.4826 * MAD`` over tokens and features. The bounds carry no gradient."""
-    centre = feature_median(keys)
-    scale = c * robust_scale(keys, centre=centre)
+    tokens, per (batch, head) ``1.4826 * MAD`` over tokens and features; ``valid`` (bool ``(B, H, N, 1)``,
+    or None for all) names the tokens the statistics are taken over. The bounds carry no gradient."""
+    centre = feature_median(keys, valid)
+    scale = c * robust_scale(keys, valid, centre=centre)
     centre, scale = centre.to(keys), scale.to(keys)
     return keys.clamp(centre - scale, centre + scale)
 
 
-def key_drop_mask(keys: Tensor, level: float) -> Tensor:
+def key_drop_mask(keys: Tensor, level: float, valid: Optional[Tensor] = None) -> Tensor:
     """The ``drop`` control's key mask, bool ``(B, H, 1, N)``: False for the tokens whose key row the token
-    rule flags at ``level`` robust deviations, True for the others (True = may be attended to)."""
-    return ~outlier_rows(keys, level).to(keys.device).transpose(-1, -2)
+    rule flags at ``level`` robust deviations, True for the others (True = may be attended to); the rule's
+    statistics are taken over the ``valid`` tokens (bool ``(B, H, N, 1)``, or None for all)."""
+    return ~outlier_rows(keys, level, valid).to(keys.device).transpose(-1, -2)
 
 
-def controlled_keys(k: Tensor, control: str, level: float) -> Tuple[Tensor, Optional[Tensor]]:
+def valid_keys(mask: Optional[Tensor]) -> Optional[Tensor]:
+    """Bool ``(B, H, N, 1)``: the keys some query may attend to under a normalised 4-D ``mask`` (None: all).
+    A key no query sees (a padding token, a token dropped as a key) must not move the statistics either."""
+    return None if mask is None else mask.any(dim=-2).unsqueeze(-1)
+
+
+def controlled_keys(k: Tensor, control: str, level: float,
+                    valid: Optional[Tensor] = None) -> Tuple[Tensor, Optional[Tensor]]:
     """``(keys, keep)`` symmetric attention uses behind ``control`` at ``level``: the clipped keys and no
-    mask (``"clip"``), or the keys unchanged and the key mask of :func:`key_drop_mask` (``"drop"``)."""
+    mask (``"clip"``), or the keys unchanged and the key mask of :func:`key_drop_mask` (``"drop"``); the
+    statistics over the ``valid`` tokens only (bool ``(B, H, N, 1)``, or None for all)."""
     if control == "clip":
-        return clip_keys(k, level), None
-    return k, key_drop_mask(k, level)
+        return clip_keys(k, level, valid), None
+    return k, key_drop_mask(k, level, valid)
 
 
 def controlled_symmetric_attention(k: Tensor, v: Tensor, control: str, level: Optional[float] = None, *,
@@ -78,11 +88,11 @@ def controlled_symmetric_attention(k: Tensor, v: Tensor, control: str, level: Op
     """Symmetric attention ``softmax(s K K^T) V`` behind a key control (``"clip"`` or ``"drop"``, see the
     module docstring) at ``level`` (default :data:`KEY_CONTROL_LEVELS`). ``attn_mask`` (bool or additive,
     broadcastable to ``(B, H, N, N)``) restricts the attention further; the statistics of the control are
-    taken over all tokens (the controls are meant for unpadded image tokens)."""
+    taken over the keys some query may attend to (a key the mask hides moves nothing)."""
     level = check_key_control(control, level)
     check_kv(k, v, need_same_dim=False)
     mask = normalise_mask(attn_mask, k.shape[0], k.shape[1], k.shape[2], k.shape[2])
-    keys, keep = controlled_keys(k, control, level)
+    keys, keep = controlled_keys(k, control, level, valid_keys(mask))
     if keep is not None:
         mask = keep if mask is None else mask & keep
     return symmetric_attention(keys, v, attn_mask=mask, dropout_p=dropout_p, scale=scale, fused=fused)

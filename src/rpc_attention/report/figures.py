@@ -436,39 +436,59 @@ def verdict_intervals(res: Dict[str, Any], out_dir: Path) -> List[dict]:
     return figs
 
 
-def patch_frontier(res: Dict[str, Any], out_dir: Path) -> List[dict]:
-    """Clean top-1 (x) against worst-case 1-patch top-1 (y) per model, mean with seed-std error bars in both
-    directions (:func:`rpc_attention.report.frontier.frontier_rows`); nothing without patch results with
-    clean accuracy."""
-    from ..evaluate.patch import CLEAN_TOP1, top1_patches
+def _frontier_figure(res: Dict[str, Any], out_dir: Path, suite: str, x_metric: str, y_metric: str, labels,
+                     name: str, caption: str) -> List[dict]:
+    """Per model of ``suite``, ``y_metric`` against ``x_metric``: mean with seed-std error bars in both directions
+    (:func:`rpc_attention.report.frontier.frontier_rows`); nothing without both."""
     from .frontier import frontier_rows
 
-    y_metric = top1_patches(1)
-    rows = [r for r in frontier_rows(res) if r["stats"][CLEAN_TOP1]["n"] and r["stats"][y_metric]["n"]]
+    rows = [r for r in frontier_rows(res, suite) if r["stats"][x_metric]["n"] and r["stats"][y_metric]["n"]]
     if not rows:
         return []
     plt = pyplot()
     fig, ax = plt.subplots(figsize=(6.0, 4.4))
     markers = {"baseline": "s", "rpc": "o", "variant": "^"}
     for i, r in enumerate(rows):
-        x, y = r["stats"][CLEAN_TOP1], r["stats"][y_metric]
+        x, y = r["stats"][x_metric], r["stats"][y_metric]
         ax.errorbar([x["mean"]], [y["mean"]], xerr=[x["std"] or 0.0], yerr=[y["std"] or 0.0], fmt=markers.get(r["role"], "o"),
                     color=f"C{i % 10}", capsize=3, ms=6, label=f"{r['label']} (n={x['n']})")
-    ax.set_xlabel("clean top-1 (%)")
-    ax.set_ylabel("top-1 under the adaptive 1-patch attack (%)")
+    ax.set_xlabel(labels[0])
+    ax.set_ylabel(labels[1])
     ax.grid(alpha=0.3)
     ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.02, 1.0))
-    p = _save(fig, out_dir, "patch_frontier.png")
-    return [{"path": p, "section": "verdicts", "caption": (
+    p = _save(fig, out_dir, name)
+    return [{"path": p, "section": "verdicts", "caption": caption}]
+
+
+def patch_frontier(res: Dict[str, Any], out_dir: Path) -> List[dict]:
+    """Clean top-1 (x) against worst-case 1-patch top-1 (y) per model, mean with seed-std error bars in both
+    directions; nothing without patch results with clean accuracy."""
+    from ..evaluate.patch import CLEAN_TOP1, top1_patches
+
+    return _frontier_figure(res, out_dir, "patch", CLEAN_TOP1, top1_patches(1),
+                            ("clean top-1 (%)", "top-1 under the adaptive 1-patch attack (%)"), "patch_frontier.png", (
         "Robustness frontier: clean top-1 against top-1 under the adaptive 1-patch attack (worst case per example), "
         "both on the same test images; mean over seeds with ± one seed standard deviation in each direction. Up "
-        "and to the right is better.")}]
+        "and to the right is better."))
+
+
+def certify_frontier(res: Dict[str, Any], out_dir: Path) -> List[dict]:
+    """Defended clean top-1 (x) against certified top-1 against one patch anywhere (y) per model (the certify
+    suite); nothing without certify results."""
+    from ..evaluate.certify import certified_metric, defended_metric
+
+    return _frontier_figure(res, out_dir, "certify", defended_metric("patch"), certified_metric("patch"),
+                            ("clean top-1 of the defended classifier (%)", "certified top-1, one patch anywhere (%)"),
+                            "certify_frontier.png", (
+        "Certified frontier: the double-masking classifier's clean top-1 against its certified top-1 against one "
+        "patch anywhere, on the same test images; mean over seeds with ± one seed standard deviation in each "
+        "direction. Up and to the right is better."))
 
 
 def make_figures(res: Dict[str, Any], out_dir) -> List[dict]:
     out_dir = Path(out_dir)
     figs: List[dict] = []
-    for fn in (verdict_intervals, patch_frontier, attack_curves, corruption_bars, training_curves, kpca_figures,
+    for fn in (verdict_intervals, patch_frontier, certify_frontier, attack_curves, corruption_bars, training_curves, kpca_figures,
                seg_examples):
         try:
             figs.extend(fn(res, out_dir))

@@ -1,15 +1,18 @@
 """The robustness frontier of a study: per model, clean top-1 against top-1 under the adaptive patch attack
-(both from the ``patch`` suite's records, so on the same test images), mean and seed std, and each
-model's difference from the baseline with its 95 % seed interval (paired by seed).
+(both from the ``patch`` suite's records, so on the same test images), or the defended clean top-1
+against the certified top-1 of the ``certify`` suite; mean and seed std, and each model's difference from
+the baseline with its 95 % seed interval (paired by seed).
 
 Read from the ``results.json`` dict only; :func:`frontier_rows` feeds the table (:func:`frontier_table`,
-the ``frontier`` publish view) and the figure (``report.figures.patch_frontier``).
+the ``frontier`` publish view) and the figures (``report.figures.patch_frontier``,
+``report.figures.certify_frontier``).
 """
 
 from __future__ import annotations
 
 from typing import Any, Dict, List, Optional
 
+from ..evaluate.certify import attacked_metric, certified_metric, defended_metric
 from ..evaluate.patch import CLEAN_TOP1, top1_patches
 from ..markdown import markdown_table
 from .collect import metric_value
@@ -18,6 +21,22 @@ from .intervals import t_interval
 SUITE = "patch"
 ROLE_ORDER = {"baseline": 0, "rpc": 1, "variant": 2}
 AXES = ((CLEAN_TOP1, "clean top-1"), (top1_patches(1), "1-patch top-1"), (top1_patches(2), "2-patch top-1"))
+# per suite: the metrics of the table (with their names) and the two whose differences from the baseline it shows
+SUITE_AXES = {
+    "patch": (AXES, ((CLEAN_TOP1, "clean"), (top1_patches(1), "1-patch")), "Clean and attacked top-1 on the same test images (the patch "
+              "suite's records)."),
+    "certify": (((CLEAN_TOP1, "undefended clean top-1"), (defended_metric("patch"), "defended clean top-1"),
+                 (certified_metric("patch"), "certified top-1, 1 patch"),
+                 (attacked_metric("patch"), "defended top-1 under attack, 1 patch"),
+                 (certified_metric("token"), "certified top-1, 1 token")),
+                ((defended_metric("patch"), "defended"), (certified_metric("patch"), "certified")),
+                "All on the same test images (the certify suite's records); certified top-1 is a lower bound under "
+                "any patch of the threat, the attacked top-1 an upper bound from one attack."),
+}
+
+
+def _axes(suite: str):
+    return SUITE_AXES.get(suite, SUITE_AXES["patch"])
 
 
 def _baseline(res: Dict[str, Any], models: List[str]) -> Optional[str]:
@@ -39,7 +58,7 @@ def _stats(values: Dict[str, float]) -> Dict[str, Any]:
 
 
 def frontier_rows(res: Dict[str, Any], suite: str = SUITE) -> List[Dict[str, Any]]:
-    """One row per model the suite ran on: ``label``, ``role``, per metric of :data:`AXES` its ``stats``
+    """One row per model the suite ran on: ``label``, ``role``, per metric of the suite's axes (:data:`SUITE_AXES`) its ``stats``
     (n, mean, std over seeds) and ``diff`` from the baseline (the per-seed differences' t interval,
     None for the baseline or with fewer than two paired seeds)."""
     per_model = (res.get("evals") or {}).get(suite) or {}
@@ -52,7 +71,7 @@ def frontier_rows(res: Dict[str, Any], suite: str = SUITE) -> List[Dict[str, Any
         info = (res.get("models") or {}).get(key, {})
         row: Dict[str, Any] = {"model": key, "label": info.get("label", key), "role": info.get("role"),
                                "stats": {}, "diff": {}}
-        for metric, _ in AXES:
+        for metric, _ in _axes(suite)[0]:
             mine = _seed_values(per_model[key], metric)
             row["stats"][metric] = _stats(mine)
             if base is not None and key != base:
@@ -78,14 +97,14 @@ def frontier_table(res: Dict[str, Any], suite: str = SUITE) -> List[str]:
     rows = frontier_rows(res, suite)
     if not rows:
         return []
+    axes, diffs, note = _axes(suite)
     base = next((r["label"] for r in rows if r["role"] == "baseline"), "the baseline")
-    header = ["model", "seeds"] + [f"{name} (%)" for _, name in AXES] + [
-        f"clean − {base}", f"1-patch − {base}"]
-    body = [[r["label"], str(r["stats"][CLEAN_TOP1]["n"])] + [_cell(r["stats"][m]) for m, _ in AXES]
-            + [_diff(r["diff"].get(CLEAN_TOP1)), _diff(r["diff"].get(top1_patches(1)))] for r in rows]
+    header = ["model", "seeds"] + [f"{name} (%)" for _, name in axes] + [f"{name} − {base}" for _, name in diffs]
+    body = [[r["label"], str(r["stats"][axes[0][0]]["n"])] + [_cell(r["stats"][m]) for m, _ in axes]
+            + [_diff(r["diff"].get(m)) for m, _ in diffs] for r in rows]
     return markdown_table(header, body) + [
         "", f"Mean ± standard deviation over seeds; differences from {base} paired by seed, mean [95 % t interval "
-        "over the seeds]. Clean and attacked top-1 on the same test images (the patch suite's records)."]
+        f"over the seeds]. {note}"]
 
 
 def variant_table(res: Dict[str, Any], suite: str = SUITE, patches: int = 1) -> List[str]:

@@ -410,6 +410,28 @@ def _paper_study(name: str, s: Dict[str, Any]) -> Study:
     return st
 
 
+def _certify_study(name: str, s: Dict[str, Any]) -> Study:
+    """SymViT, RPC-6 and robust PAP, each trained plainly and masking-aware (``train.token_drop`` at the study's
+    ``token_drop``), the certify suite on all of them and the claims on certified top-1."""
+    seeds = [int(x) for x in s["seeds"]]
+    if not seeds:
+        raise StudyError("--set seeds=...: at least one seed")
+    if not s["preset_symvit"]:
+        raise StudyError("--set preset_symvit=...: the certify study compares every model with SymViT")
+    drop = float(s["token_drop"])
+    if not 0.0 < drop < 1.0:
+        raise StudyError(f"--set token_drop={s['token_drop']}: the masking-aware models need a fraction in (0, 1)")
+    common, samples = _fmnist_common(s)
+    overrides = common + list(s.get("train_overrides") or [])
+    masked = tuple(replace(r, overrides=r.overrides + (f"train.token_drop={drop}",)) for r in D.CERTIFY_MASKED)
+    rows = D.FMNIST_VISION + masked
+    models = _models(rows, s, seeds, overrides, samples, int(s["depth"]))
+    keys = [m.key for m in models]
+    evals = _vision_evals(s, keys, list(s["suites"]), [r.key for r in rows])
+    claims = [c for c in _claims(D.CERTIFY_CLAIMS, s["suites"]) if c.rpc in keys and c.baseline in keys]
+    return Study(name, D.TEXTS[name].description, models, evals, [], None, claims, s)
+
+
 @dataclass(frozen=True)
 class StudyDef:
     """A study: its settings' defaults (a settings dataclass) and the function that builds it."""
@@ -425,6 +447,7 @@ class StudyDef:
 STUDIES: Dict[str, StudyDef] = {d.name: d for d in (
     StudyDef("smoke", D.SMOKE, _fmnist_study), StudyDef("quick", D.QUICK, _fmnist_study),
     StudyDef("decide", D.DECIDE, _fmnist_study), StudyDef("patch", D.PATCH, _patch_study),
+    StudyDef("certify", D.CERTIFY, _certify_study),
     StudyDef("fmnist-full", D.FULL, _fmnist_full), StudyDef("imagenet", D.IMAGENET, _imagenet),
     StudyDef("wikitext103", D.WIKITEXT, _wikitext103),
     StudyDef("lm-gap", D.LM_GAP, _lm_gap), StudyDef("paper", PD.PAPER, _paper_study))}

@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
+from ..evaluate.certify import certified_metric
 from ..evaluate.classification import MEAN_TOP1, TOP1, top1_at
 from ..evaluate.corruptions import MCE
 from ..evaluate.lm import ppl_metric
@@ -65,12 +66,13 @@ class FmnistSettings:
     sparse_limit: int = 500                      # sparse corruption: 9 corrupted settings + clean per image
     # the key corruption as a dose-response (the robust-PAP claim is on its mean)
     sparse_sets: List[str] = setting(["sparse.key_magnitude=5,20,100"])
-    # adversarial patches, the input-level sparse threat: 1 and 2 patches, each of 4 variants (CE and
-    # attention loss, exact and BPDA gradients) x 2 restarts of patch_steps steps, on these models only
-    # (about 2.5 minutes for 3 models x 3 seeds; docs/robustness.md#adversarial-patch)
+    # adversarial patches, the input-level sparse threat: 1 and 2 patches, each of up to 4 variants (CE and
+    # attention loss, exact and BPDA gradients), patch_steps steps from one random start at every cell (one
+    # patch) and at every pair of the most salient half of the cells (two), on these models only
+    # (docs/robustness.md#adversarial-patch)
     patch_limit: int = 100
     patch_steps: int = 20
-    patch_sets: List[str] = setting(["patch.restarts=2"])
+    patch_sets: List[str] = setting([])
     patch_models: List[str] = setting(["symvit", "rpc6", "rpc_robust"])
     analyze_sets: List[str] = setting(["limit=8"])  # KPCA analysis options (kpca.options.AnalysisOptions)
     # language model (presets on the embedded Wikipedia corpus; 1200 steps there)
@@ -178,6 +180,26 @@ class PatchSettings(FmnistSettings):
     suites: List[str] = setting(["patch"])
 
 
+@dataclass(frozen=True)
+class CertifySettings(FmnistSettings):
+    """``certify``: the certified patch defence (double masking, tokens dropped through the key mask) on SymViT,
+    RPC-6 and robust PAP, each trained plainly and masking-aware (``train.token_drop``), the quick study's
+    schedule; only the certify suite."""
+
+    seeds: List[int] = setting([0, 1, 2, 3, 4])
+    preset_rpc_pcp: str = ""
+    preset_rpc2all: str = ""
+    token_drop: float = 0.5                      # masking-aware models: up to half of the 16 tokens dropped
+    certify_limit: int = 100
+    # the adaptive attack on the defended decision: cross-entropy over the single masks, exact gradients and
+    # BPDA, 10 steps at 16 positions (every 7 pixels and the last: the token-aligned ones among them)
+    certify_sets: List[str] = setting(["certify.attack_steps=10", "certify.attack_stride=7", "certify.losses=ce"])
+    certify_models: List[str] = setting([])      # []: every model of the study
+    jproj_history: bool = False
+    lm: bool = False
+    suites: List[str] = setting(["certify"])
+
+
 QUICK = FmnistSettings()
 SMOKE = replace(
     QUICK, seeds=[0], epochs=1, batch_size=64, train_subset=256, val_size=64, test_subset=256,
@@ -186,7 +208,7 @@ SMOKE = replace(
     depth=2, eval_limit=128, attack_limit=32, eps="2/255,6/255", pgd_steps=3,
     corruptions=["gaussian_noise", "contrast"], corruption_limit=32, ood_limit=128,
     strong_attack_limit=16, sparse_limit=64, preset_rpc_robust="", sparse_sets=[], lm_steps=4, lm_batch_size=4,
-    patch_limit=16, patch_steps=2, patch_sets=["patch.restarts=1", "patch.patches=1"],
+    patch_limit=16, patch_steps=2, patch_sets=["patch.patches=1"],
     lm_overrides=["model.kwargs.d_model=32", "model.kwargs.n_layer=2", "model.kwargs.n_head=2",
                   "model.kwargs.d_inner=64", "model.kwargs.context=32", "train.threads=0",
                   "train.eval_every=0", "eval.final_split=null"],
@@ -196,9 +218,10 @@ FULL = FullSettings(
     val_size=5000, train_subset=0, eval_limit=0, attack_limit=1000,
     corruptions=[], corruption_limit=1000, ood_limit=0, strong_attack_limit=500, sparse_limit=0,
     preset_rpc_robust="", sparse_sets=[], lm_steps=1200, lm_batch_size=16, lm_eval_sets=[],
-    patch_limit=500, patch_steps=100, patch_sets=["patch.restarts=3"], patch_models=["symvit", "rpc6", "rpc2all"],
+    patch_limit=500, patch_steps=100, patch_sets=[], patch_models=["symvit", "rpc6", "rpc2all"],
     suites=FMNIST_SUITES + ["noise", "sld", "spsa", "cw", "autoattack", "square"])
 PATCH = PatchSettings()
+CERTIFY = CertifySettings()
 IMAGENET = ImagenetSettings()
 WIKITEXT = WikitextSettings()
 LM_GAP = LmGapSettings()
@@ -265,6 +288,16 @@ PATCH_CONTROLS = (
              role="variant", base="symvit", model_kwargs=(("key_control", "clip"),)),
     ModelRow(key="symvit_drop", label="SymViT + drop (block 0's outlier tokens)", preset="preset_symvit",
              family="vision", role="variant", base="symvit", model_kwargs=(("key_control", "drop"),)),
+)
+# the certify study's masking-aware models: the same presets trained with random token drop (the drop fraction
+# is the study's token_drop setting, added by the study)
+CERTIFY_MASKED = (
+    ModelRow(key="symvit_md", label="SymViT, masking-aware", preset="preset_symvit", family="vision",
+             role="variant"),
+    ModelRow(key="rpc6_md", label="RPC-SymViT 6iter/layer1, masking-aware", preset="preset_rpc6", family="vision",
+             role="rpc", pap=(6, 1)),
+    ModelRow(key="rpc_robust_md", label="RPC-SymViT robust PAP 2iter/layer1, masking-aware",
+             preset="preset_rpc_robust", family="vision", role="rpc", pap=(2, 1)),
 )
 IMAGENET_VISION = (
     ModelRow(key="symvit", label="SymViT-tiny", preset="preset_symvit", family="vision", role="baseline"),
@@ -387,6 +420,23 @@ PATCH_CLAIMS = tuple(
                          ("symvit_clip", "SymViT with block 0's keys clipped"),
                          ("symvit_drop", "SymViT with block 0's outlier tokens dropped as keys")))
 
+# The certify study: does PAP raise certified accuracy over SymViT under the same defence and training (paired
+# by seed), and does masking-aware training raise it? Certified top-1 against one 7x7 patch anywhere.
+CERTIFY_CLAIMS = tuple(
+    ClaimSpec(id=cid, subject=subject, says=says, table="vision", suite="certify", metric=certified_metric("patch"),
+              baseline=base, rpc=key, margin=1.0, family="own")
+    for cid, subject, says, base, key in (
+        ("cert_rpc6_md", "RPC (6 iters, layer 1), masking-aware", "has higher certified top-1 against one patch "
+         "than the masking-aware SymViT", "symvit_md", "rpc6_md"),
+        ("cert_robust_md", "RPC with robust PAP, masking-aware", "has higher certified top-1 against one patch "
+         "than the masking-aware SymViT", "symvit_md", "rpc_robust_md"),
+        ("cert_rpc6", "RPC (6 iters, layer 1)", "has higher certified top-1 against one patch than SymViT",
+         "symvit", "rpc6"),
+        ("cert_robust", "RPC with robust PAP", "has higher certified top-1 against one patch than SymViT", "symvit",
+         "rpc_robust"),
+        ("cert_training", "Masking-aware training", "raises SymViT's certified top-1 against one patch", "symvit",
+         "symvit_md")))
+
 LM_CLAIMS = tuple(
     ClaimSpec(id=cid, subject="RPC-Symlm", says=says, table="lm", suite=suite, metric=metric, baseline="symlm",
               rpc="rpc_symlm", higher=False, margin=0.02, relative=True, family="lm")
@@ -496,6 +546,13 @@ TEXTS = {
         "robust std; tokens with an outlying key row dropped as keys); the quick study's schedule, five seeds; "
         "clean top-1 on the same test images; the frontier of accuracy under attack against clean accuracy."),
         summary="Adaptive patch attack: SymViT, PAP variants and key controls (frontier, 5 seeds; under an hour on 2 cores)."),
+    "certify": Texts(description=(
+        "The certified patch defence (docs/robustness.md#certified-patch-defence): double masking with the masked "
+        "tokens dropped through the attention key mask, on SymViT, RPC-SymViT 6iter/layer1 and robust PAP, each "
+        "trained plainly and masking-aware (random token drop), the quick study's schedule, five seeds; certified "
+        "and defended top-1 against one 7x7 patch anywhere on the 28x28 images and against one token, and top-1 "
+        "under the adaptive attack on the defended decision; the frontier of certified against defended top-1."),
+        summary="Certified patch defence: SymViT, RPC-6, robust PAP, plain and masking-aware (5 seeds)."),
     "decide": Texts(description=(
         f"The primary claims (RPC 6iter/layer1: clean top-1 and mCE against SymViT) and the library's own claim "
         f"(robust PAP under key corruption) at the {DECIDE_SEEDS} seeds a power calculation on the three-seed quick "

@@ -3,10 +3,12 @@
 Config keys it reads: ``model.name`` (any timm model, e.g. ``rpc_symvit_tiny_patch16_224``),
 ``model.kwargs`` (passed to ``timm.create_model``; ``num_classes``/``in_chans``/``img_size`` default
 to the data set's), ``data.*`` (see :mod:`rpc_attention.data.images`), ``train.mixup`` (timm Mixup /
-CutMix / label smoothing). Metrics: ``loss``, ``acc1``, ``acc5`` (percent; only with more than five
-classes). An ImageFolder's class count, image size and normalisation are read from its training
-images (:func:`rpc_attention.data.images.inspect_imagefolder`) unless set; the model's
-``num_classes`` / ``in_chans`` / ``img_size`` follow the data's.
+CutMix / label smoothing), ``train.token_drop`` (masking-aware training: each training image drops up to
+that fraction of its patch tokens through the attention key mask, :func:`token_drop_mask`; 0 = off).
+Metrics: ``loss``, ``acc1``, ``acc5`` (percent; only with more than five classes). An ImageFolder's
+class count, image size and normalisation are read from its training images
+(:func:`rpc_attention.data.images.inspect_imagefolder`) unless set; the model's ``num_classes`` /
+``in_chans`` / ``img_size`` follow the data's.
 """
 
 from __future__ import annotations
@@ -82,6 +84,18 @@ def _data_facts(data: Dict[str, Any], info: Dict[str, Any]) -> Dict[str, Any]:
     return out
 
 
+def token_drop_mask(model: torch.nn.Module, x: torch.Tensor, fraction: float) -> torch.Tensor:
+    """The key mask of masking-aware training for the batch ``x``: each image drops a random number of its
+    patch tokens, up to ``fraction`` of them (:func:`rpc_attention.evaluate.masking.random_token_drop`, drawn
+    from torch's global generator, which the trainer seeds and checkpoints); the class token stays."""
+    from ..evaluate.masking import drop_tokens_mask, random_token_drop
+
+    vit = getattr(model, "module", model)  # under DistributedDataParallel
+    rows, cols = vit.patch_embed.grid_size
+    dropped = random_token_drop(x.shape[0], int(rows) * int(cols), fraction, device=x.device)
+    return drop_tokens_mask(dropped, int(vit.num_prefix_tokens))
+
+
 class ClassificationTask:
     throughput_unit = "images"
     primary_metric = "acc1"
@@ -110,7 +124,7 @@ class ClassificationTask:
         return {
             "data": {k: getattr(data, k) for k in ("name", "val_size", "train_subset", "test_subset", "subset_seed",
                                                    "crop_pct")},
-            "train": {"mixup": asdict(MixupConfig())},
+            "train": {"mixup": asdict(MixupConfig()), "token_drop": 0.0},
         }
 
     def finalize_config(self, cfg: Dict[str, Any]) -> Dict[str, Any]:
@@ -134,6 +148,10 @@ class ClassificationTask:
         cfg["model"]["kwargs"] = kw
         for key in ("num_classes", "in_chans", "img_size"):
             kw.setdefault(key, int(data[key]))
+        drop = (cfg.get("train") or {}).get("token_drop", 0.0)
+        if isinstance(drop, bool) or not isinstance(drop, (int, float)) or not 0.0 <= float(drop) < 1.0:
+            raise ValueError(f"train.token_drop is the largest fraction of patch tokens a training image drops, "
+                             f"in [0, 1) (0: off), got {drop!r}")
         if int(kw["num_classes"]) != int(data["num_classes"]):
             raise ValueError(f"model.kwargs.num_classes={kw['num_classes']} but the data has {data['num_classes']} "
                              f"classes (data.num_classes): leave model.kwargs.num_classes unset, it follows the data")
@@ -145,11 +163,19 @@ class ClassificationTask:
 
         name = cfg["model"]["name"]
         try:
-            return create_model(name, **(cfg["model"].get("kwargs") or {}))
+            model = create_model(name, **(cfg["model"].get("kwargs") or {}))
         except RuntimeError as exc:
             if "Unknown model" in str(exc):
                 raise ValueError(f"unknown model {name!r} (not in timm's registry)") from None
             raise
+        if float((cfg.get("train") or {}).get("token_drop", 0.0)):
+            from ..evaluate.masking import check_token_dropping
+
+            try:
+                check_token_dropping(model)
+            except ValueError as exc:
+                raise ValueError(f"train.token_drop={cfg['train']['token_drop']}: {exc}") from None
+        return model
 
     def build_datasets(self, cfg: Dict[str, Any]):
         from ..data.images import build_datasets
@@ -176,12 +202,14 @@ class ClassificationTask:
     def loss(self, model, batch, cfg: Dict[str, Any]):
         x, y = batch
         smoothing = MixupConfig.from_config(cfg["train"].get("mixup")).label_smoothing
+        drop = float((cfg.get("train") or {}).get("token_drop", 0.0)) if model.training else 0.0
+        kw = {"attn_mask": token_drop_mask(model, x, drop)} if drop else {}
         if self._mixup is not None and model.training:
             x, soft = self._mixup(x, y)
-            logits = model(x)
+            logits = model(x, **kw)
             loss = torch.sum(-soft * F.log_softmax(logits.float(), dim=-1), dim=-1).mean()
         else:
-            logits = model(x)
+            logits = model(x, **kw)
             loss = F.cross_entropy(logits.float(), y, label_smoothing=smoothing)
         acc = (logits.detach().argmax(-1) == y).float().mean() * 100.0
         return loss, {"acc": acc}
