@@ -294,3 +294,24 @@ def test_the_resume_hint_repeats_the_whole_command(monkeypatch, capsys):
     err = capsys.readouterr().err
     assert ("run `rpc-attention reproduce --study smoke --out '/tmp/my study' --set 'seeds=[0, 1]' --launcher slurm "
             "--time 60 --cpus-per-task 1 --threads 1` again to resume") in err
+
+
+def test_a_slurm_job_stops_its_stage_at_sigterm_and_notes_when(tmp_path):
+    from rpc_attention.reproduce.slurm import SubmititStage, _stop_on_sigterm
+    from rpc_attention.reproduce.worker import StageJob
+
+    running = tmp_path / "stages" / "train.a.running.json"
+    atomic_write_json(running, {"started": 1.0, "job": {"job_id": "51"}})
+    stage, previous = SubmititStage(), signal.getsignal(signal.SIGTERM)
+    try:
+        _stop_on_sigterm(stage, StageJob(factory=None, out_dir=str(tmp_path), stage="train.a", threads=1), "51")
+        stage.checkpointing = True  # submitit's own requeue after the time-limit warning: the checkpoint finishes
+        os.kill(os.getpid(), signal.SIGTERM)
+        assert "stopped" not in read_json(running)
+        stage.checkpointing = False  # scancel, scontrol requeue, preemption: the stage stops now
+        with pytest.raises(KeyboardInterrupt):
+            os.kill(os.getpid(), signal.SIGTERM)
+            time.sleep(1)
+        assert read_json(running)["stopped"] > 1.0
+    finally:
+        signal.signal(signal.SIGTERM, previous)

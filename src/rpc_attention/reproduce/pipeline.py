@@ -68,6 +68,14 @@ def read_json(path) -> Optional[dict]:
         return None
 
 
+def note_stopped(running_marker: Path, job_id: str) -> None:
+    """Record in a stage's running marker when job ``job_id``, which runs it, was stopped (SIGTERM), so
+    the attempt's seconds count when the stage is resumed or recorded as lost."""
+    running = read_json(running_marker)
+    if running and str((running.get("job") or {}).get("job_id")) == str(job_id) and not running.get("stopped"):
+        atomic_write_json(running_marker, {**running, "stopped": time.time()})
+
+
 # ---------------------------------------------------------------------------------------------- stages
 @dataclass
 class Stage:
@@ -366,7 +374,7 @@ class Pipeline:
         atomic_write_json(self.marker_path(name, "failed"), {
             "name": name, "kind": s.kind, "status": "failed", "error": why, "traceback": "",
             "started": running.get("started"), "attempts": running.get("attempts", 1),
-            "seconds": time.time() - running["started"] if running.get("started") else None,
+            "seconds": (running.get("stopped") or time.time()) - running["started"] if running.get("started") else None,
             "earlier_s": running.get("earlier_s", 0.0),
             "fingerprint": running.get("fingerprint"), **{**running.get("job", {}), **self.job}})
         self.log(f"! {name}: FAILED: {why}")
@@ -411,7 +419,9 @@ class Pipeline:
         before = (self.marker(s.name, "running") if prev == "running" else
                   self.marker(s.name, "failed") if prev == "failed" else None) or {}
         resuming = prev == "running" or (prev == "failed" and not force and before.get("fingerprint") == fp)
-        earlier_s = float(before.get("earlier_s") or 0.0) + (float(before.get("seconds") or 0.0) if prev == "failed" else 0.0)
+        last_s = before.get("seconds") if prev == "failed" else (
+            before["stopped"] - before["started"] if before.get("stopped") and before.get("started") else 0.0)
+        earlier_s = float(before.get("earlier_s") or 0.0) + float(last_s or 0.0)
         earlier_s = earlier_s if resuming else 0.0
         fresh = force or (prev == "done" and old.get("fingerprint") != fp)
         started = time.time()

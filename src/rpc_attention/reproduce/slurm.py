@@ -34,7 +34,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import submitit
 
-from .pipeline import Stage, read_json
+from .pipeline import Stage, note_stopped, read_json
 from .worker import FINISHED_OK, StageJob, run_stage_job
 
 SIGNAL_DELAY_S = 120  # seconds between SLURM's warning signal and the job's end: time to requeue
@@ -60,7 +60,8 @@ class SubmititStage(submitit.helpers.Checkpointable):
 
     def __call__(self, job: StageJob) -> str:
         env = submitit.JobEnvironment()
-        _stop_on_cancel(job, str(env.job_id))
+        self.checkpointing = False
+        _stop_on_sigterm(self, job, str(env.job_id))
         if env.num_tasks > 1:
             # torch.distributed's env:// variables; the trainer picks cuda:LOCAL_RANK itself
             submitit.helpers.TorchDistributedEnvironment().export(set_cuda_visible_devices=False, overwrite=True)
@@ -69,22 +70,33 @@ class SubmititStage(submitit.helpers.Checkpointable):
             raise StageJobFailed(f"stage {job.stage}: {outcome} (see {job.out_dir}/stages/{job.stage}.failed.json)")
         return outcome
 
+    checkpointing = False  # submitit is checkpointing this job for its requeue (a SIGTERM follows)
+
     def checkpoint(self, job: StageJob) -> submitit.helpers.DelayedSubmission:
-        return submitit.helpers.DelayedSubmission(self, replace(job, force=False))
+        self.checkpointing = True
+        note_stopped(Path(job.out_dir) / "stages" / f"{job.stage}.running.json", str(submitit.JobEnvironment().job_id))
+        return submitit.helpers.DelayedSubmission(type(self)(), replace(job, force=False))
 
 
-def _stop_on_cancel(job: StageJob, job_id: str) -> None:
-    """SIGTERM reaches a job when it is cancelled, requeued or preempted; submitit ignores it (the
-    requeue must not cut the checkpoint short), so a cancelled job would go on for SLURM's KillWait
-    writing checkpoints. When the launcher cancelled this job (its record in ``stages/<stage>.job.json``
-    says so), stop the stage now (its running marker stays: the next run resumes it); else ignore the
-    signal as submitit does."""
+def _stop_on_sigterm(stage: SubmititStage, job: StageJob, job_id: str) -> None:
+    """SIGTERM reaches a job when it is cancelled, requeued or preempted, and SLURM kills it KillWait
+    (30 s by default) later. submitit ignores the signal, so the stage would go on for that long: a
+    short stage could even finish and write its marker after the launcher had recorded the job as
+    ended, and a training would write checkpoints into a stage the next job resumes. So the stage
+    stops at SIGTERM (a KeyboardInterrupt: its running marker stays, with the time it ran, and the
+    next job or run resumes it). Not while submitit checkpoints the job for its own requeue after the
+    time-limit warning: that requeue is what sends the signal, and the checkpoint must finish."""
+    running = Path(job.out_dir) / "stages" / f"{job.stage}.running.json"
     record = Path(job.out_dir) / "stages" / f"{job.stage}.job.json"
 
     def handler(signum, frame) -> None:
-        if is_cancelled(read_json(record), job_id):
-            raise KeyboardInterrupt(f"job {job_id} cancelled")
-        print(f"$ job {job_id}: SIGTERM ignored (not cancelled by the launcher: requeued or preempted)", flush=True)
+        if stage.checkpointing:
+            print(f"$ job {job_id}: SIGTERM during the requeue after the time-limit warning: ignored", flush=True)
+            return
+        why = "cancelled by the launcher" if is_cancelled(read_json(record), job_id) else "cancelled, requeued or preempted"
+        print(f"$ job {job_id}: SIGTERM ({why}): stopping stage {job.stage}; the next job resumes it", flush=True)
+        note_stopped(running, job_id)
+        raise KeyboardInterrupt(f"job {job_id}: SIGTERM")
 
     signal.signal(signal.SIGTERM, handler)
 
