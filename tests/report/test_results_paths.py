@@ -51,3 +51,18 @@ def _strings(value):
             yield from _strings(v)
     elif isinstance(value, str):
         yield value
+
+
+def test_the_published_results_hold_no_absolute_path():
+    import re
+
+    # an absolute POSIX path at the start of a string or after a space, a bracket, a quote, "=", ":" or ","
+    path = re.compile(r"(?:^|[\s(\[{'\"=:,])(/(?:[\w.+-]+/)*[\w.+-]+)")
+    found = {}
+    for f in sorted((ROOT / "docs" / "results").glob("*.json")):
+        res = json.loads(f.read_text())
+        hits = sorted({m.group(1) for s in _strings(res) for m in path.finditer(s)})
+        if hits:
+            found[f.name] = hits[:5]
+        assert res.get("out_dir") in (None, "."), f.name
+    assert not found, f"machine paths in docs/results (run `rpc-attention publish --relative-paths`): {found}"
