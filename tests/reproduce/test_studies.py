@@ -167,3 +167,16 @@ def test_patch_study_trains_the_variants_and_evaluates_the_controls_on_the_symvi
     level = get_study("patch", ["clip_level=2.5", "controls=false"])
     assert "symvit_clip" not in [m.key for m in level.models]
     assert get_study("patch", ["clip_level=2.5"]).model("symvit_clip").model_kwargs["key_control_level"] == 2.5
+
+
+def test_the_stage_counts_docs_reproduce_gives_are_the_studies_of_the_code():
+    import re
+    from pathlib import Path
+
+    from rpc_attention.reproduce import build_stages
+
+    text = (Path(__file__).resolve().parents[2] / "docs" / "reproduce.md").read_text()
+    (smoke,) = re.findall(r"The `smoke` study is (\d+) stages", text)
+    (quick,) = re.findall(r"`quick`\s+study \(`make demo`: (\d+) stages", text)
+    assert int(smoke) == len(build_stages(get_study("smoke")))
+    assert int(quick) == len(build_stages(get_study("quick")))
