@@ -408,29 +408,32 @@ class Pipeline:
             "name": s.name, "kind": s.kind, "status": "skipped", "reason": reason,
             "fingerprint": self.fingerprint(s), "time": time.time(), "params": s.params, **self.job})
 
-    def _run_one(self, s: Stage, force: bool):
-        prev = self.status(s.name)
-        load_start = _load()
-        cpu0 = time.process_time()
-        old = self.marker(s.name) or {}
-        fp = self.fingerprint(s)
-        # An earlier attempt with these parameters that did not finish (interrupted, or failed: a lost job,
-        # an error) is continued: a training resumes from its checkpoint. Its seconds count in this one's.
+    def _earlier_attempt(self, s: Stage, prev: Optional[str], fp: str, force: bool) -> tuple:
+        """``(resuming, earlier_s, attempts)``: an earlier attempt with these parameters that did not
+        finish (interrupted, or failed: a lost job, an error) is continued (a training resumes from its
+        checkpoint), and its seconds (with those it continued) count in this attempt's."""
         before = (self.marker(s.name, "running") if prev == "running" else
                   self.marker(s.name, "failed") if prev == "failed" else None) or {}
         resuming = prev == "running" or (prev == "failed" and not force and before.get("fingerprint") == fp)
         last_s = before.get("seconds") if prev == "failed" else (
             before["stopped"] - before["started"] if before.get("stopped") and before.get("started") else 0.0)
         earlier_s = float(before.get("earlier_s") or 0.0) + float(last_s or 0.0)
-        earlier_s = earlier_s if resuming else 0.0
+        return resuming, earlier_s if resuming else 0.0, int(before.get("attempts", 0))
+
+    def _run_one(self, s: Stage, force: bool):
+        prev = self.status(s.name)
+        load_start = _load()
+        cpu0 = time.process_time()
+        old = self.marker(s.name) or {}
+        fp = self.fingerprint(s)
+        resuming, earlier_s, attempts = self._earlier_attempt(s, prev, fp, force)
         fresh = force or (prev == "done" and old.get("fingerprint") != fp)
         started = time.time()
         if self.is_writer:
             self._clear_markers(s.name, keep=("running",))
-            running = self.marker(s.name, "running") or {}
             atomic_write_json(self.marker_path(s.name, "running"), {
                 "name": s.name, "kind": s.kind, "status": "running", "started": started,
-                "attempts": int((running or before).get("attempts", 0)) + 1, "fingerprint": fp,
+                "attempts": attempts + 1, "fingerprint": fp,
                 "runtime": self.runtime, "earlier_s": earlier_s, "job": self.job, **_host_info()})
         verb = "resuming" if resuming else ("rerunning" if prev else "running")
         self.log(f"> {s.name}: {verb} ({s.kind}, estimate {format_seconds(s.estimate_s)})")
@@ -456,7 +459,7 @@ class Pipeline:
                 atomic_write_json(self.marker_path(s.name, "failed"), {
                     "name": s.name, "kind": s.kind, "status": "failed", "error": f"{type(exc).__name__}: {exc}",
                     "traceback": tb, "started": started, "seconds": time.time() - started, "earlier_s": earlier_s,
-                    "attempts": int((self.marker(s.name, "running") or {}).get("attempts", 1)), "fingerprint": fp,
+                    "attempts": attempts + 1, "fingerprint": fp,
                     **self.job})
             self.log(f"! {s.name}: FAILED after {format_seconds(time.time() - started)}: {type(exc).__name__}: {exc}")
             return "failed", f"{type(exc).__name__}: {exc}"
@@ -464,12 +467,11 @@ class Pipeline:
         if self._disowned(s):
             return "cancelled", None
         if self.is_writer:
-            attempts = int((self.marker(s.name, "running") or {}).get("attempts", 1))
             atomic_write_json(self.marker_path(s.name, "done"), {
                 "name": s.name, "kind": s.kind, "status": "done", "fingerprint": fp, "params": s.params,
                 # seconds: every attempt of this stage that this one continued; attempt_s: this one alone
                 "started": started, "finished": finished, "seconds": finished - started + earlier_s,
-                "attempt_s": finished - started, "attempts": attempts,
+                "attempt_s": finished - started, "attempts": attempts + 1,
                 "cpu_s": time.process_time() - cpu0,
                 "estimate_s": s.estimate_s, "resumed": resuming, "load_start": load_start, "load_end": _load(),
                 "runtime": self.runtime, **self.job,
