@@ -65,7 +65,10 @@ class SubmititStage(submitit.helpers.Checkpointable):
         if env.num_tasks > 1:
             # torch.distributed's env:// variables; the trainer picks cuda:LOCAL_RANK itself
             submitit.helpers.TorchDistributedEnvironment().export(set_cuda_visible_devices=False, overwrite=True)
-        outcome = run_stage_job(job, env.job_id, str(env.paths.stdout))
+        try:
+            outcome = run_stage_job(job, env.job_id, str(env.paths.stdout))
+        except KeyboardInterrupt:  # SIGTERM (see _stop_on_sigterm): said in the log already, no traceback
+            raise SystemExit(143) from None
         if outcome not in FINISHED_OK:
             raise StageJobFailed(f"stage {job.stage}: {outcome} (see {job.out_dir}/stages/{job.stage}.failed.json)")
         return outcome
