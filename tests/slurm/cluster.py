@@ -5,6 +5,8 @@ their configuration, state, logs and sockets under the directory, on free ports,
 of the machine's own SLURM (if any). The node is CPU-only (no gres). Process tracking by
 ``/proc`` (``proctrack/linuxproc``) and no task plugin: no cgroups, which a container does not give.
 With ``accounting=True`` a MariaDB server and ``slurmdbd`` run there too, so ``sacct`` answers.
+Two settings shorten what a test waits for: ``KillWait=5`` (SIGTERM to SIGKILL; default 30 s) and
+``cred_expire=10`` (how long a requeued job is held before it may start again; default 120 s).
 
     cluster = Cluster(tmp_dir); cluster.start(); ... env=cluster.env ...; cluster.stop()
 
