@@ -128,7 +128,8 @@ def test_a_requeued_training_job_resumes_from_its_checkpoint(cluster, tmp_path, 
         assert cluster.run(["scontrol", "requeuehold", job]).returncode == 0
         wait_for(lambda: "PENDING" in cluster.run(["squeue", "-h", "-o", "%T", "-j", job]).stdout, "pending", 120)
         row = status(out, cluster.env)["train.symvit-s0"]
-        assert row["status"] == "queued" and "SLURM: PENDING (JobHeld" in row["reason"], row
+        # SLURM's reason for a job requeued in held state: "job requeued in held state" (22.05)
+        assert row["status"] == "queued" and "SLURM: PENDING (" in row["reason"] and "held" in row["reason"], row
         assert marker(out, "train.symvit-s0", "running")["stopped"]  # stopped at SIGTERM, when noted
         assert cluster.run(["scontrol", "release", job]).returncode == 0
         text, err = proc.communicate(timeout=600)
