@@ -7,7 +7,7 @@ STAMP  := $(VENV)/.installed
 FMNIST := /usr/share/datasets/fashion-mnist
 PYTEST_ARGS ?=
 
-.PHONY: demo pap-demo test test-threads install data bench clean help
+.PHONY: demo pap-demo test test-threads test-slurm gpu-check install data bench clean help
 
 help:
 	@echo "make demo   - install and run the main job (the quick study) on the embedded default data"
@@ -15,6 +15,8 @@ help:
 	@echo "make test   - install with dev extras and run the test suite"
 	@echo "make test-threads - the numerical kernel tests again, in one process at 1 and at 2 threads"
 	@echo "make bench  - run the quick benchmark suite"
+	@echo "make test-slurm - the --launcher slurm tests on a real one-node SLURM started for them (root installs slurm-wlm)"
+	@echo "make gpu-check - on a machine with a GPU: the CUDA checks and measurements (benchmarks/results/gpu_check.json)"
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -64,6 +66,18 @@ KERNEL_TESTS := tests/functional tests/test_nn.py -k "not import"
 test-threads: install
 	OMP_NUM_THREADS=1 $(PY) -m pytest -q -n 0 $(KERNEL_TESTS)
 	OMP_NUM_THREADS=2 $(PY) -m pytest -q -n 0 $(KERNEL_TESTS)
+
+# `--launcher slurm` against a real SLURM: a one-node CPU-only cluster (slurm-wlm and munge from Debian,
+# installed here when root, as for Fashion-MNIST) started in a temporary directory and stopped at the
+# end; without accounting, then with MariaDB + slurmdbd for one case (tests/slurm). Not part of `make test`
+# (the `slurm` marker is deselected there); .ci/run runs it after `make test`.
+test-slurm: install
+	$(PY) -m pytest -q -n 0 -m slurm tests/slurm $(PYTEST_ARGS)
+
+# The first GPU: CUDA kernels against float64, the SDPA backend, a bf16 step of each model family, DDP,
+# cached decoding, and PAP's speed and memory (docs/performance.md#gpu-check). Without CUDA: one line.
+gpu-check: install
+	$(PY) benchmarks/gpu_check.py
 
 bench: install
 	$(PY) benchmarks/run.py --quick

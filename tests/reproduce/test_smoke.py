@@ -32,6 +32,8 @@ def check_report(smoke_dir):
     for n in names:
         assert (smoke_dir / "stages" / f"{n}.done.json").exists(), n
     res = json.loads((smoke_dir / "results.json").read_text())
+    # no path of this machine: everything under the study directory is relative to it
+    assert res["out_dir"] == "." and str(smoke_dir.resolve()) not in (smoke_dir / "results.json").read_text()
     claims = {c["id"]: c for c in res["claims"]}
     assert set(claims) == {"clean", "fgsm", "pgd", "mce", "ood_aupr", "sparse_input", "key_corruption", "lm_ppl",
                            "lm_wordswap", "clean_pcp", "fgsm_pcp", "mce_pcp", "ood_aupr_pcp", "sparse_input_pcp",

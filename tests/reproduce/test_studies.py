@@ -188,3 +188,16 @@ def test_certify_study_trains_each_model_plainly_and_masking_aware():
     assert "train.token_drop=0.25" in get_study("certify", ["token_drop=0.25"]).model("symvit_md").overrides
     with pytest.raises(StudyError, match="token_drop"):
         get_study("certify", ["token_drop=0"])
+
+
+def test_the_stage_counts_docs_reproduce_gives_are_the_studies_of_the_code():
+    import re
+    from pathlib import Path
+
+    from rpc_attention.reproduce import build_stages
+
+    text = (Path(__file__).resolve().parents[2] / "docs" / "reproduce.md").read_text()
+    (smoke,) = re.findall(r"The `smoke` study is (\d+) stages", text)
+    (quick,) = re.findall(r"`quick`\s+study \(`make demo`: (\d+) stages", text)
+    assert int(smoke) == len(build_stages(get_study("smoke")))
+    assert int(quick) == len(build_stages(get_study("quick")))

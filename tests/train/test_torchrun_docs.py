@@ -14,6 +14,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 from rpc_attention.cli import build_parser
 
@@ -114,3 +115,69 @@ def test_documented_cpu_torchrun_line_trains_and_its_resume_line_continues(tmp_p
     steps = [json.loads(l)["step"] for l in (tmp_path / run_dir / "metrics.jsonl").read_text().splitlines()
              if json.loads(l).get("split") == "train"]
     assert steps == [1, 2, 3, 4]
+
+
+def _free_port():
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _two_nodes(tmp_path, env, program):
+    """The documented two-machine line as two nodes of one process each on this machine: two torchrun
+    agents, ``--nnodes 2 --node-rank 0/1``, their c10d rendezvous on 127.0.0.1 at a free port (node 0
+    hosts the rendezvous store)."""
+    line = _line("training.md", "--nnodes=2")
+    launcher = line[:line.index("-m")]
+    endpoint = f"127.0.0.1:{_free_port()}"
+    launcher = [("--nproc_per_node=1" if a.startswith("--nproc_per_node") else
+                 f"--rdzv-endpoint={endpoint}" if a.startswith("--rdzv-endpoint") else a) for a in launcher]
+    procs = [subprocess.Popen(_torchrun() + launcher + ["--node-rank", str(rank), "--rdzv-conf", f"is_host={rank == 0}",
+                                                        "-m", "rpc_attention", *program],
+                              cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+             for rank in (0, 1)]
+    outs = [p.communicate(timeout=600) for p in procs]
+    for p, (_, err) in zip(procs, outs):
+        assert p.returncode == 0, err[-3000:]
+    return "".join(o for o, _ in outs)
+
+
+@pytest.mark.slow
+@pytest.mark.xdist_group("train-subprocess")
+def test_documented_two_node_line_as_two_nodes_on_this_machine_agrees_with_one_node_of_two(tmp_path):
+    """Two nodes of one process and one node of two processes train and resume to the same weights,
+    exactly: both are world size 2 with the same rank per data shard and RNG stream, and gloo's
+    allreduce of two ranks adds two numbers per element (a + b, which does not depend on the order)."""
+    import json
+
+    from safetensors.torch import load_file
+
+    env = dict(os.environ, RPC_ATTENTION_NO_PROGRESS="1", OMP_NUM_THREADS="1")
+    env["PYTHONPATH"] = os.pathsep.join([str(ROOT / "src"), env.get("PYTHONPATH", "")])
+    cpu = _line("training.md", "--nproc_per_node=2", "fmnist-symvit")
+    program = cpu[cpu.index("rpc_attention") + 1:]
+    runs = {}
+    for layout in ("two-nodes", "one-node"):
+        out = f"runs/{layout}"
+        train = [("runs/" + layout if a == "runs/ddp" else a) for a in program] + SMALL
+        resume = ["train", "--resume", out]
+        for argv in (train + ["--set", "train.max_steps=2"], resume + ["--set", "train.max_steps=4"]):
+            if layout == "two-nodes":
+                text = _two_nodes(tmp_path, env, argv)
+            else:
+                res = subprocess.run(_torchrun() + cpu[:cpu.index("-m")] + ["-m", "rpc_attention", *argv], cwd=tmp_path,
+                                     env=env, capture_output=True, text=True, timeout=600)
+                assert res.returncode == 0, res.stderr[-3000:]
+                text = res.stdout
+            assert text.count("run saved in") == 1  # global rank 0 alone writes
+        run = tmp_path / out
+        metrics = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+        runs[layout] = {"weights": load_file(run / "model.safetensors"),
+                        "loss": [(m["step"], m["loss"]) for m in metrics if m.get("split") == "train"]}
+        assert [s for s, _ in runs[layout]["loss"]] == [1, 2, 3, 4]
+    a, b = runs["two-nodes"], runs["one-node"]
+    assert a["loss"] == b["loss"]
+    assert a["weights"].keys() == b["weights"].keys()
+    assert all(torch.equal(a["weights"][k], b["weights"][k]) for k in a["weights"])

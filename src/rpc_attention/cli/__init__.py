@@ -145,7 +145,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Optional[List[str]] = None) -> int:
     parser = build_parser()
+    argv = list(sys.argv[1:] if argv is None else argv)
     args = parser.parse_args(argv)
+    args._argv = argv  # the command as given (a resume hint repeats it)
     if not getattr(args, "_run", None):
         parser.print_help()
         return 2

@@ -19,18 +19,35 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--check", action="store_true",
                         help="only check: list the blocks whose text differs from their results, exit 1 if any")
     parser.add_argument("--force", action="store_true", help="replace other published results under the same name")
+    parser.add_argument("--relative-paths", action="store_true",
+                        help="rewrite every docs/results/*.json with the paths under its study directory made "
+                             "relative to it (publishing does this; for results published or merged before)")
 
 
 def run(args: argparse.Namespace) -> int:
     from pathlib import Path
 
-    from ..report.publish import PublishError, find_blocks, publish_results, render_blocks, stale_blocks
+    from ..report.publish import (
+        PublishError,
+        find_blocks,
+        publish_results,
+        relative_published_results,
+        render_blocks,
+        stale_blocks,
+    )
     from . import UserError
 
     root = Path(args.root)
     if not (root / "README.md").is_file():
         raise UserError(f"{root} has no README.md: run it in the repository or give --root DIR")
     try:
+        if args.relative_paths:
+            if args.study_dir or args.name or args.check:
+                raise UserError("--relative-paths takes no STUDY_DIR, --as or --check")
+            changed = relative_published_results(root)
+            print(f"{len(changed)} result file(s) rewritten with relative paths" +
+                  (": " + ", ".join(str(p) for p in changed) if changed else ""))
+            return 0
         if args.check:
             if args.study_dir or args.name:
                 raise UserError("--check takes no STUDY_DIR or --as")

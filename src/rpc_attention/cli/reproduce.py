@@ -65,13 +65,14 @@ def add_launch_arguments(parser: argparse.ArgumentParser) -> None:
     s = parser.add_argument_group("SLURM jobs (--launcher slurm)")
     s.add_argument("--partition", default=None, help="SLURM partition of every job")
     s.add_argument("--time", type=int, default=None, metavar="MINUTES",
-                   help="time limit of every job (required with --launcher slurm); a job at its limit is requeued "
-                        "and resumes")
+                   help="time limit of every job (required with --launcher slurm; at least 3: SLURM warns a job "
+                        "120 s before its limit); a job at its limit is requeued and resumes")
     s.add_argument("--account", default=None, help="SLURM account")
     s.add_argument("--qos", default=None, help="SLURM quality of service")
     s.add_argument("--constraint", default=None, help="SLURM node constraint (e.g. a100)")
     s.add_argument("--nodes", type=int, default=None, help="nodes of each training job (default 1)")
-    s.add_argument("--gpus-per-node", type=int, default=None, help="GPUs (= DDP tasks) per training node (default 8)")
+    s.add_argument("--gpus-per-node", type=int, default=None,
+                   help="GPUs (= DDP tasks) per training node (default 8; with --device cpu 0: no job asks for a GPU)")
     s.add_argument("--cpus-per-task", type=int, default=None, help="CPUs per task of every job (default 10)")
 
 
@@ -120,14 +121,18 @@ def study_name(args: argparse.Namespace) -> str:
 
 
 def resume_hint(args: argparse.Namespace) -> str:
-    """After Ctrl-C: the same command resumes the study."""
-    import os
+    """After Ctrl-C (or SIGTERM / SIGHUP): the command as it was given resumes the study, every option
+    kept (the launcher, --threads and --set enter what a stage is, so a command without them would
+    rerun the study with other settings), except --force, which would start the finished stages over."""
+    import shlex
 
-    if args.list or args.dry_run:
+    if args.list or args.dry_run or args.status or args.power:
         return ""
-    study = args.study or args.study_alias or "quick"
-    out = args.out or os.path.join("runs", study)
-    return (f"run `rpc-attention reproduce --study {study} --out {out}` again to resume "
+    argv = [a for a in getattr(args, "_argv", None) or [] if a != "--force"]
+    if not argv:
+        study = args.study or args.study_alias or "quick"
+        argv = ["reproduce", "--study", study] + (["--out", args.out] if args.out else [])
+    return (f"run `{shlex.join(['rpc-attention', *argv])}` again to resume "
             "(finished stages are kept, the interrupted one continues from its checkpoint)")
 
 

@@ -146,6 +146,31 @@ def _cell(values: List[float]) -> Dict[str, Any]:
     return {"n": len(vals), "mean": m, "std": sd, "values": vals}
 
 
+def relative_to_study(value: Any, out_dir) -> Any:
+    """``value`` (results, or any part of them) with the study directory's paths written relative to
+    it, so that results carry no path of the machine that ran them: the directory itself becomes
+    ``"."``, ``DIR/runs/x`` becomes ``runs/x``, also inside text ("baseline run DIR/runs/x"). Both
+    ``out_dir`` as given and resolved are replaced."""
+    import re
+
+    prefixes = sorted({str(Path(out_dir)), str(Path(out_dir).resolve())} - {".", "", "/"}, key=len, reverse=True)
+    if not prefixes:
+        return value
+    inside = re.compile("|".join(re.escape(p) + "/" for p in prefixes))
+    alone = re.compile("(?:" + "|".join(re.escape(p) for p in prefixes) + r")(?![\w/-])(?!\.\w)")
+
+    def strip(x: Any) -> Any:
+        if isinstance(x, dict):
+            return {k: strip(v) for k, v in x.items()}
+        if isinstance(x, list):
+            return [strip(v) for v in x]
+        if isinstance(x, str):
+            return alone.sub(".", inside.sub("", x))
+        return x
+
+    return strip(value)
+
+
 def collect_results(out_dir, study, pipeline) -> Dict[str, Any]:
     """Every number of the study in ``out_dir`` as one JSON-able dict: models and their training,
     evaluation records, the task tables, the claims' verdicts and the KPCA analyses; under ``_per_example``
@@ -168,6 +193,7 @@ def collect_results(out_dir, study, pipeline) -> Dict[str, Any]:
     res["sparsity"] = collect_sparsity(out_dir, study)  # S activity of every RPC model's runs
     _collect_analyses(res, study, status, out_dir)
     res["lead"] = {"text": lead_paragraph(res), "rule": LEAD_RULE}
+    res = relative_to_study(res, out_dir)
     # the per-example records behind the example intervals go to their own file (report.recompute), not here
     res["_per_example"] = per_example
     return res

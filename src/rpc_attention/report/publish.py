@@ -298,6 +298,7 @@ def publish_results(study_dir: Path, root: Path, name: str, force: bool = False)
         raise PublishError(f"{src} not found: run the study (rpc-attention reproduce) first") from None
     except json.JSONDecodeError as exc:
         raise PublishError(f"{src} is not valid JSON ({exc})") from None
+    res = strip_machine_paths(res)
     dest = Path(root) / RESULTS_DIR / f"{name}.json"
     old: Optional[Dict[str, Any]] = None
     if dest.exists():
@@ -311,3 +312,30 @@ def publish_results(study_dir: Path, root: Path, name: str, force: bool = False)
         atomic_write_bytes(examples_path(dest), examples.read_bytes())
     render_blocks(root)
     return dest
+
+
+def strip_machine_paths(res: Dict[str, Any]) -> Dict[str, Any]:
+    """Published results with the paths under their study directory (``res["out_dir"]``) relative to
+    it (:func:`~rpc_attention.report.collect.relative_to_study`); results without one are returned as
+    they are."""
+    from .collect import relative_to_study
+
+    out_dir = res.get("out_dir")
+    if not out_dir or out_dir == ".":
+        return res
+    return relative_to_study(res, out_dir)
+
+
+def relative_published_results(root: Path) -> List[Path]:
+    """Rewrite every ``docs/results/*.json`` under ``root`` with :func:`strip_machine_paths` and
+    re-render the blocks; returns the files that changed. Idempotent: results published (or merged)
+    with machine paths are cleaned by running it again (``rpc-attention publish --relative-paths``)."""
+    changed = []
+    for path in sorted((Path(root) / RESULTS_DIR).glob("*.json")):
+        res = json.loads(path.read_text(encoding="utf-8"))
+        clean = strip_machine_paths(res)
+        if clean != res:
+            atomic_write_json(path, clean)
+            changed.append(path)
+    render_blocks(root)
+    return changed

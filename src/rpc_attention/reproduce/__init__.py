@@ -23,12 +23,21 @@ import json
 import os
 import shutil
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Callable, Iterable, List, Optional, Sequence, Tuple
 
 from ..files import json_default
-from .launch import LAUNCHERS, LaunchOptions, SlurmOptions, launch_stages, resolve_threads, status_rows
+from .launch import (
+    LAUNCHERS,
+    LaunchOptions,
+    SlurmOptions,
+    interrupted_by_signals,
+    launch_stages,
+    resolve_threads,
+    scheduler_queue,
+    status_rows,
+)
 from .pipeline import Pipeline, Stage, StageContext, StageSelectionError, StageSkipped, atomic_write_json, read_json
 from .studies import STUDIES, Study, StudyError, build_stages, get_study
 from .worker import configure_process
@@ -73,7 +82,8 @@ def study_status(out_dir) -> List[dict]:
     if not info or not info.get("stages"):
         raise StudyError(f"{out_dir} holds no study (no study.json with stages): give the --out of a study")
     stages = [Stage(s["name"], s.get("kind", "?"), fn=lambda ctx: None) for s in info["stages"]]
-    return status_rows(Pipeline(stages, out_dir, log=lambda msg: None))
+    pipe = Pipeline(stages, out_dir, log=lambda msg: None)
+    return status_rows(pipe, queue=scheduler_queue(pipe))
 
 
 def _write_study_file(pipe: Pipeline, study: Study) -> None:
@@ -156,11 +166,12 @@ def run_study(preset: str, out_dir, settings: Optional[Sequence[str]] = None, se
     Returns the pipeline summary (``ok``, ``cached``, ``skipped``, ``failed``, ``blocked`` stage lists,
     plus ``plan`` text for a dry run)."""
     launch = launch or LaunchOptions()
+    study = get_study(preset, settings)
+    launch = replace(launch, device=device or study.device)
     try:
         launch.check()
     except ValueError as exc:
         raise StudyError(str(exc)) from None
-    study = get_study(preset, settings)
     refused = plan_conflict(study, out_dir)
     if refused:
         raise StudyError(refused)
@@ -174,7 +185,7 @@ def run_study(preset: str, out_dir, settings: Optional[Sequence[str]] = None, se
     _refuse_under_torchrun(pipe, selection, launch, dry_run)
     if dry_run:
         return {"plan": pipe.format_plan(pipe.plan(selection, force=force)), "device": device or study.device}
-    with pipe.lock():
+    with pipe.lock(), interrupted_by_signals():
         old = (read_json(Path(out_dir) / "study.json") or {}).get("study")
         if conflict and pipe.is_writer and old not in (None, study.name):
             _remove_other_study(out_dir, pipe.log)

@@ -68,6 +68,14 @@ def read_json(path) -> Optional[dict]:
         return None
 
 
+def note_stopped(running_marker: Path, job_id: str) -> None:
+    """Record in a stage's running marker when job ``job_id``, which runs it, was stopped (SIGTERM), so
+    the attempt's seconds count when the stage is resumed or recorded as lost."""
+    running = read_json(running_marker)
+    if running and str((running.get("job") or {}).get("job_id")) == str(job_id) and not running.get("stopped"):
+        atomic_write_json(running_marker, {**running, "stopped": time.time()})
+
+
 # ---------------------------------------------------------------------------------------------- stages
 @dataclass
 class Stage:
@@ -366,9 +374,31 @@ class Pipeline:
         atomic_write_json(self.marker_path(name, "failed"), {
             "name": name, "kind": s.kind, "status": "failed", "error": why, "traceback": "",
             "started": running.get("started"), "attempts": running.get("attempts", 1),
-            "seconds": time.time() - running["started"] if running.get("started") else None,
+            "seconds": (running.get("stopped") or time.time()) - running["started"] if running.get("started") else None,
+            "earlier_s": running.get("earlier_s", 0.0),
             "fingerprint": running.get("fingerprint"), **{**running.get("job", {}), **self.job}})
         self.log(f"! {name}: FAILED: {why}")
+
+    def owns(self, name: str) -> bool:
+        """Whether this process may still write stage ``name``'s final marker. A process started by a
+        launcher (:attr:`job` set) owns the stage while the running marker names its job and its
+        launcher has not cancelled that job (``stages/<name>.job.json``); a cancelled job, or one whose
+        stage another job has taken over, writes nothing, so a stage never has two writers."""
+        job_id = str(self.job.get("job_id") or "")
+        if not job_id:
+            return True
+        record = read_json(self.marker_dir / f"{name}.job.json") or {}
+        if str(record.get("job_id")) == job_id and record.get("cancelled"):
+            return False
+        running = self.marker(name, "running") or {}
+        return str((running.get("job") or {}).get("job_id")) == job_id
+
+    def _disowned(self, s: Stage) -> bool:
+        if self.is_writer and not self.owns(s.name):
+            self.log(f"! {s.name}: not recorded: job {self.job.get('job_id')} was cancelled or another job runs "
+                     "this stage now")
+            return True
+        return False
 
     def _record_skip(self, s: Stage, reason: str) -> None:
         if not self.is_writer:
@@ -378,22 +408,33 @@ class Pipeline:
             "name": s.name, "kind": s.kind, "status": "skipped", "reason": reason,
             "fingerprint": self.fingerprint(s), "time": time.time(), "params": s.params, **self.job})
 
+    def _earlier_attempt(self, s: Stage, prev: Optional[str], fp: str, force: bool) -> tuple:
+        """``(resuming, earlier_s, attempts)``: an earlier attempt with these parameters that did not
+        finish (interrupted, or failed: a lost job, an error) is continued (a training resumes from its
+        checkpoint), and its seconds (with those it continued) count in this attempt's."""
+        before = (self.marker(s.name, "running") if prev == "running" else
+                  self.marker(s.name, "failed") if prev == "failed" else None) or {}
+        resuming = prev == "running" or (prev == "failed" and not force and before.get("fingerprint") == fp)
+        last_s = before.get("seconds") if prev == "failed" else (
+            before["stopped"] - before["started"] if before.get("stopped") and before.get("started") else 0.0)
+        earlier_s = float(before.get("earlier_s") or 0.0) + float(last_s or 0.0)
+        return resuming, earlier_s if resuming else 0.0, int(before.get("attempts", 0))
+
     def _run_one(self, s: Stage, force: bool):
         prev = self.status(s.name)
         load_start = _load()
         cpu0 = time.process_time()
         old = self.marker(s.name) or {}
         fp = self.fingerprint(s)
-        resuming = prev == "running"
+        resuming, earlier_s, attempts = self._earlier_attempt(s, prev, fp, force)
         fresh = force or (prev == "done" and old.get("fingerprint") != fp)
         started = time.time()
         if self.is_writer:
             self._clear_markers(s.name, keep=("running",))
-            running = self.marker(s.name, "running") or {}
             atomic_write_json(self.marker_path(s.name, "running"), {
                 "name": s.name, "kind": s.kind, "status": "running", "started": started,
-                "attempts": int(running.get("attempts", 0)) + 1, "fingerprint": fp, "runtime": self.runtime,
-                "job": self.job, **_host_info()})
+                "attempts": attempts + 1, "fingerprint": fp,
+                "runtime": self.runtime, "earlier_s": earlier_s, "job": self.job, **_host_info()})
         verb = "resuming" if resuming else ("rerunning" if prev else "running")
         self.log(f"> {s.name}: {verb} ({s.kind}, estimate {format_seconds(s.estimate_s)})")
         ctx = StageContext(self.out_dir, s, self, resuming=resuming, fresh=fresh)
@@ -402,6 +443,8 @@ class Pipeline:
         try:
             out = s.fn(ctx) or {}
         except StageSkipped as exc:
+            if self._disowned(s):
+                return "cancelled", None
             self._record_skip(s, str(exc))
             self.log(f"- {s.name}: skipped ({exc})")
             return "skipped", str(exc)
@@ -409,19 +452,26 @@ class Pipeline:
             raise  # leave the running marker: the next run resumes this stage
         except Exception as exc:  # recorded and reported; the study goes on
             tb = traceback.format_exc()
+            if self._disowned(s):
+                return "cancelled", None
             if self.is_writer:
                 self._clear_markers(s.name)
                 atomic_write_json(self.marker_path(s.name, "failed"), {
                     "name": s.name, "kind": s.kind, "status": "failed", "error": f"{type(exc).__name__}: {exc}",
-                    "traceback": tb, "started": started, "seconds": time.time() - started, "fingerprint": fp,
+                    "traceback": tb, "started": started, "seconds": time.time() - started, "earlier_s": earlier_s,
+                    "attempts": attempts + 1, "fingerprint": fp,
                     **self.job})
             self.log(f"! {s.name}: FAILED after {format_seconds(time.time() - started)}: {type(exc).__name__}: {exc}")
             return "failed", f"{type(exc).__name__}: {exc}"
         finished = time.time()
+        if self._disowned(s):
+            return "cancelled", None
         if self.is_writer:
             atomic_write_json(self.marker_path(s.name, "done"), {
                 "name": s.name, "kind": s.kind, "status": "done", "fingerprint": fp, "params": s.params,
-                "started": started, "finished": finished, "seconds": finished - started,
+                # seconds: every attempt of this stage that this one continued; attempt_s: this one alone
+                "started": started, "finished": finished, "seconds": finished - started + earlier_s,
+                "attempt_s": finished - started, "attempts": attempts + 1,
                 "cpu_s": time.process_time() - cpu0,
                 "estimate_s": s.estimate_s, "resumed": resuming, "load_start": load_start, "load_end": _load(),
                 "runtime": self.runtime, **self.job,
