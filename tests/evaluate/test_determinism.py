@@ -101,6 +101,7 @@ CASES = {
     "ood": ("gray", {}, 16),
     "sparse": ("gray", {}, 8),
     "patch": ("gray", {"patch.steps": "2", "patch.restarts": "2"}, 8),
+    "certify": ("gray", {"certify.attack_steps": "1", "certify.attack_certified": "true"}, 4),
     "imagenet-a": ("rgb", {}, 6),
     "imagenet-r": ("rgb", {}, 6),
     "ppl": ("lm", {"ppl.stride": "4"}, 60),

@@ -214,8 +214,8 @@ def test_a_patch_covering_the_image_is_an_unbounded_attack(tiny_model):
 
 def test_bpda_changes_the_result_on_a_robust_pap_model(robust_tiny_model):
     robust, cfg = robust_tiny_model  # robust PAP (hard threshold, medians) in its one block
-    plain = _run(robust, cfg, 40, steps="1", restarts="1", patches="1", losses="ce", bpda="none")
-    adaptive = _run(robust, cfg, 40, steps="1", restarts="1", patches="1", losses="ce")
+    plain = _run(robust, cfg, 40, steps="2", restarts="1", patches="1", losses="ce", bpda="none")
+    adaptive = _run(robust, cfg, 40, steps="2", restarts="1", patches="1", losses="ce")
     assert plain["settings"]["variants"] == ["ce"] and adaptive["settings"]["variants"] == ["ce", "ce_bpda"]
     bits = adaptive["per_example"]["correct"]
     assert bits["top1@1patch_ce"] == plain["per_example"]["correct"]["top1@1patch_ce"]  # the same seeded variant

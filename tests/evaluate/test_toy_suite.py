@@ -111,5 +111,5 @@ def test_table_columns_are_placed_by_position_not_import_order():
         "clean:top1", "clean:top5", "fgsm:mean_top1", "pgd:mean_top1", "autoattack:top1@1/255",
         "square:top1@1/255", "noise:mean_top1", "corruptions:mCE", "corruptions:mean_corruption_error",
         "ood:AUPR_msp", "ood:AUPR_energy", "ood:AUROC_energy", "sparse:mean_top1_input", "sparse:mean_top1_keys",
-        "patch:top1@1patch", "patch:top1@2patch", "imagenet-a:top1", "imagenet-r:top1"]
+        "patch:top1@1patch", "patch:top1@2patch", "certify:certified_top1_patch", "imagenet-a:top1", "imagenet-r:top1"]
     assert [c.paper for _, c in table_columns("lm") if c.paper] == ["lm_ppl", "lm_wordswap"]

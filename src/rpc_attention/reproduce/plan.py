@@ -350,6 +350,15 @@ def _pilot_claims(sources: Sequence[tuple]) -> tuple:
     return claims, figures, origin
 
 
+def _merged_costs(papers: Sequence[Dict[str, Any]]) -> Dict[str, Dict[str, float]]:
+    """Each stage's cost from the first paper pilot that ran it."""
+    costs: Dict[str, Dict[str, float]] = {"train": {}, "per_example": {}}
+    for res in papers:
+        for kind, got in stage_costs(res).items():
+            costs[kind] = dict(got, **costs[kind])
+    return costs
+
+
 def make_plan(sources: Sequence[tuple], budget_hours: float, jobs: int = 2, seed_base: int = 1000,
               created: Optional[str] = None, notes: Sequence[str] = ()) -> Dict[str, Any]:
     """A plan for the paper study from pilot results. ``sources``: ``(path, results dict, claim ids or None)``
@@ -365,11 +374,7 @@ def make_plan(sources: Sequence[tuple], budget_hours: float, jobs: int = 2, seed
     papers = [res for _, res, _ in sources if res.get("study") == "paper"]
     if not papers:
         raise StudyError("a plan needs a pilot of the paper study among --pilot (its stage costs and settings)")
-    paper_src = papers[0]   # the plan's settings are the first paper pilot's
-    costs: Dict[str, Dict[str, float]] = {"train": {}, "per_example": {}}
-    for res in papers:      # each stage's cost from the first paper pilot that ran it
-        for kind, got in stage_costs(res).items():
-            costs[kind] = dict(got, **costs[kind])
+    paper_src, costs = papers[0], _merged_costs(papers)   # the plan's settings are the first paper pilot's
     claims, figures, origin = _pilot_claims(sources)
     settings = {k: v for k, v in settings_dict(PAPER).items() if k not in ("plan", "seeds")}
     settings.update({k: v for k, v in (paper_src.get("settings") or {}).items()
