@@ -350,7 +350,7 @@ PCP_LABEL = "PCP-active RPC (6 iters, layer 1)"
 
 
 # The paper's vision claims are powered for the paper's own improvement in our units (TARGETS, the
-# issue's reading of the paper's rows: clean +1.05 -> 1.0 point, FGSM +3.8 and PGD +1.1 -> 1.5, mCE -1.7
+# hand-set reading of the paper's rows: clean +1.05 -> 1.0 point, FGSM +3.8 and PGD +1.1 -> 1.5, mCE -1.7
 # -> 3 mCE points on a 100-scale); their margin, the smallest effect a verdict is about, is a quarter of
 # the target (MARGIN_SHARE), so a claim at the target can be reproduced on its interval's bound and an
 # "equivalent" verdict means "less than a quarter of the paper's improvement, either way".
