@@ -167,18 +167,12 @@ FIXED_EXAMPLES = {"ood": "ood_limit"}
 EXAMPLE_STEPS = (0.5, 1.0, 2.0, 4.0, 8.0, 20.0)   # multiples of the pilot's examples a plan considers
 
 
-def _sd(values: Sequence[float]) -> Optional[float]:
-    if len(values) < 2:
-        return None
-    m = sum(values) / len(values)
-    return math.sqrt(sum((v - m) ** 2 for v in values) / (len(values) - 1))
-
-
 def pilot_figures(claim: Dict[str, Any]) -> Dict[str, Any]:
     """What a pilot's claim (a ``results.json`` claim) tells a plan: seeds, delta, the sd of the oriented
     per-seed differences, our baseline's mean, the examples of the pooled bootstrap and the two parts of the
     example variance (shared by every seed, and each seed's own), from the per-seed and pooled intervals."""
     from ..report.intervals import example_se
+    from ..report.verdict import mean_std
 
     iv = claim.get("intervals") or {}
     sign = 1.0 if claim.get("higher", True) else -1.0
@@ -186,7 +180,7 @@ def pilot_figures(claim: Dict[str, Any]) -> Dict[str, Any]:
     boot = iv.get("bootstrap") or {}
     pooled = boot.get("pooled")
     n0 = len(d)
-    out = {"n": n0, "delta": sum(d) / n0 if d else None, "sd": _sd(d),
+    out = {"n": n0, "delta": sum(d) / n0 if d else None, "sd": mean_std(d)[2],
            "baseline_mean": (claim.get("effect") or {}).get("baseline_mean"),
            "examples": (pooled or {}).get("n_examples"), "var_shared": 0.0, "var_seed": 0.0}
     if pooled:
