@@ -315,3 +315,48 @@ def test_a_slurm_job_stops_its_stage_at_sigterm_and_notes_when(tmp_path):
         assert read_json(running)["stopped"] > 1.0
     finally:
         signal.signal(signal.SIGTERM, previous)
+
+
+class _ClusterLike:
+    """An executor that, like SLURM, starts a job once its dependencies have ended: jobs end in the order
+    submitted, one per poll, without running their stage (as a cancelled job ends without a marker).
+    ``seen`` holds, for each submitted stage, the markers in place when it was submitted."""
+
+    name = "slurm"
+    handles_dependencies = True
+
+    def __init__(self, pipe) -> None:
+        self.pipe, self.jobs, self.seen = pipe, [], {}
+
+    def submit(self, stage, job, needs, after):
+        self.seen[stage.name] = {n: self.pipe.status(n) for n in self.pipe.by_name}
+        handle = type("J", (), {"job_id": str(len(self.jobs) + 1), "log": "x.out", "ended": None})()
+        handle.poll = lambda h=handle: h.ended
+        handle.cancel = lambda: None
+        self.jobs.append(handle)
+        return handle
+
+    def wait(self, timeout):
+        live = [j for j in self.jobs if j.ended is None]
+        if live:
+            live[0].ended = "state CANCELLED"
+
+    def cancel(self, jobs):
+        pass
+
+    def close(self):
+        return []
+
+
+def test_a_stage_that_runs_after_others_is_submitted_once_their_lost_jobs_are_recorded(tmp_path):
+    # SLURM would start the report the moment the cancelled training left the queue, before the
+    # launcher records the training as failed: the report would list it as still running
+    from rpc_attention.reproduce.launch import run_graph
+
+    stages = [Stage("train.a", "train", fn=lambda ctx: None),
+              Stage("report", "report", fn=lambda ctx: None, after=("train.a",))]
+    pipe = Pipeline(stages, tmp_path, log=lambda m: None)
+    executor = _ClusterLike(pipe)
+    run_graph(pipe, pipe.checked_plan(), executor, make_job=lambda s: s.name, max_jobs=0, poll_s=0)
+    assert list(executor.seen) == ["train.a", "report"]
+    assert executor.seen["report"]["train.a"] == "failed"

@@ -113,6 +113,27 @@ def test_sigkill_then_resume_is_bit_identical(tmp_path, tiny_cfg):
     assert [r["loss"] for r in _records(killed)] == [r["loss"] for r in _records(ref)]
 
 
+def test_resume_drops_the_callback_records_of_an_epoch_ended_after_the_checkpoint(tmp_path, tiny_cfg):
+    """A run killed after an epoch's end but before its next checkpoint has logged that epoch's callback
+    records; the resumed run logs them again, so they must go with the rest of what followed the checkpoint."""
+
+    def probe(model, cfg, epoch, run_dir, logger):
+        logger.log({"epoch": epoch, "split": "probe"})  # no step of its own, as the jproj callback's
+
+    def rows(run):
+        return [(r["split"], r.get("step"), r["epoch"]) for r in map(json.loads, (run / "metrics.jsonl").read_text().splitlines())]
+
+    run = run_training(tiny_cfg(epochs=2, save_every=5), tmp_path / "run", callbacks=[("probe", probe)])
+    ref = rows(run)
+    assert ("probe", 8, 1) in ref and ("probe", 16, 2) in ref  # stamped with the epoch's last step
+    ckpts = list_checkpoints(run / "checkpoints")
+    assert [p.name for p in ckpts] == ["step_00000015", "step_00000016"]
+    shutil.rmtree(ckpts[-1])  # as if killed after epoch 2's end (step 16) and before its checkpoint
+    (run / "model.safetensors").unlink()
+    run_training(None, run, resume=True, callbacks=[("probe", probe)])
+    assert rows(run) == ref
+
+
 def test_corrupt_checkpoint_falls_back_to_previous(tmp_path, tiny_cfg, caplog):
     cfg = tiny_cfg(epochs=2, save_every=5)
     run = run_training(cfg, tmp_path / "run")

@@ -307,6 +307,11 @@ def _submit_ready(run: _Run, max_jobs: int) -> None:
         waiting = [d for d in upstream if d in run.inflight]
         if waiting and not run.executor.handles_dependencies:
             continue
+        if any(d in run.inflight for d in s.after):
+            # a stage that runs after others whatever their outcome (the report) reads their markers;
+            # a job that ended without writing one is recorded as lost by this launcher only once it
+            # has seen the job leave the queue, so such a stage waits for that here, not in SLURM
+            continue
         finished_bad = [d for d in s.deps if d not in run.inflight
                         and (d in run.failed_here or pipe.status(d) != "done")]
         run.pending.remove(s)

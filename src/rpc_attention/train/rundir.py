@@ -184,6 +184,11 @@ class MetricsLogger:
         self.enabled = enabled and self.run is not None
         self._tb = None
         self._tb_wanted = tensorboard
+        # the training step that records logged without a "step" of their own (an epoch-end callback's)
+        # are stamped with; set by the trainer around the callbacks. A resumed run drops every record
+        # after its checkpoint's step, so a callback record of an epoch the killed run finished past its
+        # last checkpoint must carry that epoch's step, or the resumed run would log it twice.
+        self.step: Optional[int] = None
 
     @property
     def path(self) -> Optional[Path]:
@@ -203,6 +208,8 @@ class MetricsLogger:
         if not self.enabled:
             return
         rec = {k: (float(v) if isinstance(v, torch.Tensor) else v) for k, v in record.items()}
+        if "step" not in rec and self.step is not None:
+            rec = {"step": self.step, **rec}
         with open(self.path, "a") as f:
             f.write(json.dumps(rec) + "\n")
         tb = self._writer()

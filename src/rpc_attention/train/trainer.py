@@ -557,12 +557,16 @@ class Trainer:
                 else:
                     bar.write(msg, file=sys.stderr)
         if self.is_main:
-            for name, callback in self.callbacks:
-                self.model.eval()
-                ret = callback(self.model, self.cfg, epoch, self.run.path, self.logger)
-                if isinstance(ret, dict):
-                    self.callback_final[name] = ret
-                self.model.train()
+            self.logger.step = step  # the callbacks' records belong to this step (see MetricsLogger.step)
+            try:
+                for name, callback in self.callbacks:
+                    self.model.eval()
+                    ret = callback(self.model, self.cfg, epoch, self.run.path, self.logger)
+                    if isinstance(ret, dict):
+                        self.callback_final[name] = ret
+                    self.model.train()
+            finally:
+                self.logger.step = None
         _barrier(self.world)
 
     def evaluate(self, dataset) -> Dict[str, float]:
