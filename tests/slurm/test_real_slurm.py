@@ -157,7 +157,10 @@ def _scancel_then_rerun(cluster, tmp_path, tmp_path_factory):
     assert proc.returncode == 1, text[-2000:] + err[-3000:]
     rows = status(out, cluster.env)
     train = rows["train.symvit-s0"]
-    assert train["status"] == "failed" and f"slurm job {job} ended without finishing" in train["reason"]
+    seen = cluster.run(["squeue", "-h", "-o", "%i|%T|%r", "-j", job]).stdout
+    markers = {f.name: f.read_text() for f in (out / "stages").glob("train.symvit-s0.*")}
+    assert train["status"] == "failed" and f"slurm job {job} ended without finishing" in train["reason"], (
+        train, seen, markers, err[-3000:])
     assert train["log"] == f"logs/submitit/{job}_0_log.out" and (out / train["log"]).is_file()
     assert rows["eval.symvit-s0.clean"]["status"] != "done" and rows["report"]["status"] == "done"
     table = {r["name"]: r for r in json.loads((out / "results.json").read_text())["stages"]}
