@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 import timm
 import torch
+from suite_run import run_named_suite
 
 import rpc_attention.models  # noqa: F401  (registers the timm models)
 from rpc_attention.evaluate.certify import (
@@ -31,7 +32,6 @@ from rpc_attention.evaluate.masking import (
 )
 from rpc_attention.evaluate.patch import PatchGrid, Variant, bpda_surrogate, patch_grid
 from rpc_attention.evaluate.per_example import example_scores, has_example_record
-from rpc_attention.evaluate.suites import get_suite, resolve_options, run_suite
 
 ROBUST = {"threshold": "mad", "lowrank": "keys", "shrink": "hard", "dual_step": 0.0, "lambd": 2.0}
 
@@ -222,9 +222,7 @@ def test_pair_predictions_and_the_deployed_decision_against_a_loop():
 
 # ------------------------------------------------------------------------------------------ the suite
 def _run(model, cfg, limit, **sets):
-    suite = get_suite("certify")
-    opts = resolve_options(suite, {f"certify.{k}": v for k, v in sets.items()}, limit=limit)
-    return run_suite(suite, model, cfg, None, opts)
+    return run_named_suite("certify", model, cfg, limit, **sets)
 
 
 def test_the_suite_on_a_trained_model(tiny_model):  # skips without Fashion-MNIST (the fixture)

@@ -9,6 +9,7 @@ import pytest
 import timm
 import torch
 import torch.nn.functional as F
+from suite_run import run_named_suite
 
 import rpc_attention.models  # noqa: F401  (registers the timm models)
 from rpc_attention import functional as RF
@@ -31,7 +32,6 @@ from rpc_attention.evaluate.patch import (
     patch_pgd,
 )
 from rpc_attention.evaluate.per_example import example_scores, has_example_record
-from rpc_attention.evaluate.suites import get_suite, resolve_options, run_suite
 
 MEAN, STD = 0.3, 0.4
 ROBUST = {"threshold": "mad", "lowrank": "keys", "shrink": "hard", "dual_step": 0.0, "lambd": 2.0}
@@ -127,9 +127,7 @@ def test_bpda_runs_only_where_pap_has_steps_without_a_gradient():
 
 
 def _run(model, cfg, limit, **sets):
-    suite = get_suite("patch")
-    opts = resolve_options(suite, {f"patch.{k}": v for k, v in sets.items()}, limit=limit)
-    return run_suite(suite, model, cfg, None, opts)
+    return run_named_suite("patch", model, cfg, limit, **sets)
 
 
 def test_accuracy_falls_with_steps_and_patches(tiny_model):  # skips without Fashion-MNIST (the fixture)

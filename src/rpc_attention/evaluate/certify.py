@@ -43,7 +43,7 @@ from torch import Tensor, nn
 
 from .inputs import data_name, eval_indices, load_eval_data, norm_stats
 from .masking import MASKINGS, THREATS, MaskedClassifier, MaskSet, mask_set, touched_cells
-from .patch import PatchGrid, TokenAttention, Variant, attack_variants, patch_grid
+from .patch import PatchGrid, TokenAttention, Variant, apply_patch, attack_variants, patch_grid
 from .per_example import PerExample
 from .predict import chunks
 from .suites import Column, CommonOptions, Cost, StudyUse, list_option, register_suite
@@ -156,7 +156,7 @@ def _defence_pgd(grad_model: MaskedClassifier, attention: Optional[TokenAttentio
     values = torch.rand(x.shape, generator=generator).to(x)
     for _ in range(int(attack.steps)):
         v = values.requires_grad_(True)
-        adv = x * (1 - patch) + v * patch
+        adv = apply_patch(x, patch, v)
         if attention is not None:
             attention.masses, attention.tokens = [], tokens
         logits = grad_model(adv.repeat_interleave(count, 0), dropped)
@@ -165,7 +165,7 @@ def _defence_pgd(grad_model: MaskedClassifier, attention: Optional[TokenAttentio
             loss = loss + float(attack.attention_weight) * attention.mass().sum() / count
         (grad,) = torch.autograd.grad(loss, v)
         values = (v.detach() + float(attack.step_size) * grad.sign()).clamp(0.0, 1.0)
-    return (x * (1 - patch) + values * patch).detach()
+    return apply_patch(x, patch, values).detach()
 
 
 @torch.no_grad()

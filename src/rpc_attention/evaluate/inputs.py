@@ -57,7 +57,8 @@ def norm_stats(cfg: Mapping[str, Any], channels: int) -> Tuple[Tensor, Tensor]:
 
 
 class Normalized(nn.Module):
-    """``model((x - mean) / std)``: a classifier on ``[0, 1]`` pixels (pixel-space attacks)."""
+    """``model((x - mean) / std, **kwargs)``: a classifier on ``[0, 1]`` pixels (pixel-space attacks);
+    keyword arguments (a key mask) go to the model unchanged."""
 
     def __init__(self, model: nn.Module, mean: Tensor, std: Tensor) -> None:
         super().__init__()
@@ -65,10 +66,10 @@ class Normalized(nn.Module):
         self.register_buffer("mean", mean.reshape(1, -1, 1, 1).clone(), persistent=False)
         self.register_buffer("std", std.reshape(1, -1, 1, 1).clone(), persistent=False)
 
-    def forward(self, x: Tensor) -> Tensor:
+    def forward(self, x: Tensor, **kwargs: Any) -> Tensor:
         mean = self.mean.to(device=x.device, dtype=x.dtype)
         std = self.std.to(device=x.device, dtype=x.dtype)
-        return self.model((x - mean) / std)
+        return self.model((x - mean) / std, **kwargs)
 
 
 def dataset_to_tensors(ds: Any, limit: Optional[int] = None) -> Tuple[Tensor, Tensor]:

@@ -29,6 +29,7 @@ from typing import List, Optional, Tuple
 import torch
 from torch import Tensor, nn
 
+from .inputs import Normalized
 from .patch import PatchGrid
 
 THREATS = ("patch", "token")
@@ -159,32 +160,27 @@ def pixel_mask(dropped: Tensor, grid: PatchGrid) -> Tensor:
     return small.repeat_interleave(grid.patch, dim=2).repeat_interleave(grid.patch, dim=3)
 
 
-class MaskedClassifier(nn.Module):
+class MaskedClassifier(Normalized):
     """``forward(x, dropped)``: the logits of ``model`` on ``[0, 1]`` images ``x`` with the grid cells
     ``dropped`` (bool ``[B, cells]``) masked: dropped as tokens through the key mask (``masking="tokens"``)
     or with their pixels set to ``fill`` (``"pixels"``). ``mean`` / ``std``: the model's input
-    normalisation. Differentiable in ``x``."""
+    normalisation (:class:`~rpc_attention.evaluate.inputs.Normalized`). Differentiable in ``x``."""
 
     def __init__(self, model: nn.Module, mean: Tensor, std: Tensor, grid: PatchGrid, masking: str = "tokens",
                  fill: float = 0.0) -> None:
-        super().__init__()
         if masking not in MASKINGS:
             raise ValueError(f"masking must be one of {', '.join(MASKINGS)}, got {masking!r}")
         if masking == "tokens":
             check_token_dropping(model)
-        self.model, self.grid, self.masking, self.fill = model, grid, masking, float(fill)
-        self.register_buffer("mean", mean.reshape(1, -1, 1, 1).clone(), persistent=False)
-        self.register_buffer("std", std.reshape(1, -1, 1, 1).clone(), persistent=False)
+        super().__init__(model, mean, std)
+        self.grid, self.masking, self.fill = grid, masking, float(fill)
 
     def forward(self, x: Tensor, dropped: Tensor) -> Tensor:
         dropped = dropped.to(x.device)
         if self.masking == "pixels":
             m = pixel_mask(dropped, self.grid).to(x)
-            x = x * (1 - m) + self.fill * m
-        xn = (x - self.mean.to(x)) / self.std.to(x)
-        if self.masking == "pixels":
-            return self.model(xn)
-        return self.model(xn, attn_mask=drop_tokens_mask(dropped, self.grid.prefix))
+            return super().forward(x * (1 - m) + self.fill * m)
+        return super().forward(x, attn_mask=drop_tokens_mask(dropped, self.grid.prefix))
 
 
 def random_token_drop(batch: int, cells: int, fraction: float, device=None,

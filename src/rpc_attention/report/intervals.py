@@ -22,7 +22,7 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence
 
 import numpy as np
 
-from .power import ALPHA, combined_se, margin_pvalues, mde
+from .power import ALPHA, combined_se, holm_adjust, margin_pvalues, mde
 
 __all__ = ["LEVEL", "ALPHA", "RESAMPLES", "t_interval", "paired_t", "margin_tests", "holm", "min_detectable", "example_se",
            "paired_bootstrap", "paired_comparison"]
@@ -65,16 +65,10 @@ def paired_t(diffs: Sequence[float]) -> Optional[Dict[str, Any]]:
 
 
 def holm(pvalues: Sequence[Optional[float]]) -> List[Optional[float]]:
-    """Holm's step-down adjusted p-values, in the order given (None stays None and is not counted):
-    the k-th smallest of m p-values becomes max over j <= k of min(1, (m - j + 1) p_(j))."""
-    present = [(p, i) for i, p in enumerate(pvalues) if p is not None]
-    m = len(present)
-    out: List[Optional[float]] = [None] * len(pvalues)
-    running = 0.0
-    for rank, (p, i) in enumerate(sorted(present)):
-        running = max(running, min(1.0, (m - rank) * float(p)))
-        out[i] = running
-    return out
+    """Holm's step-down adjusted p-values (:func:`~rpc_attention.report.power.holm_adjust`), in the order
+    given; None stays None and is not counted."""
+    p = np.array([np.nan if v is None else float(v) for v in pvalues], dtype=np.float64)
+    return [None if v is None else float(a) for v, a in zip(pvalues, holm_adjust(p))]
 
 
 def example_se(pooled: Optional[Dict[str, Any]], level: float = LEVEL) -> float:

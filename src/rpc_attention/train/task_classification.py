@@ -96,6 +96,11 @@ def token_drop_mask(model: torch.nn.Module, x: torch.Tensor, fraction: float) ->
     return drop_tokens_mask(dropped, int(vit.num_prefix_tokens))
 
 
+def _token_drop(cfg: Dict[str, Any]) -> float:
+    """``train.token_drop`` of ``cfg`` (0: off)."""
+    return (cfg.get("train") or {}).get("token_drop", 0.0)
+
+
 class ClassificationTask:
     throughput_unit = "images"
     primary_metric = "acc1"
@@ -148,7 +153,7 @@ class ClassificationTask:
         cfg["model"]["kwargs"] = kw
         for key in ("num_classes", "in_chans", "img_size"):
             kw.setdefault(key, int(data[key]))
-        drop = (cfg.get("train") or {}).get("token_drop", 0.0)
+        drop = _token_drop(cfg)
         if isinstance(drop, bool) or not isinstance(drop, (int, float)) or not 0.0 <= float(drop) < 1.0:
             raise ValueError(f"train.token_drop is the largest fraction of patch tokens a training image drops, "
                              f"in [0, 1) (0: off), got {drop!r}")
@@ -168,7 +173,7 @@ class ClassificationTask:
             if "Unknown model" in str(exc):
                 raise ValueError(f"unknown model {name!r} (not in timm's registry)") from None
             raise
-        if float((cfg.get("train") or {}).get("token_drop", 0.0)):
+        if float(_token_drop(cfg)):
             from ..evaluate.masking import check_token_dropping
 
             try:
@@ -202,7 +207,7 @@ class ClassificationTask:
     def loss(self, model, batch, cfg: Dict[str, Any]):
         x, y = batch
         smoothing = MixupConfig.from_config(cfg["train"].get("mixup")).label_smoothing
-        drop = float((cfg.get("train") or {}).get("token_drop", 0.0)) if model.training else 0.0
+        drop = float(_token_drop(cfg)) if model.training else 0.0
         kw = {"attn_mask": token_drop_mask(model, x, drop)} if drop else {}
         if self._mixup is not None and model.training:
             x, soft = self._mixup(x, y)
