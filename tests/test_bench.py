@@ -316,5 +316,6 @@ def test_the_certify_cost_benchmark_runs_on_toy_shapes():
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     lines = module.main(smoke=True)
-    assert lines[0].startswith("| model | threat | masks M |") and len(lines) == 2 + 3 * 2
-    assert "| SymViT | patch | 9 |" in lines[2] and "| SymViT | token | 16 |" in lines[3]
+    assert lines[0].startswith("| model | threat | masks M | path |") and len(lines) == 2 + 3 * 2 * 2
+    assert "| SymViT | patch | 9 | shortened |" in lines[2] and "| SymViT | patch | 9 | key mask |" in lines[3]
+    assert "| SymViT | token | 16 | shortened |" in lines[4]

@@ -27,6 +27,7 @@ from rpc_attention.evaluate.masking import (
     MaskedClassifier,
     axis_windows,
     check_token_dropping,
+    kept_tokens,
     mask_set,
     token_extent,
 )
@@ -124,19 +125,43 @@ def test_a_dropped_token_takes_no_part(key):
     else:
         vit = _vit(name, **kw)
     grid = patch_grid(vit, (1, 12, 12))
-    model = MaskedClassifier(vit, torch.tensor([0.25]), torch.tensor([0.5]), grid).double()
     gen = torch.Generator().manual_seed(1)
     x = torch.rand(5, 1, 12, 12, generator=gen).double()
     dropped = torch.rand(5, 16, generator=gen) < 0.4
     dropped[0] = False  # nothing dropped: the plain model
-    logits = model(x, dropped)
     ref = _kept_tokens_logits(vit, (x - 0.25) / 0.5, dropped)
-    torch.testing.assert_close(logits, ref, rtol=0, atol=1e-10)
-    torch.testing.assert_close(logits[:1], vit((x[:1] - 0.25) / 0.5), rtol=0, atol=1e-12)
-    # any pixels under the dropped cells give exactly the same logits
     pix = dropped.double().view(5, 1, 4, 4).repeat_interleave(3, 2).repeat_interleave(3, 3)
     other = x * (1 - pix) + torch.rand(x.shape, generator=gen).double() * 5 * pix
-    assert torch.equal(model(other, dropped), logits)
+    # the shortened sequence (rows padded to the batch's longest) and the full one under the key mask
+    for gather in (True, False):
+        model = MaskedClassifier(vit, torch.tensor([0.25]), torch.tensor([0.5]), grid, gather=gather).double()
+        logits = model(x, dropped)
+        torch.testing.assert_close(logits, ref, rtol=0, atol=1e-10)
+        torch.testing.assert_close(logits[:1], vit((x[:1] - 0.25) / 0.5), rtol=0, atol=1e-12)
+        # any pixels under the dropped cells give exactly the same logits
+        assert torch.equal(model(other, dropped), logits)
+        # one row alone, unpadded, gives its logits in the batch
+        torch.testing.assert_close(model(x[3:4], dropped[3:4]), logits[3:4], rtol=0, atol=1e-10)
+
+
+def test_kept_tokens_shortens_each_row_in_order():
+    dropped = torch.tensor([[False, True, False, True], [True, True, True, False], [False] * 4])
+    index, key_mask = kept_tokens(dropped, prefix=1)
+    assert index.tolist() == [[0, 1, 3, 0, 0], [0, 4, 0, 0, 0], [0, 1, 2, 3, 4]]
+    assert key_mask[:, 0, 0].tolist() == [[True] * 3 + [False] * 2, [True] * 2 + [False] * 3, [True] * 5]
+    index, key_mask = kept_tokens(dropped[:2] | torch.tensor([True, True, False, False]), prefix=2)
+    assert index.tolist() == [[0, 1, 4], [0, 1, 5]] and key_mask is None  # same length: no key mask
+    vit = _vit()
+    grid = patch_grid(vit, (1, 12, 12))
+    with pytest.raises(ValueError, match="gather=True .* leave gather unset"):
+        MaskedClassifier(vit, torch.tensor([0.25]), torch.tensor([0.5]), grid, "pixels", gather=True)
+    # the attention loss needs every token at its place
+    short = MaskedClassifier(vit, torch.tensor([0.25]), torch.tensor([0.5]), grid)
+    masks = mask_set(grid, "patch", 3)
+    with pytest.raises(ValueError, match="gather=False"):
+        attack_defence(short, {"model": short}, torch.rand(1, 1, 12, 12), torch.zeros(1, dtype=torch.long), masks,
+                       [Variant("attention", "model")], [(0, 0)], DefenceAttack(steps=1), {"device": "cpu",
+                       "batch_size": 64}, 3, seed=0)
 
 
 def test_token_dropping_is_refused_where_it_would_leak():
@@ -301,7 +326,8 @@ def test_no_certified_example_is_broken_by_the_strongest_attack(small_runs, key)
     labels, _ = double_masking(table, 10)
     cert = certified(table, y)
     assert cert.sum() >= 2 and (labels == y).sum() > cert.sum()
-    grads = {"model": judge, "bpda": MaskedClassifier(bpda_surrogate(vit), *stats, grid)}
+    grads = {"model": MaskedClassifier(vit, *stats, grid, gather=False),
+             "bpda": MaskedClassifier(bpda_surrogate(vit), *stats, grid, gather=False)}
     variants = [Variant(loss, g) for g in (["model", "bpda"] if key == "robust" else ["model"]) for loss in ("ce", "attention")]
     positions = attack_positions(grid, masks, 1, (12, 12))
     assert len(positions) == 100  # every position of a 3x3 patch on 12x12 pixels

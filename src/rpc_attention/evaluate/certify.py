@@ -16,8 +16,9 @@ entirely inside at least one mask.
   with another label is rejected, because its pair with ``m*`` gives the label. If the majority is not
   the label, ``m*`` itself disagrees and is accepted (all its pairs give the label), unless an earlier
   mask was, whose pair with ``m*`` made its label the label too.
-* **Realisation.** A mask drops its cells as tokens through the attention key mask of every block
-  (``masking=tokens``; :class:`rpc_attention.evaluate.masking.MaskedClassifier`), or, for comparison,
+* **Realisation.** A mask drops its cells as tokens, left out of the sequence (``masking=tokens``;
+  :class:`rpc_attention.evaluate.masking.MaskedClassifier`; the attack's gradients run on the equal
+  full-length passes with the dropped tokens hidden by the key mask), or, for comparison,
   sets their pixels to ``fill`` (``masking=pixels``). All the masked copies of an image run in batches.
 * **Adaptive attack on the defended classifier** (``attack_steps > 0``; on the patch threat, whose
   positions include the token-aligned ones): at every patch position (every ``attack_stride`` pixels
@@ -76,16 +77,17 @@ def mask_pairs(count: int) -> Tuple[Tensor, Tensor]:
 def pair_predictions(model: MaskedClassifier, x: Tensor, masks: MaskSet, batch_size: int,
                      device: str) -> Tensor:
     """``[B, M, M]`` (long, symmetric): the prediction on each image of ``x`` with each pair of masks
-    dropped together (the diagonal: one mask), every masked copy batched ``batch_size`` at a time."""
+    dropped together (the diagonal: one mask), every masked copy batched ``batch_size`` at a time. The
+    copies run pair by pair, the pairs in order of how many cells they drop, so that a batch's shortened
+    sequences (:class:`~rpc_attention.evaluate.masking.MaskedClassifier`) mostly have one length."""
     first, second = mask_pairs(masks.count)
     union = masks.dropped[first] | masks.dropped[second]          # [P, cells]
-    n_pairs = len(first)
-    preds = torch.empty(len(x), n_pairs, dtype=torch.long)
-    flat = preds.view(-1)
-    for sl in chunks(len(x) * n_pairs, batch_size, desc=f"certify {masks.threat}"):
+    order = torch.sort(union.sum(1), stable=True).indices
+    preds = torch.empty(len(x), len(first), dtype=torch.long)
+    for sl in chunks(len(x) * len(first), batch_size, desc=f"certify {masks.threat}"):
         idx = torch.arange(sl.start, sl.stop)
-        img, pair = idx // n_pairs, idx % n_pairs
-        flat[sl] = model(x[img].to(device), union[pair].to(device)).argmax(-1).cpu()
+        img, pair = idx % len(x), order[idx // len(x)]
+        preds[img, pair] = model(x[img].to(device), union[pair].to(device)).argmax(-1).cpu()
     table = torch.empty(len(x), masks.count, masks.count, dtype=torch.long)
     table[:, first, second] = preds
     table[:, second, first] = preds
@@ -209,6 +211,9 @@ def attack_defence(judge: MaskedClassifier, grad_models: Dict[str, MaskedClassif
     groups = _position_groups(judge.grid, masks, positions)
     for vi, variant in enumerate(variants):
         model = grad_models[variant.gradient]
+        if variant.loss == "attention" and model.gather:
+            raise ValueError(f"the attention loss indexes the patch's tokens in the full sequence: the "
+                             f"{variant.gradient!r} gradient model must keep it (MaskedClassifier(..., gather=False))")
         gen = torch.Generator().manual_seed(seed * 1_000_003 + 7919 * vi)
         for size in sorted(groups):
             group = groups[size]
@@ -297,14 +302,17 @@ def certify_suite(model: nn.Module, cfg: Mapping[str, Any], run_dir, opts: Dict[
     grid = patch_grid(model, tuple(x.shape))
     judge = MaskedClassifier(model, *stats, grid, opts["masking"], float(opts["fill"])).to(device)
     num_classes = int(model.num_classes)
-    grad_models: Dict[str, MaskedClassifier] = {"model": judge}
+    # the attack differentiates the full-length masked passes: the attention loss indexes tokens by place
+    keyed = {"gather": False} if opts["masking"] == "tokens" else {}
+    grad_models: Dict[str, MaskedClassifier] = {
+        "model": MaskedClassifier(model, *stats, grid, opts["masking"], float(opts["fill"]), **keyed).to(device)}
     variants: List[Variant] = []
     bpda_note = "no attack (attack_steps=0)"
     if int(opts["attack_steps"]) > 0:
         variants, surrogate, bpda_note = attack_variants(model, {"bpda": opts["bpda"], "losses": opts["losses"]})
         if surrogate is not None:
-            grad_models["bpda"] = MaskedClassifier(surrogate, *stats, grid, opts["masking"],
-                                                   float(opts["fill"])).to(device)
+            grad_models["bpda"] = MaskedClassifier(surrogate, *stats, grid, opts["masking"], float(opts["fill"]),
+                                                   **keyed).to(device)
     record = PerExample(eval_indices(cfg, "test", opts.get("limit")))
     clean = _clean_hits(judge, x, y, int(opts["batch_size"]), device)
     record.add("clean", clean)
@@ -322,7 +330,7 @@ def certify_suite(model: nn.Module, cfg: Mapping[str, Any], run_dir, opts: Dict[
                          "variants": [v.name for v in variants], "bpda": bpda_note},
             "threat_model": {t: described[t] for t in opts["threats"]},
             "protocol": ("double masking (PatchCleanser) with masks dropped as "
-                         + ("tokens through the attention key mask" if opts["masking"] == "tokens" else
+                         + ("tokens left out of the sequence" if opts["masking"] == "tokens" else
                             f"pixels set to {float(opts['fill']):g}")
                          + "; certified: every two-mask prediction is the label, a lower bound on top-1 under any "
                            "patch of the threat; defended: the double-masking decision on clean images")}

@@ -17,14 +17,23 @@ drop tokens (docs/robustness.md#certified-patch-defence).
   LayerNorm and the MLP act token by token, and the patch embedding does not overlap its cells. So the
   pixels of a dropped cell cannot change the logits; a test perturbs them and checks the logits do not
   move, and another checks the masked forward against the same model run on the kept tokens alone.
+* **Shortening the sequence** (the fast path, :func:`kept_tokens`). Since a dropped token changes
+  nothing that is read, it can as well be left out: the kept tokens are gathered right after the
+  position embedding (a forward hook on the ViT's ``norm_pre``, a per-token module, for the length of
+  one call), so a masked pass costs its kept tokens' worth of work, less than an unmasked pass. Rows of
+  a batch that keep fewer tokens than the batch's most are padded with their class token, which the key
+  mask hides. :class:`MaskedClassifier` takes this path unless ``gather=False`` (the key mask over the
+  full sequence, the definition above, which the attention-aware attack needs for its token indices); a
+  test holds the two together in float64.
 """
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 import math
 from dataclasses import dataclass
-from typing import List, Optional, Tuple
+from typing import Iterator, List, Optional, Tuple
 
 import torch
 from torch import Tensor, nn
@@ -129,7 +138,8 @@ def touched_cells(grid: PatchGrid, top: int, left: int, pixels: int) -> Tensor:
 def check_token_dropping(model: nn.Module) -> None:
     """Raise ValueError unless dropping tokens through the key mask hides them from ``model``'s output: a
     timm ViT whose forward takes ``attn_mask``, pooled on the class token, with a patch embedding that
-    does not overlap its cells (kernel = stride = patch size)."""
+    does not overlap its cells (kernel = stride = patch size) and a per-token ``norm_pre`` (where the
+    shortened sequence is gathered)."""
     name = type(model).__name__
     if "attn_mask" not in inspect.signature(model.forward).parameters:
         raise ValueError(f"token masking passes a key mask through the model's forward(x, attn_mask=...); "
@@ -145,6 +155,9 @@ def check_token_dropping(model: nn.Module) -> None:
             or tuple(proj.kernel_size) != tuple((size, size) if isinstance(size, int) else size):
         raise ValueError(f"token masking needs a patch embedding whose cells do not overlap (a convolution with "
                          f"kernel = stride = patch size); {name}'s does not")
+    if not isinstance(getattr(model, "norm_pre", None), (nn.Identity, nn.LayerNorm)):
+        raise ValueError(f"token masking leaves dropped tokens out after {name}.norm_pre, which must be a per-token "
+                         f"module (Identity or LayerNorm); it is {type(getattr(model, 'norm_pre', None)).__name__}")
 
 
 def drop_tokens_mask(dropped: Tensor, prefix: int) -> Tensor:
@@ -160,27 +173,70 @@ def pixel_mask(dropped: Tensor, grid: PatchGrid) -> Tensor:
     return small.repeat_interleave(grid.patch, dim=2).repeat_interleave(grid.patch, dim=3)
 
 
+def kept_tokens(dropped: Tensor, prefix: int) -> Tuple[Tensor, Optional[Tensor]]:
+    """``(index, key_mask)`` of the shortened sequence that drops the grid cells ``dropped`` (bool
+    ``[B, cells]``): ``index`` (long ``[B, K]``) the positions in the full sequence of the ``prefix`` tokens
+    and the kept cells, in order, where ``K`` is the most tokens a row keeps; a row that keeps fewer is
+    padded with position 0 (its class token), hidden by ``key_mask`` (bool ``(B, 1, 1, K)``, True = may be
+    attended to; None when every row keeps ``K``)."""
+    keep = torch.cat([torch.ones(dropped.shape[0], prefix, dtype=torch.bool, device=dropped.device), ~dropped], 1)
+    counts = keep.sum(1)
+    most = int(counts.max())
+    # a stable sort of "dropped" puts each row's kept positions first, in order
+    order = torch.sort((~keep).to(torch.int8), dim=1, stable=True).indices[:, :most]
+    valid = torch.arange(most, device=dropped.device)[None, :] < counts[:, None]
+    index = torch.where(valid, order, torch.zeros_like(order))
+    return index, (None if bool(valid.all()) else valid[:, None, None, :])
+
+
+@contextlib.contextmanager
+def gathered_tokens(vit: nn.Module, index: Tensor) -> Iterator[None]:
+    """For the calls inside it, ``vit`` runs its blocks on the tokens ``index`` (long ``[B, K]``) of each
+    image only: a forward hook on ``vit.norm_pre`` (the per-token module between the position embedding
+    and the first block) gathers them."""
+
+    def gather(module: nn.Module, args: tuple, out: Tensor) -> Tensor:
+        return out.gather(1, index.to(out.device)[:, :, None].expand(-1, -1, out.shape[-1]))
+
+    handle = vit.norm_pre.register_forward_hook(gather)
+    try:
+        yield
+    finally:
+        handle.remove()
+
+
 class MaskedClassifier(Normalized):
     """``forward(x, dropped)``: the logits of ``model`` on ``[0, 1]`` images ``x`` with the grid cells
-    ``dropped`` (bool ``[B, cells]``) masked: dropped as tokens through the key mask (``masking="tokens"``)
-    or with their pixels set to ``fill`` (``"pixels"``). ``mean`` / ``std``: the model's input
-    normalisation (:class:`~rpc_attention.evaluate.inputs.Normalized`). Differentiable in ``x``."""
+    ``dropped`` (bool ``[B, cells]``) masked: dropped as tokens (``masking="tokens"``) or with their pixels
+    set to ``fill`` (``"pixels"``). ``mean`` / ``std``: the model's input normalisation
+    (:class:`~rpc_attention.evaluate.inputs.Normalized`). Dropped tokens are left out of the sequence
+    (``gather``, the default: :func:`kept_tokens`) or kept and hidden by the key mask of every block
+    (``gather=False``: the same logits, at the cost of the full sequence, with every token at its place,
+    as the attention-aware attack needs). Differentiable in ``x``."""
 
     def __init__(self, model: nn.Module, mean: Tensor, std: Tensor, grid: PatchGrid, masking: str = "tokens",
-                 fill: float = 0.0) -> None:
+                 fill: float = 0.0, gather: Optional[bool] = None) -> None:
         if masking not in MASKINGS:
             raise ValueError(f"masking must be one of {', '.join(MASKINGS)}, got {masking!r}")
         if masking == "tokens":
             check_token_dropping(model)
+        elif gather is not None:
+            raise ValueError(f"gather={gather} chooses how dropped tokens are left out; masking={masking!r} drops "
+                             "no tokens (it fills pixels): leave gather unset")
         super().__init__(model, mean, std)
         self.grid, self.masking, self.fill = grid, masking, float(fill)
+        self.gather = masking == "tokens" and gather is not False
 
     def forward(self, x: Tensor, dropped: Tensor) -> Tensor:
         dropped = dropped.to(x.device)
         if self.masking == "pixels":
             m = pixel_mask(dropped, self.grid).to(x)
             return super().forward(x * (1 - m) + self.fill * m)
-        return super().forward(x, attn_mask=drop_tokens_mask(dropped, self.grid.prefix))
+        if not self.gather:
+            return super().forward(x, attn_mask=drop_tokens_mask(dropped, self.grid.prefix))
+        index, key_mask = kept_tokens(dropped, self.grid.prefix)
+        with gathered_tokens(self.model, index):
+            return super().forward(x, attn_mask=key_mask)
 
 
 def random_token_drop(batch: int, cells: int, fraction: float, device=None,
