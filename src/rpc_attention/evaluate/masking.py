@@ -179,7 +179,7 @@ def kept_tokens(dropped: Tensor, prefix: int) -> Tuple[Tensor, Optional[Tensor]]
     and the kept cells, in order, where ``K`` is the most tokens a row keeps; a row that keeps fewer is
     padded with position 0 (its class token), hidden by ``key_mask`` (bool ``(B, 1, 1, K)``, True = may be
     attended to; None when every row keeps ``K``)."""
-    keep = torch.cat([torch.ones(dropped.shape[0], prefix, dtype=torch.bool, device=dropped.device), ~dropped], 1)
+    keep = drop_tokens_mask(dropped, prefix)[:, 0, 0]                        # [B, prefix + cells]
     counts = keep.sum(1)
     most = int(counts.max())
     # a stable sort of "dropped" puts each row's kept positions first, in order
