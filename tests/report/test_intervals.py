@@ -170,3 +170,27 @@ def test_mce_reference_errors_are_recomputed_on_every_resample():
     assert iv["lo"] < iv["diff"] < iv["hi"] < 0          # the RPC record errs less
     # records over different examples cannot be paired: no recomputed data (the caller falls back)
     assert mce_example_data(rpc, dict(base, indices="1:201")) is None
+
+
+def test_a_statistic_of_column_sums_bootstraps_to_the_same_interval_as_the_gathered_resamples():
+    """The draw-count path (``of_column_sums``) against the plain gather of every resample, on integer
+    per-image counts (mIoU) and 0/1 errors (mCE) with strata: the sums are integers, so equal exactly."""
+    import functools
+
+    from rpc_attention.evaluate.per_example import _miou, of_column_sums
+    from rpc_attention.report.mce import mce_statistic
+
+    rng = np.random.default_rng(3)
+    n, classes = 37, 4
+    seg = [rng.integers(0, 50, size=(n, 2 * 3 * classes)).astype(np.float64) for _ in range(4)]
+    groups = np.kron(np.eye(2), np.ones((3, 1)))  # 6 settings -> 2 corruptions
+    err = [rng.integers(0, 2, size=(n, 12)).astype(np.float64) for _ in range(4)]
+    strata = rng.integers(0, 2, size=n)
+    for plain, values in ((functools.partial(_miou, classes=classes), seg),
+                          (functools.partial(mce_statistic, groups=groups), err)):
+        summed = of_column_sums(functools.partial(plain.func, **plain.keywords))
+        for st in (None, strata):
+            a = paired_bootstrap(values[:2], values[2:], 300, seed=5, statistic=plain, strata=st)
+            b = paired_bootstrap(values[:2], values[2:], 300, seed=5, statistic=summed, strata=st)
+            assert a == b
+    assert not getattr(functools.partial(_miou, classes=classes), "column_sums", False)

@@ -181,6 +181,14 @@ def roc_area(scores: np.ndarray, positive: np.ndarray) -> np.ndarray:
     return ((ranks * y).sum(axis=-1) - n_pos * (n_pos + 1) / 2) / (n_pos * n_neg)
 
 
+def of_column_sums(statistic):
+    """Mark ``statistic`` as reading only the column sums of its values: ``statistic(v, strata)`` equals
+    ``statistic(v.sum(axis=-2, keepdims=True), None)``. The bootstrap then sums each resample through its
+    draw counts instead of gathering ``(resamples, n, k)`` values. Returns ``statistic``."""
+    statistic.column_sums = True
+    return statistic
+
+
 def _mean(values: np.ndarray, strata: Optional[np.ndarray]) -> np.ndarray:
     return values[..., 0].mean(axis=-1)
 
@@ -263,5 +271,5 @@ def example_data(record: Optional[Mapping[str, Any]], metric: str) -> Optional[E
         return None
     strata = decode_bits(record["strata"]).astype(np.int64) if record.get("strata") else None
     if kind == "miou":
-        stat = functools.partial(stat, classes=int(record["classes"]))
+        stat = of_column_sums(functools.partial(stat, classes=int(record["classes"])))
     return ExampleData(indices, np.asarray(vals, dtype=np.float64).reshape(len(vals), -1), stat, strata)

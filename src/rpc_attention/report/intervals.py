@@ -133,6 +133,18 @@ def _draw(rng: np.random.Generator, count: int, n: int, strata: Optional[np.ndar
     return np.concatenate(parts, axis=1)
 
 
+def _resample(values: np.ndarray, idx: np.ndarray, statistic) -> np.ndarray:
+    """``values`` ``(n, k)`` at the drawn positions ``idx`` ``(count, n)``: gathered, or, for a statistic
+    of the column sums (``evaluate.per_example.of_column_sums``), summed through the draw counts into
+    ``(count, 1, k)``: the same sums without the ``(count, n, k)`` gather (exactly the same for the
+    integer counts such statistics read)."""
+    if not getattr(statistic, "column_sums", False):
+        return values[idx]
+    count, n = idx.shape
+    counts = np.bincount((np.arange(count)[:, None] * n + idx).ravel(), minlength=count * n)
+    return (counts.reshape(count, n).astype(np.float64) @ values)[:, None, :]
+
+
 def _as_rows(x) -> np.ndarray:
     a = np.asarray(x, dtype=np.float64)
     return a[:, None] if a.ndim == 1 else a
@@ -163,8 +175,8 @@ def paired_bootstrap(baseline: Sequence[np.ndarray], rpc: Sequence[np.ndarray], 
     boot, boot_ratio = [], []
     for start in range(0, int(resamples), _CHUNK):
         idx = _draw(rng, min(_CHUNK, int(resamples) - start), n, strata)
-        st = None if strata is None else strata[idx]
-        pairs = [(stat(b[idx], st), stat(r[idx], st)) for b, r in zip(base, rp)]
+        st = None if strata is None or getattr(stat, "column_sums", False) else strata[idx]
+        pairs = [(stat(_resample(b, idx, stat), st), stat(_resample(r, idx, stat), st)) for b, r in zip(base, rp)]
         boot.append(np.mean([sr - sb for sb, sr in pairs], axis=0))
         with np.errstate(divide="ignore", invalid="ignore"):
             boot_ratio.append(np.mean([sr / sb for sb, sr in pairs], axis=0))

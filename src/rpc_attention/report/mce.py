@@ -18,7 +18,7 @@ from typing import Any, Mapping, Optional
 
 import numpy as np
 
-from ..evaluate.per_example import ExampleData, decode_bits, decode_indices
+from ..evaluate.per_example import ExampleData, decode_bits, decode_indices, of_column_sums
 
 
 def mce_statistic(values: np.ndarray, strata: Optional[np.ndarray], groups: np.ndarray) -> np.ndarray:
@@ -53,5 +53,5 @@ def mce_example_data(own: Optional[Mapping[str, Any]], reference: Optional[Mappi
     groups = np.zeros((len(settings), len(names)))
     for i, s in enumerate(settings):
         groups[i, names.index(s.rsplit("@", 1)[0])] = 1.0
-    stat = functools.partial(mce_statistic, groups=groups)
+    stat = of_column_sums(functools.partial(mce_statistic, groups=groups))
     return ExampleData(own_idx, np.concatenate([e_own, e_ref], axis=1), stat)
