@@ -153,3 +153,20 @@ def test_the_setup_records_the_cpu_kernels_and_the_variables_that_cap_them():
     setup = setup_info(get_study("smoke"), environ={"ONEDNN_MAX_CPU_ISA": "AVX2", "HOME": "/x"})
     assert setup["cpu_capability"] == torch.backends.cpu.get_cpu_capability()
     assert setup["kernel_env"] == {"ONEDNN_MAX_CPU_ISA": "AVX2"}
+
+
+def test_the_cost_view_sums_estimates_and_measured_time_per_group_of_finished_stages():
+    def stage(name, kind, est, cpu, wall, status="done"):
+        return {"name": name, "kind": kind, "estimate_s": est, "cpu_s": cpu, "seconds": wall, "status": status}
+
+    res = {"stages": [stage("train.a-s0", "train", 40.0, 50.0, 60.0), stage("train.b-s0", "train", 40.0, 30.0, 35.0),
+                      stage("eval.a-s0.square", "eval", 30.0, 180.0, 190.0),
+                      stage("eval.b-s0.square", "eval", 30.0, 99.0, 99.0, status="failed"),
+                      stage("report", "report", 0.0, 5.0, 5.0)]}
+    rows = [line.split(" | ") for line in render_view(res, "cost").splitlines()[2:] if line]
+    assert [r[0].lstrip("| ") for r in rows] == ["eval: square", "train", "**all**"]  # by CPU time, then the total
+    assert rows[0][1:] == ["1", "30s", "3m00s", "3m10s", "6.00 |"]
+    assert rows[1][1:] == ["2", "1m20s", "1m20s", "1m35s", "1.00 |"]
+    assert rows[2][1:] == ["3", "1m50s", "4m20s", "4m45s", "2.36 |"]
+    with pytest.raises(PublishError, match="no finished stages"):
+        render_view({"stages": [stage("report", "report", 0.0, 1.0, 1.0)]}, "cost")

@@ -108,6 +108,15 @@ def _view_run(res: Dict[str, Any], arg: str, ctx: Context) -> List[str]:
     return [run_summary(res), ""]
 
 
+def _view_cost(res: Dict[str, Any], arg: str, ctx: Context) -> List[str]:
+    from .render import stage_cost_table
+
+    lines = stage_cost_table(res)
+    if not lines:
+        raise PublishError("view cost: the results have no finished stages")
+    return lines
+
+
 def _suite_of(res: Dict[str, Any], suite: str, view: str) -> None:
     if not ((res.get("evals") or {}).get(suite)):
         raise PublishError(f"view {view}: the results have no {suite!r} evaluations "
@@ -199,6 +208,7 @@ VIEWS: Dict[str, Callable[..., List[str]]] = {
     "verdicts": _view_verdicts,  # the claims' verdict tables, one per family, each under its rule (verdicts:own: one)
     "power": _view_power,        # the primary claims' minimum detectable effects against their targets
     "run": _view_run,            # one line: stages, wall and CPU time, machine, date
+    "cost": _view_cost,          # the stages' estimated against measured time, per training / eval suite
     "eps": _view_eps,            # eps:fgsm, eps:pgd: top-1 at each eps per model
     "corruptions": _view_corruptions,  # top-1 error per corruption per model
     "sparse": _view_sparse,      # the sparse-corruption settings per model, and S's precision / recall on the keys

@@ -320,6 +320,32 @@ def run_summary(res: Dict[str, Any]) -> str:
             f"{(s.get('versions') or {}).get('torch')}); generated {res.get('generated')}.")
 
 
+def stage_cost_table(res: Dict[str, Any]) -> List[str]:
+    """Estimated against measured stage time, one row per group of stages (the trainings, each eval
+    suite, the analyses): count, the study's per-stage estimates summed, the CPU time and wall time the
+    stages took, and CPU over estimate. Stages that did not finish are left out of both sums."""
+    groups: Dict[str, List[float]] = {}
+    for r in res.get("stages") or []:
+        if r.get("kind") == "report" or r.get("status") != "done":
+            continue
+        key = r["kind"] if r.get("kind") != "eval" else f"eval: {r['name'].rsplit('.', 1)[-1]}"
+        g = groups.setdefault(key, [0, 0.0, 0.0, 0.0])
+        g[0] += 1
+        g[1] += r.get("estimate_s") or 0.0
+        g[2] += r.get("cpu_s") or 0.0
+        g[3] += r.get("seconds") or 0.0
+    if not groups:
+        return []
+    L = ["| stages | count | estimated | CPU time | wall time | CPU / estimate |", "|---|---|---|---|---|---|"]
+    rows = sorted(groups.items(), key=lambda kv: -kv[1][2])
+    total = [sum(g[i] for _, g in rows) for i in range(4)]
+    for key, (n, est, cpu, wall) in rows + [("all", total)]:
+        ratio = f"{cpu / est:.2f}" if est > 0 else "—"
+        name = f"**{key}**" if key == "all" else key
+        L.append(f"| {name} | {int(n)} | {format_seconds(est)} | {format_seconds(cpu)} | {format_seconds(wall)} | {ratio} |")
+    return L + [""]
+
+
 def _task_section(res: Dict[str, Any], tname: str, t: Dict[str, Any]) -> List[str]:
     L = [f"## {t['title']}", ""]
     L += task_table(res, tname)
