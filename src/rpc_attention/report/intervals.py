@@ -133,16 +133,13 @@ def _draw(rng: np.random.Generator, count: int, n: int, strata: Optional[np.ndar
     return np.concatenate(parts, axis=1)
 
 
-def _resample(values: np.ndarray, idx: np.ndarray, statistic) -> np.ndarray:
-    """``values`` ``(n, k)`` at the drawn positions ``idx`` ``(count, n)``: gathered, or, for a statistic
-    of the column sums (``evaluate.per_example.of_column_sums``), summed through the draw counts into
-    ``(count, 1, k)``: the same sums without the ``(count, n, k)`` gather (exactly the same for the
-    integer counts such statistics read)."""
-    if not getattr(statistic, "column_sums", False):
-        return values[idx]
-    count, n = idx.shape
-    counts = np.bincount((np.arange(count)[:, None] * n + idx).ravel(), minlength=count * n)
-    return (counts.reshape(count, n).astype(np.float64) @ values)[:, None, :]
+def _draw_counts(idx: np.ndarray, n: int) -> np.ndarray:
+    """How often each of the ``n`` examples was drawn in each row of ``idx`` ``(count, n)``: ``(count, n)``.
+    ``counts @ values`` is the column sums of ``values[idx]``, without the ``(count, n, k)`` gather (the
+    same sums exactly for the integer counts the statistics of column sums read)."""
+    count = idx.shape[0]
+    flat = (np.arange(count)[:, None] * n + idx).ravel()
+    return np.bincount(flat, minlength=count * n).reshape(count, n).astype(np.float64)
 
 
 def _as_rows(x) -> np.ndarray:
@@ -172,11 +169,16 @@ def paired_bootstrap(baseline: Sequence[np.ndarray], rpc: Sequence[np.ndarray], 
     with np.errstate(divide="ignore", invalid="ignore"):
         ratio = float(np.mean([stat(r, strata) / stat(b, strata) for b, r in zip(base, rp)]))
     rng = np.random.default_rng(seed)
+    column_sums = getattr(stat, "column_sums", False)
     boot, boot_ratio = [], []
     for start in range(0, int(resamples), _CHUNK):
         idx = _draw(rng, min(_CHUNK, int(resamples) - start), n, strata)
-        st = None if strata is None or getattr(stat, "column_sums", False) else strata[idx]
-        pairs = [(stat(_resample(b, idx, stat), st), stat(_resample(r, idx, stat), st)) for b, r in zip(base, rp)]
+        if column_sums:  # a statistic of the column sums (evaluate.per_example.of_column_sums)
+            counts, st = _draw_counts(idx, n), None
+            pairs = [(stat((counts @ b)[:, None, :], st), stat((counts @ r)[:, None, :], st)) for b, r in zip(base, rp)]
+        else:
+            st = None if strata is None else strata[idx]
+            pairs = [(stat(b[idx], st), stat(r[idx], st)) for b, r in zip(base, rp)]
         boot.append(np.mean([sr - sb for sb, sr in pairs], axis=0))
         with np.errstate(divide="ignore", invalid="ignore"):
             boot_ratio.append(np.mean([sr / sb for sb, sr in pairs], axis=0))
