@@ -2,7 +2,9 @@
 
 ``verify docs/results/paper.json`` (or ``verify --all``, every file in ``docs/results``) recomputes each
 claim from the results file and its per-example records (``NAME.examples.json.gz`` beside it) with the
-report's own code, prints one line per claim and every number that differs, and exits 1 if any does.
+report's own code, prints one line per claim and every number that differs, and exits 1 if any does; for a
+pre-registered run it also checks the stage records against the plan: every stage started after the plan's
+commit, and one code commit, with its files unchanged, ran them all.
 ``--write`` stores the recomputed claims instead (results published under an earlier rule)."""
 
 from __future__ import annotations
@@ -43,5 +45,7 @@ def run(args: argparse.Namespace) -> int:
               f"{len(out['differences'])} differences" + (" (written)" if args.write else ""))
         for cid, field, a, b in out["differences"]:
             print(f"  {cid}: {field} published {a!r}, recomputed {b!r}")
-        bad += bool(out["differences"]) and not args.write
+        for problem in out["provenance"]:
+            print(f"  provenance: {problem}")
+        bad += (bool(out["differences"]) and not args.write) or bool(out["provenance"])
     return 1 if bad else 0

@@ -74,7 +74,8 @@ def _versions() -> Dict[str, str]:
     return out
 
 
-def _cpu_model() -> str:
+def cpu_model() -> str:
+    """The CPU's model name (``/proc/cpuinfo``), else what ``platform`` knows."""
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
             if line.lower().startswith("model name"):
@@ -94,7 +95,7 @@ def setup_info(study, environ: Optional[Mapping[str, str]] = None) -> Dict[str, 
 
     environ = os.environ if environ is None else environ
     info: Dict[str, Any] = {
-        "hostname": platform.node(), "platform": platform.platform(), "cpu": _cpu_model(),
+        "hostname": platform.node(), "platform": platform.platform(), "cpu": cpu_model(),
         "cpu_count": os.cpu_count(), "torch_threads": torch.get_num_threads(), "versions": _versions(),
         "device": study.device, "cuda": torch.cuda.is_available(),
         "gpus": [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())] if torch.cuda.is_available() else [],
@@ -326,10 +327,13 @@ def _seed_scores(per_example: Dict[str, Any], suite: str, key: str, metric: str,
 
 
 def compare_models(res: Dict[str, Any], per_example: Dict[str, Any], suite: str, metric: str,
-                   baseline: str, rpc: str, reference: Optional[str] = None) -> Dict[str, Any]:
-    """RPC - baseline of one metric with its seed and example intervals (``intervals.paired_comparison``)."""
-    return paired_comparison(_seed_values(res, suite, baseline, metric), _seed_values(res, suite, rpc, metric),
-                             _seed_scores(per_example, suite, baseline, metric, reference),
+                   baseline: str, rpc: str, reference: Optional[str] = None,
+                   baseline_metric: Optional[str] = None) -> Dict[str, Any]:
+    """RPC - baseline of one metric with its seed and example intervals (``intervals.paired_comparison``);
+    ``baseline_metric``: the baseline's own metric where it differs (a comparison within one model)."""
+    bm = baseline_metric or metric
+    return paired_comparison(_seed_values(res, suite, baseline, bm), _seed_values(res, suite, rpc, metric),
+                             _seed_scores(per_example, suite, baseline, bm, reference),
                              _seed_scores(per_example, suite, rpc, metric, reference))
 
 
@@ -344,21 +348,25 @@ def _claim_rows(res: Dict[str, Any], claims, refs: Dict[str, Optional[str]], per
     for c in claims:
         b = res["evals"].get(c.suite, {}).get(c.baseline, {})
         r = res["evals"].get(c.suite, {}).get(c.rpc, {})
-        bv = [v for v in (metric_value(e.get("metrics", {}), c.metric) for e in b.values()) if v is not None]
+        bm = getattr(c, "baseline_metric", None) or c.metric
+        bv = [v for v in (metric_value(e.get("metrics", {}), bm) for e in b.values()) if v is not None]
         rv = [v for v in (metric_value(e.get("metrics", {}), c.metric) for e in r.values()) if v is not None]
         e = effect(bv, rv, c.higher, c.margin, c.relative)
-        iv = compare_models(res, per_example, c.suite, c.metric, c.baseline, c.rpc, refs.get(c.suite))
+        iv = compare_models(res, per_example, c.suite, c.metric, c.baseline, c.rpc, refs.get(c.suite),
+                            baseline_metric=getattr(c, "baseline_metric", None))
         if iv["bootstrap"] is None and stored and stored.get(c.id):
             iv["bootstrap"] = stored[c.id]
         margin = e.margin if e.margin is not None else c.margin
         pooled = (iv["bootstrap"] or {}).get("pooled")
-        iv["tests"] = margin_tests(list(iv["per_seed_diff"].values()), margin, c.higher, example_se(pooled))
+        iv["tests"] = margin_tests(list(iv["per_seed_diff"].values()), margin, c.higher, example_se(pooled),
+                                   target=c.target if getattr(c, "smaller", False) else None)
         rows.append((c, b, r, bv, rv, e, iv))
     return rows
 
 
 def _holm_by_family(rows: List[tuple]) -> None:
-    """Holm's adjustment of both tests within each claim's family (``p_holm``, ``p_equivalence_holm``),
+    """Holm's adjustment of the three tests within each claim's family (``p_holm``, ``p_equivalence_holm``,
+    and ``p_smaller_holm`` over the claims with a target),
     the family's size and the MDE at its strictest step (``min_detectable``). A claim without a noise
     figure enters Holm with p = 1 (it counts in the family, which is fixed before the data) and gets no
     adjusted p."""
@@ -370,11 +378,14 @@ def _holm_by_family(rows: List[tuple]) -> None:
         flat = [t.get("no_spread", False) for t in tests]
         p_dir = [1.0 if f else t.get("p") for t, f in zip(tests, flat)]
         p_tost = [1.0 if f else t.get("p_equivalence") for t, f in zip(tests, flat)]
+        p_small = [None if not getattr(row[0], "smaller", False) else (1.0 if f else t.get("p_smaller"))
+                   for row, t, f in zip(members, tests, flat)]
         size = sum(p is not None for p in p_dir)
-        for row, f, p, q, t in zip(members, flat, holm(p_dir), holm(p_tost), tests):
+        for row, f, p, q, s, t in zip(members, flat, holm(p_dir), holm(p_tost), holm(p_small), tests):
             c, e, iv = row[0], row[5], row[-1]
             margin = e.margin if e.margin is not None else c.margin
             iv["p_holm"], iv["p_equivalence_holm"] = (None, None) if f else (p, q)
+            iv["p_smaller_holm"] = None if f else s
             iv["family"] = size
             iv["min_detectable"] = min_detectable(list(iv["per_seed_diff"].values()), size, margin,
                                                   se_examples=t.get("se_examples") or 0.0)
@@ -390,7 +401,8 @@ def claims_of(res: Dict[str, Any], claims, refs: Dict[str, Optional[str]], per_e
     out = []
     for c, b, r, bv, rv, e, iv in rows:
         margin = e.margin if e.margin is not None else c.margin
-        v = claim_verdict(iv, c.higher, e.margin, iv["p_holm"], iv["p_equivalence_holm"])
+        v = claim_verdict(iv, c.higher, e.margin, iv["p_holm"], iv["p_equivalence_holm"], iv.get("p_smaller_holm"),
+                          c.target if getattr(c, "smaller", False) else None)
         reason = v["reason"]
         if not bv or not rv:
             why = [x.get("reason") or x.get("status") for x in list(b.values()) + list(r.values())
@@ -399,7 +411,8 @@ def claims_of(res: Dict[str, Any], claims, refs: Dict[str, Optional[str]], per_e
                 reason += f" ({why[0]})"
         out.append({
             "id": c.id, "title": c.title, "table": c.table, "suite": c.suite, "metric": c.metric,
-            "family": c.family, "target": c.target, "margin_spec": c.margin, "reference": refs.get(c.suite),
+            "family": c.family, "target": c.target, "smaller": bool(getattr(c, "smaller", False)),
+            "baseline_metric": getattr(c, "baseline_metric", None), "margin_spec": c.margin, "reference": refs.get(c.suite),
             "baseline": c.baseline, "baseline_label": res["models"].get(c.baseline, {}).get("label", c.baseline),
             "rpc": c.rpc, "rpc_label": res["models"].get(c.rpc, {}).get("label", c.rpc), "higher": c.higher,
             "margin": margin, "relative_margin": c.relative, "baseline_values": bv, "rpc_values": rv,

@@ -22,7 +22,7 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence
 
 import numpy as np
 
-from .power import ALPHA, combined_se, holm_adjust, margin_pvalues, mde
+from .power import ALPHA, combined_se, holm_adjust, margin_pvalues, mde, smaller_pvalue
 
 __all__ = ["LEVEL", "ALPHA", "RESAMPLES", "t_interval", "paired_t", "margin_tests", "holm", "min_detectable", "example_se",
            "paired_bootstrap", "paired_comparison"]
@@ -83,13 +83,15 @@ def example_se(pooled: Optional[Dict[str, Any]], level: float = LEVEL) -> float:
 
 
 def margin_tests(diffs: Sequence[float], margin: float, higher_is_better: bool = True,
-                 se_examples: float = 0.0, level: float = LEVEL) -> Optional[Dict[str, Any]]:
+                 se_examples: float = 0.0, level: float = LEVEL,
+                 target: Optional[float] = None) -> Optional[Dict[str, Any]]:
     """The rule's two tests of RPC - baseline per-seed differences against +-margin on the one interval over
     seeds and examples (:func:`~rpc_attention.report.power.combined_se`,
     :func:`~rpc_attention.report.power.margin_pvalues`, oriented so that > 0 means RPC better):
-    ``{"p", "p_equivalence", "no_spread", "se", "df", "interval"}`` (``interval``: the ``level`` interval
-    of the mean difference, not oriented); p's None without any noise figure; None with fewer than 2
-    differences."""
+    ``{"p", "p_equivalence", "p_smaller", "no_spread", "se", "df", "interval"}`` (``interval``: the
+    ``level`` interval of the mean difference, not oriented; ``p_smaller``: the one-sided test that the
+    oriented effect is below ``target``, :func:`~rpc_attention.report.power.smaller_pvalue`, None without a
+    target); p's None without any noise figure; None with fewer than 2 differences."""
     from scipy import stats
 
     d = _diffs(diffs) * (1.0 if higher_is_better else -1.0)
@@ -98,11 +100,13 @@ def margin_tests(diffs: Sequence[float], margin: float, higher_is_better: bool =
     sd = float(d.std(ddof=1))
     se, df = (float(x) for x in combined_se(sd, len(d), se_examples))
     if se == 0.0:
-        return {"p": None, "p_equivalence": None, "no_spread": True, "se": 0.0, "df": None, "interval": None}
+        return {"p": None, "p_equivalence": None, "p_smaller": None, "no_spread": True, "se": 0.0, "df": None,
+                "interval": None}
     p_dir, p_tost = margin_pvalues(float(d.mean()), se, df, margin)
+    p_small = None if target is None else float(smaller_pvalue(float(d.mean()), se, df, float(target)))
     raw = float(d.mean()) * (1.0 if higher_is_better else -1.0)
     half = float(stats.t.ppf(0.5 + level / 2, df)) * se
-    return {"p": float(p_dir), "p_equivalence": float(p_tost), "no_spread": False, "se": se,
+    return {"p": float(p_dir), "p_equivalence": float(p_tost), "p_smaller": p_small, "no_spread": False, "se": se,
             "df": df, "se_seeds": sd / math.sqrt(len(d)), "se_examples": float(se_examples),
             "interval": {"diff": raw, "lo": raw - half, "hi": raw + half, "level": level}}
 

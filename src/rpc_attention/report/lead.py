@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any, Dict, List
 
-from .verdict import CONTRADICTED, EQUIVALENT, INCONCLUSIVE, NOT_MEASURED, REPRODUCED, UNRESOLVED
+from .verdict import CONTRADICTED, EQUIVALENT, INCONCLUSIVE, NOT_MEASURED, REPRODUCED, SMALLER, UNRESOLVED
 
 __all__ = ["LEAD_RULE", "lead_paragraph", "MAX_SENTENCES"]
 
@@ -40,7 +40,7 @@ def _sparse_sentence(res: Dict[str, Any]) -> str:
 
 def _counts(claims: List[Dict[str, Any]]) -> str:
     parts = []
-    for v in (REPRODUCED, CONTRADICTED, EQUIVALENT, INCONCLUSIVE, UNRESOLVED, NOT_MEASURED):
+    for v in (REPRODUCED, CONTRADICTED, EQUIVALENT, SMALLER, INCONCLUSIVE, UNRESOLVED, NOT_MEASURED):
         n = sum(c["verdict"] == v for c in claims)
         if n:
             parts.append(f"{n} {v}")

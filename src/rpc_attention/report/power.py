@@ -20,7 +20,10 @@ variable of df degrees of freedom:
 - ``p_tost`` = max(P(T > (delta + margin) / se), P(T < (delta - margin) / se)): two one-sided tests
   (TOST) that the effect lies inside +-margin;
 
-both Holm-adjusted within the family. ``p_dir`` (Holm) < alpha is the same as Holm's (1 - alpha_k)
+- ``p_smaller`` = P(T < (delta - target) / se): one-sided, that the effect in the paper's direction is
+  below the claim's ``target`` (the paper's effect in our units), so that the paper's effect is excluded;
+
+each Holm-adjusted within the family. ``p_dir`` (Holm) < alpha is the same as Holm's (1 - alpha_k)
 interval lying past the margin, so a claim is called reproduced on the interval's bound, never on the
 point estimate. No spread at all (sd 0 and no example part) is no evidence: both p's are 1.
 
@@ -45,7 +48,7 @@ import numpy as np
 
 ALPHA = 0.05
 POWER = 0.80
-REPRODUCE, CONTRADICT, EQUIVALENT_CODE, UNDECIDED = 1, -1, 2, 0
+REPRODUCE, CONTRADICT, EQUIVALENT_CODE, SMALLER_CODE, UNDECIDED = 1, -1, 2, 3, 0
 
 
 def combined_se(sd, n, se_examples=0.0):
@@ -71,6 +74,18 @@ def margin_pvalues(mean, se, df, margin):
     return np.where(spread, p_dir, 1.0), np.where(spread, p_tost, 1.0)
 
 
+def smaller_pvalue(mean, se, df, target):
+    """``p_smaller`` (arrays, broadcast): the one-sided p of "the oriented effect is below ``target``",
+    P(T < (mean - target) / se) on df degrees of freedom; 1 where se is 0 (no noise figure) and NaN where
+    the target is NaN (a claim without one takes no part in this test)."""
+    from scipy import stats
+
+    mean, se, df, target = (np.asarray(x, dtype=np.float64) for x in (mean, se, df, target))
+    spread = se > 0
+    p = stats.t.cdf((mean - target) / np.where(spread, se, 1.0), df)
+    return np.where(np.isnan(target), np.nan, np.where(spread, p, 1.0))
+
+
 def holm_adjust(p):
     """Holm's step-down adjusted p-values along the last axis (NaN = no p, not counted): the k-th
     smallest of m p-values becomes max over j <= k of min(1, (m - j + 1) p_(j))."""
@@ -86,19 +101,26 @@ def holm_adjust(p):
     return np.where(present, out, np.nan)
 
 
-def family_decisions(diffs, margin, se_examples=None, alpha: float = ALPHA):
+def family_decisions(diffs, margin, se_examples=None, alpha: float = ALPHA, target=None):
     """The decision of every claim of a family: ``diffs`` ``(..., m, n)`` oriented per-seed differences,
-    ``margin`` ``(m,)``, ``se_examples`` ``(..., m)`` the example standard errors (None: 0); returns
-    ``(...,m)`` codes: REPRODUCE (1), CONTRADICT (-1), EQUIVALENT_CODE (2) or UNDECIDED (0). Vectorised
-    over leading axes (simulated studies)."""
+    ``margin`` ``(m,)``, ``se_examples`` ``(..., m)`` the example standard errors (None: 0), ``target``
+    ``(m,)`` the paper's effect in our units (None, or NaN for a claim: no "smaller" test); returns
+    ``(..., m)`` codes: REPRODUCE (1), CONTRADICT (-1), EQUIVALENT_CODE (2), SMALLER_CODE (3) or
+    UNDECIDED (0), in the rule's precedence (a difference beyond the margin, then equivalence, then
+    smaller than the target). Vectorised over leading axes (simulated studies)."""
     d = np.asarray(diffs, dtype=np.float64)
     n = d.shape[-1]
     mean, sd = d.mean(axis=-1), d.std(axis=-1, ddof=1)
     se, df = combined_se(sd, n, 0.0 if se_examples is None else se_examples)
     p_dir, p_tost = margin_pvalues(mean, se, df, margin)
     h_dir, h_tost = holm_adjust(p_dir), holm_adjust(p_tost)
+    if target is None:
+        h_small = np.full(mean.shape, np.nan)
+    else:
+        h_small = holm_adjust(smaller_pvalue(mean, se, df, np.broadcast_to(np.asarray(target, float), mean.shape)))
+    small = np.where(np.isnan(h_small), False, h_small < alpha)
     return np.where(h_dir < alpha, np.sign(mean).astype(int),
-                    np.where(h_tost < alpha, EQUIVALENT_CODE, UNDECIDED))
+                    np.where(h_tost < alpha, EQUIVALENT_CODE, np.where(small, SMALLER_CODE, UNDECIDED)))
 
 
 def power(delta: float, sd: float, n: int, margin: float = 0.0, alpha: float = ALPHA, family: int = 1,

@@ -60,7 +60,8 @@ def _claim_spec(c: Dict[str, Any]) -> SimpleNamespace:
     return SimpleNamespace(id=c["id"], title=c["title"], table=c["table"], suite=c["suite"], metric=c["metric"],
                            baseline=c["baseline"], rpc=c["rpc"], higher=c["higher"], margin=margin,
                            relative=bool(c.get("relative_margin")), family=c.get("family", "secondary"),
-                           target=c.get("target"), paper_id=c.get("paper_id"))
+                           target=c.get("target"), paper_id=c.get("paper_id"), smaller=bool(c.get("smaller")),
+                           baseline_metric=c.get("baseline_metric"))
 
 
 def recompute_claims(res: Dict[str, Any], per_example: Optional[Dict[str, Any]] = None) -> List[Dict[str, Any]]:
@@ -99,6 +100,7 @@ def _fields(c: Dict[str, Any]) -> Dict[str, Any]:
     return {"verdict": c.get("verdict"), "delta": (c.get("effect") or {}).get("delta"),
             "interval.lo": inter.get("lo"), "interval.hi": inter.get("hi"), "se": tests.get("se"),
             "p_holm": iv.get("p_holm"), "p_equivalence_holm": iv.get("p_equivalence_holm"),
+            "p_smaller_holm": iv.get("p_smaller_holm"),
             "mde": iv.get("min_detectable"), "examples.lo": pooled.get("lo"), "examples.hi": pooled.get("hi")}
 
 
@@ -117,9 +119,40 @@ def claim_differences(stored: List[Dict[str, Any]], recomputed: List[Dict[str, A
     return out
 
 
+def provenance_problems(res: Dict[str, Any]) -> List[str]:
+    """What the stage records say against a pre-registered run, one sentence each: a stage that started
+    before the plan's commit, stages run by more than one code commit (or from changed files), a stage with
+    no record of its commit. Empty for a study without a plan, and for a plan run published before stages
+    recorded their commit (no stage carries one)."""
+    git = ((res.get("plan") or {}).get("git")) or {}
+    stages = [s for s in res.get("stages") or [] if s.get("status") == "done" and s.get("kind") != "report"]
+    if not res.get("plan") or not any("commit" in s for s in stages):
+        return []
+    out = []
+    if git.get("date"):
+        from datetime import datetime
+
+        planned = datetime.fromisoformat(git["date"]).timestamp()
+        early = [s["name"] for s in stages if s.get("started") is not None and s["started"] < planned]
+        if early:
+            out.append(f"{len(early)} stages started before the plan's commit {str(git.get('commit'))[:12]} "
+                       f"({git['date']}), the first {early[0]}")
+    else:
+        out.append("the plan's commit is not recorded (the plan file was not committed when the run started)")
+    commits = sorted({s.get("commit") or "none" for s in stages})
+    if len(commits) > 1:
+        out.append(f"the stages ran from {len(commits)} code commits ({', '.join(c[:12] for c in commits)}), "
+                   f"not one")
+    dirty = [s["name"] for s in stages if s.get("commit_dirty")]
+    if dirty:
+        out.append(f"{len(dirty)} stages ran from source files that differed from their commit, the first "
+                   f"{dirty[0]}")
+    return out
+
+
 def verify_results(path, write: bool = False) -> Dict[str, Any]:
     """Recompute the claims of the results file ``path`` (with its examples file where there is one):
-    ``{"claims", "differences", "examples": bool}``. ``write`` stores the recomputed claims, rule text and
+    ``{"claims", "differences", "examples": bool, "provenance": [problems]}`` (:func:`provenance_problems`). ``write`` stores the recomputed claims, rule text and
     lead in the file (a study published under an earlier rule, brought to the current one)."""
     from ..files import atomic_write_json
     from .lead import LEAD_RULE, lead_paragraph
@@ -134,4 +167,5 @@ def verify_results(path, write: bool = False) -> Dict[str, Any]:
         res["claims"], res["rules"] = claims, RULES_TEXT
         res["lead"] = {"text": lead_paragraph(res), "rule": LEAD_RULE}
         atomic_write_json(p, res)
-    return {"claims": claims, "differences": diffs, "examples": per_example is not None}
+    return {"claims": claims, "differences": diffs, "examples": per_example is not None,
+            "provenance": provenance_problems(res)}

@@ -13,10 +13,10 @@ from typing import Any, Dict, List, Optional
 
 from ..markdown import markdown_table
 from .paper import PAPER_ROWS, SCORECARD, SHORT
-from .verdict import CONTRADICTED, EQUIVALENT, INCONCLUSIVE, NOT_MEASURED, REPRODUCED, UNRESOLVED
+from .verdict import CONTRADICTED, EQUIVALENT, INCONCLUSIVE, NOT_MEASURED, REPRODUCED, SMALLER, UNRESOLVED
 
 NOT_RUN = "not run"
-_ORDER = (REPRODUCED, CONTRADICTED, EQUIVALENT, INCONCLUSIVE, NOT_RUN, UNRESOLVED, NOT_MEASURED)
+_ORDER = (REPRODUCED, CONTRADICTED, EQUIVALENT, SMALLER, INCONCLUSIVE, NOT_RUN, UNRESOLVED, NOT_MEASURED)
 
 
 def _official(res: Dict[str, Any], cid: str) -> Optional[Dict[str, Any]]:
@@ -60,6 +60,7 @@ def scorecard_rows(res: Dict[str, Any]) -> List[Dict[str, Any]]:
                 out["mde"] = f"{iv['min_detectable']:.2f}"
             out["verdict"] = c["verdict"]
             out["n"] = len(diffs)
+            out["smaller"] = bool(c.get("smaller"))
         elif cid in not_run:
             nr = not_run[cid]
             out["claim"] = nr.get("title") or out["claim"]
@@ -72,11 +73,13 @@ def scorecard_rows(res: Dict[str, Any]) -> List[Dict[str, Any]]:
 
 
 def count_line(rows: List[Dict[str, Any]]) -> str:
-    """``"14 claims: X reproduced, Y contradicted, Z equivalent, W inconclusive, V not run"`` (and any other
-    verdict that occurs, e.g. unresolved (one seed), counted after them)."""
+    """``"14 claims: X reproduced, Y contradicted, Z equivalent, W inconclusive, V not run"``, with ``U smaller
+    than the paper's effect`` before the inconclusive count where the study registered that verdict (and any
+    other verdict that occurs, e.g. unresolved (one seed), counted after them)."""
     counts = {v: sum(r["verdict"] == v for r in rows) for v in _ORDER}
-    main = [f"{counts[v]} {v}" for v in _ORDER[:5]]
-    extra = [f"{counts[v]} {v}" for v in _ORDER[5:] if counts[v]]
+    registered = any(r.get("smaller") for r in rows) or counts[SMALLER] > 0
+    main = [f"{counts[v]} {v}" for v in _ORDER[:6] if v != SMALLER or registered]
+    extra = [f"{counts[v]} {v}" for v in _ORDER[6:] if counts[v]]
     return f"{len(rows)} claims: " + ", ".join(main + extra)
 
 

@@ -1,6 +1,6 @@
 """Verdict rule: turn a claim's baseline and RPC numbers (one per seed, and per-example records where
-the suite keeps them) into "reproduced / contradicted / equivalent / inconclusive / unresolved (one
-seed)". The rule
+the suite keeps them) into "reproduced / contradicted / equivalent / smaller than the paper's effect /
+inconclusive / unresolved (one seed)". The rule
 is stated in :data:`RULES_TEXT`, printed verbatim in every report, and is the only source of verdict
 text (nothing is hand-written). The same rule decides every claim; there is no second rule.
 
@@ -22,15 +22,16 @@ from typing import Any, Dict, Optional, Sequence, Tuple
 from ..markdown import NOT_MEASURED
 from .intervals import ALPHA, RESAMPLES
 
-__all__ = ["REPRODUCED", "CONTRADICTED", "EQUIVALENT", "INCONCLUSIVE", "UNRESOLVED", "NOT_MEASURED", "VERDICTS",
+__all__ = ["REPRODUCED", "CONTRADICTED", "EQUIVALENT", "SMALLER", "INCONCLUSIVE", "UNRESOLVED", "NOT_MEASURED", "VERDICTS",
            "Effect", "effect", "claim_verdict", "oriented", "RULES_TEXT", "FAMILIES", "Family"]
 
 REPRODUCED = "reproduced"
 CONTRADICTED = "contradicted"
 EQUIVALENT = "equivalent"
+SMALLER = "smaller than the paper's effect"
 INCONCLUSIVE = "inconclusive"
 UNRESOLVED = "unresolved (one seed)"
-VERDICTS = (REPRODUCED, CONTRADICTED, EQUIVALENT, INCONCLUSIVE, UNRESOLVED, NOT_MEASURED)
+VERDICTS = (REPRODUCED, CONTRADICTED, EQUIVALENT, SMALLER, INCONCLUSIVE, UNRESOLVED, NOT_MEASURED)
 
 
 @dataclass(frozen=True)
@@ -89,9 +90,15 @@ mean of those per-seed differences; margin = the smallest effect the claim is ab
   same as Holm's adjusted interval lying past the margin: the interval's bound, not delta, decides.
 - p (equivalence): two one-sided tests (TOST) that delta > -margin and delta < +margin (the larger of
   the two p's), Holm-adjusted within the family in the same way.
+- p (smaller): where a plan gives the claim a target (the paper's effect in our units), the one-sided test
+  that delta < target on the same se and df, Holm-adjusted over the family's claims that have a target.
 - **reproduced**: p (Holm) < {ALPHA:g} with delta > 0; **contradicted**: p (Holm) < {ALPHA:g} with delta < 0;
   **equivalent** (a measured null: no effect beyond the margin either way): p (equivalence, Holm) <
-  {ALPHA:g}; otherwise **inconclusive**.
+  {ALPHA:g}; **smaller than the paper's effect** (the paper's effect excluded, no difference beyond the
+  margin shown): p (smaller, Holm) < {ALPHA:g}; otherwise **inconclusive**. The precedence is that order:
+  a difference beyond the margin first, then equivalence, then smaller (a contradicted or equivalent claim
+  is smaller than the target too, and says more); a reproduced claim whose effect is also below the
+  target says so in its reason.
 - No noise figure at all (per-seed differences all equal and no example part) gives both p's = 1
   (inconclusive), never p = 0.
 - One seed: **unresolved (one seed)** (a single run cannot separate an effect from run-to-run noise; the
@@ -171,12 +178,14 @@ def _facts(delta: float, iv, ex_text: str, p_dir, p_tost, margin: float) -> str:
 
 
 def claim_verdict(cmp: Dict[str, Any], higher_is_better: bool, margin: Optional[float],
-                  p_holm: Optional[float], p_tost_holm: Optional[float] = None) -> Dict[str, str]:
+                  p_holm: Optional[float], p_tost_holm: Optional[float] = None,
+                  p_smaller_holm: Optional[float] = None, target: Optional[float] = None) -> Dict[str, str]:
     """``{"verdict", "reason"}`` of one claim by :data:`RULES_TEXT`. ``cmp`` is
     :func:`~rpc_attention.report.intervals.paired_comparison`'s result (seeds, per-seed differences,
     ``bootstrap``) with the margin tests on the one interval (``tests``); ``p_holm`` the family's
-    Holm-adjusted p of the test against the margin and ``p_tost_holm`` that of the equivalence test (None
-    with fewer than 2 seeds or without a noise figure)."""
+    Holm-adjusted p of the test against the margin, ``p_tost_holm`` that of the equivalence test and
+    ``p_smaller_holm`` that of the test against the claim's ``target`` (None with fewer than 2 seeds,
+    without a noise figure, or, for the last, without a target)."""
     diffs = list((cmp.get("per_seed_diff") or {}).values())
     if not diffs or margin is None:
         return {"verdict": NOT_MEASURED, "reason": "no numbers for the baseline and/or the RPC model"}
@@ -189,14 +198,21 @@ def claim_verdict(cmp: Dict[str, Any], higher_is_better: bool, margin: Optional[
                                                   f"figure, so no verdict"}
     iv = oriented((cmp.get("tests") or {}).get("interval"), higher_is_better)
     facts = _facts(delta, iv, ex_text, p_holm, p_tost_holm, margin)
+    smaller = p_smaller_holm is not None and p_smaller_holm < ALPHA
+    if target is not None and p_smaller_holm is not None:
+        facts += f", target {target:.3g}, p (smaller, Holm) {p_smaller_holm:.3g}"
     significant = p_holm is not None and p_holm < ALPHA
     if significant and delta > 0:
-        return {"verdict": REPRODUCED, "reason": f"RPC better by more than the margin: {facts}"}
+        also = "; smaller than the paper's effect too (its target excluded)" if smaller else ""
+        return {"verdict": REPRODUCED, "reason": f"RPC better by more than the margin: {facts}{also}"}
     if significant and delta < 0:
         return {"verdict": CONTRADICTED, "reason": f"RPC worse by more than the margin: {facts}"}
     if p_tost_holm is not None and p_tost_holm < ALPHA:
         return {"verdict": EQUIVALENT, "reason": f"no effect beyond +-margin: {facts}"}
+    if smaller:
+        return {"verdict": SMALLER, "reason": f"the paper's effect (the target) is excluded, no difference beyond "
+                                              f"the margin shown: {facts}"}
     if p_holm is None:
         return {"verdict": INCONCLUSIVE, "reason": f"{facts}; lacks a noise figure (no spread, no example part)"}
-    return {"verdict": INCONCLUSIVE, "reason": f"{facts}; lacks p (Holm) < {ALPHA:g} for a difference or for "
-                                               f"equivalence"}
+    return {"verdict": INCONCLUSIVE, "reason": f"{facts}; lacks p (Holm) < {ALPHA:g} for a difference, for "
+                                               f"equivalence or for an effect below the target"}

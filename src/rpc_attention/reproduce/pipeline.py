@@ -27,11 +27,13 @@ from __future__ import annotations
 
 import contextlib
 import fnmatch
+import functools
 import hashlib
 import json
 import logging
 import os
 import socket
+import subprocess
 import sys
 import time
 import traceback
@@ -147,7 +149,31 @@ def select_stages(stages: Sequence[Stage], patterns: Optional[Iterable[str]]) ->
 
 
 def _host_info() -> dict:
-    return {"host": socket.gethostname(), "pid": os.getpid(), "python": sys.version.split()[0]}
+    return {"host": socket.gethostname(), "pid": os.getpid(), "python": sys.version.split()[0], **_machine()}
+
+
+@functools.lru_cache(maxsize=1)
+def _machine() -> dict:
+    """What ran a stage, recorded in its marker: the CPU model, torch's CPU kernels, and the code: the git
+    commit of the source tree the package was imported from and whether its tracked files differed from it
+    (``commit`` None when the package is not in a git checkout, e.g. an installed wheel)."""
+    import torch
+
+    from ..report.collect import cpu_model
+
+    info = {"cpu": cpu_model(), "cpu_capability": torch.backends.cpu.get_cpu_capability(), "commit": None,
+            "commit_dirty": None}
+    src = Path(__file__).resolve().parents[1]
+    try:
+        head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=src, capture_output=True, text=True, timeout=20)
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no", "--", "."], cwd=src,
+                               capture_output=True, text=True, timeout=20)
+    except (OSError, subprocess.SubprocessError):
+        return info
+    if head.returncode == 0 and head.stdout.strip():
+        info["commit"] = head.stdout.strip()
+        info["commit_dirty"] = dirty.returncode != 0 or bool(dirty.stdout.strip())
+    return info
 
 
 def _load() -> Optional[float]:
@@ -496,7 +522,9 @@ class Pipeline:
             rows.append({"name": s.name, "kind": s.kind, "status": st or "not run",
                          "seconds": m.get("seconds"), "cpu_s": m.get("cpu_s"), "estimate_s": s.estimate_s,
                          "resumed": m.get("resumed", False), "load": [m.get("load_start"), m.get("load_end")],
-                         "reason": reason, "description": s.description})
+                         "reason": reason, "description": s.description,
+                         **{k: m.get(k) for k in ("started", "finished", "commit", "commit_dirty", "cpu")
+                            if m.get(k) is not None}})
         return rows
 
     def log_of(self, name: str, marker: Optional[dict] = None) -> Optional[str]:
