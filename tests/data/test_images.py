@@ -157,3 +157,16 @@ def test_image_data_config_is_typed_with_one_set_of_defaults():
     assert MixupConfig.from_config({"mixup": 0.8, "label_smoothing": 0.1}) == MixupConfig(mixup=0.8, label_smoothing=0.1)
     with pytest.raises(ValueError, match="did you mean train.mixup.cutmix"):
         MixupConfig.from_config({"cutmx": 1.0})
+
+
+def test_test_offset_leaves_the_first_test_images_out():
+    from rpc_attention.data.images import ImageData, _small_dataset, fashion_mnist
+
+    full, labels = fashion_mnist("test")
+    ds = _small_dataset(ImageData(test_offset=2000), "test", False, False)
+    assert len(ds) == 8000 and torch.equal(torch.as_tensor(ds.images[:5]).reshape(5, 28, 28), torch.as_tensor(full[2000:2005]))
+    sub = _small_dataset(ImageData(test_offset=2000, test_subset=100, subset_seed=7), "test", False, False)
+    rest = {bytes(x.tobytes()) for x in np.asarray(full[2000:])}
+    assert len(sub) == 100 and all(bytes(np.asarray(x).reshape(28, 28).tobytes()) in rest for x in np.asarray(sub.images))
+    with pytest.raises(ValueError, match="test_offset=10000"):
+        _small_dataset(ImageData(test_offset=10000), "test", False, False)

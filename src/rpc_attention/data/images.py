@@ -280,7 +280,9 @@ class Augment:
 class ImageData:
     """The ``data`` section of an image-classification config, typed; every default is written here.
 
-    ``train_subset`` / ``test_subset`` keep that many images (drawn with ``subset_seed``); ``val_size``
+    ``train_subset`` / ``test_subset`` keep that many images (drawn with ``subset_seed``); ``test_offset``
+    leaves Fashion-MNIST's first test images out (before ``test_subset`` draws), so that a study can test
+    on images an earlier study never saw; ``val_size``
     images at the end of Fashion-MNIST's train split are the validation set (0: the test split);
     MNIST-5k holds out ``test_size`` images. ImageFolder reads ``root``/``train_dir`` and
     ``root``/``val_dir`` (and ``root``/``test_dir`` as the test split when that folder exists),
@@ -297,6 +299,7 @@ class ImageData:
     subset_seed: int = 0
     train_subset: Optional[int] = None
     test_subset: Optional[int] = None
+    test_offset: int = 0
     val_size: int = 0
     test_size: int = 1000
     train_dir: str = "train"
@@ -330,6 +333,16 @@ class ImageData:
                 self.std if self.std is not None else tuple(info["std"]))
 
 
+def _test_split(d: ImageData):
+    """Fashion-MNIST's test split without its first ``d.test_offset`` images."""
+    images, labels = fashion_mnist("test", d.root)
+    offset = int(d.test_offset)
+    if not 0 <= offset < len(labels):
+        raise ValueError(f"data.test_offset={offset}: give 0 to {len(labels) - 1} (the test split has "
+                         f"{len(labels)} images)")
+    return images[offset:], labels[offset:]
+
+
 def _small_dataset(d: ImageData, split: str, normalize: bool, train_aug: bool):
     name = d.name.lower()
     mean, std = (d.mean, d.std) if normalize else (None, None)
@@ -338,14 +351,14 @@ def _small_dataset(d: ImageData, split: str, normalize: bool, train_aug: bool):
         # "train" = the first part of the official train split, "val" = its held-out tail
         # (data.val_size images), "test" = the official 10k test split.
         if split == "test":
-            images, labels = fashion_mnist("test", d.root)
+            images, labels = _test_split(d)
             images, labels = _subset(images, labels, d.test_subset, seed)
         else:
             images, labels = fashion_mnist("train", d.root)
             val_size = int(d.val_size)
             if split == "val":
                 if val_size <= 0:
-                    images, labels = fashion_mnist("test", d.root)
+                    images, labels = _test_split(d)
                     images, labels = _subset(images, labels, d.test_subset, seed)
                 else:
                     images, labels = images[-val_size:], labels[-val_size:]
@@ -376,6 +389,7 @@ MNIST5K_NAMES = ("mnist5k", "mnist-5k", "mnist_5k")
 DATA_SET_KEYS = {
     # ImageFolder validates on val_dir, MNIST-5k on its held-out test_size images
     "val_size": ("Fashion-MNIST", FASHION_MNIST_NAMES),
+    "test_offset": ("Fashion-MNIST", FASHION_MNIST_NAMES),
     "test_size": ("MNIST-5k", MNIST5K_NAMES),
     **{key: ("ImageFolder", FOLDER_NAMES) for key in ("train_dir", "val_dir", "test_dir")},
 }

@@ -127,8 +127,8 @@ class ClassificationTask:
 
         data = ImageData()
         return {
-            "data": {k: getattr(data, k) for k in ("name", "val_size", "train_subset", "test_subset", "subset_seed",
-                                                   "crop_pct")},
+            "data": {k: getattr(data, k) for k in ("name", "val_size", "train_subset", "test_subset", "test_offset",
+                                                   "subset_seed", "crop_pct")},
             "train": {"mixup": asdict(MixupConfig()), "token_drop": 0.0},
         }
 
