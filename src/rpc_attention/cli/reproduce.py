@@ -36,6 +36,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         "(which is removed first: the directory restarts cleanly) or this study with other settings")
     r.add_argument("--stop-on-error", action="store_true",
                    help="stop at the first failed stage (default: run the stages that do not depend on it)")
+    r.add_argument("--save-state", default=None, metavar="PATH",
+                   help="write the state of the study in --out to PATH without model weights (finished stages and "
+                        "their records; a model whose evaluations are unfinished is left to train again), and exit: "
+                        "a long run carried to another machine or session")
+    r.add_argument("--load-state", default=None, metavar="PATH",
+                   help="put a state written by --save-state back as --out, then "
+                        "run the study on it, which resumes with the remaining stages (--out must not exist or be empty)")
     r.add_argument("--device", default=None, help="device for training and evaluation (default: the study's; cpu)")
     r.add_argument("--threads", type=int, default=None,
                    help="torch intra-op threads for every stage, training included (default: torch's default; "
@@ -208,6 +215,26 @@ def run(args: argparse.Namespace) -> int:
 
         torch.set_num_threads(args.threads)
     out = args.out or os.path.join("runs", study)
+    if args.save_state and args.load_state:
+        raise UserError("--save-state and --load-state: give one")
+    if args.save_state:
+        from ..reproduce.state import save_state
+
+        try:
+            got = save_state(out, args.save_state)
+        except StudyError as exc:
+            raise UserError(str(exc)) from None
+        print(f"saved {got['stages']} finished stages of {out} to {args.save_state} ({got['bytes'] / 1e6:.1f} MB); "
+              f"{len(got['retrain'])} trainings with unfinished evaluations will run again")
+        return 0
+    if args.load_state:
+        from ..reproduce.state import load_state
+
+        try:
+            got = load_state(args.load_state, out)
+        except StudyError as exc:
+            raise UserError(str(exc)) from None
+        print(f"loaded {got['stages']} finished stages from {args.load_state} into {out}")
     t0 = time.time()
     try:
         summary = run_study(study, out, settings=args.sets, selection=args.stages, force=args.force,

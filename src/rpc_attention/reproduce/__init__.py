@@ -25,7 +25,7 @@ import shutil
 import time
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Callable, Iterable, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Tuple
 
 from ..files import json_default
 from .launch import (
@@ -106,6 +106,14 @@ def _plain(value):
     return json.loads(json.dumps(value, default=json_default))
 
 
+def _defaults(name: str) -> Dict[str, Any]:
+    from .specs import settings_dict
+    from .studies import STUDIES
+
+    d = STUDIES.get(name)
+    return settings_dict(d.defaults) if d is not None else {}
+
+
 def directory_conflict(study: Study, out_dir) -> Optional[str]:
     """Why ``out_dir`` cannot take ``study`` without --force (it holds another study, or other settings); else None."""
     old = read_json(Path(out_dir) / "study.json")
@@ -116,7 +124,10 @@ def directory_conflict(study: Study, out_dir) -> Optional[str]:
                 f"runs and replace its report: choose another --out, or add --force to remove that study from "
                 f"{out_dir} and start {study.name!r} there from scratch")
     before, now = _plain(old.get("settings") or {}), _plain(study.settings)
-    changed = [k for k in sorted(set(before) | set(now)) if before.get(k) != now.get(k)]
+    defaults = _plain(_defaults(study.name))
+    # a setting the directory's study predates counts as its default (a study written before it existed ran so)
+    changed = [k for k in sorted(set(before) | set(now))
+               if before.get(k, defaults.get(k)) != now.get(k, defaults.get(k))]
     if before.get("plan_sha256") and before.get("plan_sha256") != now.get("plan_sha256"):
         return None  # plan_conflict refuses it, whatever --force says
     if not changed:
