@@ -26,6 +26,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--note", action="append", default=[], metavar="TEXT",
                         help="a reason for a choice the plan cannot show (repeatable; kept in the plan)")
     parser.add_argument("--force", action="store_true", help="replace an existing plan file")
+    g = parser.add_argument_group("the second plan format (targets on the natural scale, the verdict 'smaller "
+                                  "than the paper's effect', one cost model; docs/reproduce.md)")
+    g.add_argument("--format", type=int, choices=(1, 2), default=1, help="plan format (default 1)")
+    g.add_argument("--costs", action="append", default=[], metavar="RESULTS",
+                   help="format 2: a study measured on the CPU the plan is for, whose stages give the cost model "
+                        "(repeatable; the first with a stage wins)")
+    g.add_argument("--reference", metavar="RESULTS",
+                   help="format 2: a larger run (another CPU) whose stages fill in the cost model, scaled to this CPU")
+    g.add_argument("--set", dest="settings", action="append", default=[], metavar="KEY=VALUE",
+                   help="format 2: a study setting that differs from the first source's (repeatable)")
+    g.add_argument("--load-factor", type=float, default=1.0, metavar="F",
+                   help="format 2: wall seconds per CPU second of a stage under the expected load (default 1)")
 
 
 def _source(spec: str):
@@ -59,9 +71,24 @@ def run(args: argparse.Namespace) -> int:
     if args.seed_base < 0:
         raise UserError("--seed-base must be >= 0")
     sources = [_source(s) for s in args.pilot]
+    created = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime())
+    if args.format == 1 and (args.costs or args.reference or args.settings or args.load_factor != 1.0):
+        raise UserError("--costs, --reference, --set and --load-factor belong to --format 2")
+    if args.load_factor <= 0:
+        raise UserError("--load-factor must be > 0")
     try:
-        plan = make_plan(sources, args.budget_hours, args.jobs, args.seed_base,
-                         created=time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()), notes=args.note)
+        if args.format == 2:
+            from ..overrides import parse_assignments
+            from ..reproduce.plan import make_plan_2
+
+            costs = [_source(c)[:2] for c in args.costs]
+            reference = _source(args.reference)[:2] if args.reference else None
+            plan = make_plan_2(sources, costs, reference, args.budget_hours, args.jobs, args.seed_base,
+                               settings=dict(parse_assignments(args.settings)), created=created, notes=args.note,
+                               load_factor=args.load_factor)
+        else:
+            plan = make_plan(sources, args.budget_hours, args.jobs, args.seed_base, created=created,
+                             notes=args.note)
         rows = [[c["id"], c["status"], f"{c['target']:.3g}" if c.get("target") else "—",
                  f"{c['margin']:.3g}" if c.get("margin") else "—", len(c.get("seeds") or []) or "—",
                  c.get("examples") or ("all" if c.get("seeds") else "—"),
@@ -72,7 +99,9 @@ def run(args: argparse.Namespace) -> int:
             print(line)
         b = plan["budget"]
         print(f"estimated {b['estimate_hours']:.2f} h of wall time at {b['jobs']} stages at once (cap "
-              f"{b['cap_hours']:g} h)")
+              f"{b['cap_hours']:g} h)" + (f"; {b['estimate_cpu_s'] / 3600:.2f} CPU hours; expected decided claims "
+                                         f"{b['expected_decided']:.2f} of {b['claims']}" if "expected_decided" in b
+                                         else ""))
         digest = write_plan(plan, args.out, force=args.force)
     except StudyError as exc:
         raise UserError(str(exc)) from None

@@ -38,6 +38,8 @@ PLANNED, UNDERPOWERED, NOT_RUN = "planned", "under-powered at this budget", "not
 MARGIN_SHARE = 0.25
 # the paper's row whose relative improvement a finding without numbers takes
 FALLBACK_ROW = "clean"
+# settings a first-format plan does not hold (their defaults reproduce the first format's runs)
+SETTINGS_SINCE_2 = ("subset_seed", "test_offset", "seg_data_seed", "kpca_limit")
 # the paper's rows each claim without a row of its own takes its relative improvement from
 TARGET_ROW = {"scaled_s": FALLBACK_ROW, "scaled_alpha": FALLBACK_ROW}
 
@@ -79,8 +81,8 @@ def load_plan(path) -> Dict[str, Any]:
         plan = json.loads(raw)
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise StudyError(f"--set plan={path}: not a JSON plan ({exc})") from None
-    if not isinstance(plan, dict) or plan.get("format") != PLAN_FORMAT or plan.get("study") != "paper":
-        raise StudyError(f"--set plan={path}: not a paper-study plan of format {PLAN_FORMAT} "
+    if not isinstance(plan, dict) or plan.get("format") not in (PLAN_FORMAT, 2) or plan.get("study") != "paper":
+        raise StudyError(f"--set plan={path}: not a paper-study plan of format {PLAN_FORMAT} or 2 "
                          f"(write one with `rpc-attention plan`)")
     for key in ("settings", "claims", "seed_base", "rule"):
         if key not in plan:
@@ -324,7 +326,7 @@ def _pilot_claims(sources: Sequence[tuple]) -> tuple:
 
     figures, claims, origin = {}, [], {}
     for c in PAPER_CLAIMS:
-        if c.id in PAPER_NOT_RUN:
+        if c.id in PAPER_NOT_RUN or c.since > PLAN_FORMAT:
             continue
         for path, res, ids in sources:
             if ids is not None and c.id not in ids:
@@ -370,7 +372,7 @@ def make_plan(sources: Sequence[tuple], budget_hours: float, jobs: int = 2, seed
         raise StudyError("a plan needs a pilot of the paper study among --pilot (its stage costs and settings)")
     paper_src, costs = papers[0], _merged_costs(papers)   # the plan's settings are the first paper pilot's
     claims, figures, origin = _pilot_claims(sources)
-    settings = {k: v for k, v in settings_dict(PAPER).items() if k not in ("plan", "seeds")}
+    settings = {k: v for k, v in settings_dict(PAPER).items() if k not in ("plan", "seeds") + SETTINGS_SINCE_2}
     settings.update({k: v for k, v in (paper_src.get("settings") or {}).items()
                      if k in settings and k not in ("plan", "seeds", "plan_sha256")})
     family = len(claims)
@@ -378,6 +380,8 @@ def make_plan(sources: Sequence[tuple], budget_hours: float, jobs: int = 2, seed
     alloc = allocate(claims, figures, costs, budget_s, family)
     out_claims = []
     for c in PAPER_CLAIMS:
+        if c.since > PLAN_FORMAT:
+            continue
         if c.id in PAPER_NOT_RUN:
             out_claims.append({"id": c.id, "title": f"{c.subject} {c.says}", "status": NOT_RUN,
                                "paper": PAPER_ROWS[c.id], **PAPER_NOT_RUN[c.id]})
@@ -425,3 +429,157 @@ def write_plan(plan: Dict[str, Any], path, force: bool = False) -> str:
     p.parent.mkdir(parents=True, exist_ok=True)
     atomic_write_text(p, text)
     return hashlib.sha256(text.encode()).hexdigest()
+
+
+# ------------------------------------------------------------------------------- the second format
+RULE_TEXT_2 = (
+    "target = the paper's effect carried to our baseline's mean on the metric's natural scale: for a percentage "
+    "(top-1, AUPR, mIoU) the paper's change of the log-odds, for a ratio-scale error (mCE, perplexity) its relative "
+    "change (a finding without numbers takes the 'clean' row's); the kernel-PCA rows: J_proj lower after training "
+    "by a tenth of its magnitude at initialisation (K1), the alignment of the learned values with the centred-Gram "
+    "eigenvectors at its maximum 1 against its chance level (K2); margin = 0.25 x target; the per-seed sd of each "
+    "claim is the upper 80 % confidence bound of the first run's (or its pilot's); seeds and examples: each step "
+    "that adds the most expected decided claims per CPU second (decided: reproduced, contradicted, equivalent or "
+    "smaller than the paper's effect, with the first run's effect as the truth, at Holm's strictest levels) while "
+    "the budget lasts, cheap evaluations on every seed of their models; a claim whose MDE stays above its target "
+    "is labelled so, with the cheapest design that would reach it")
+MDE_ABOVE = "MDE above the target at this budget"
+# Fashion-MNIST's test split, the Segmenter's composed test scenes; None: a fixed set (OOD's digits, the LM's
+# test text, the kernel-PCA probe)
+MAX_EXAMPLES_2 = {"clean": 10000, "corruptions": 10000, "fgsm": 10000, "pgd": 10000, "autoattack": 10000,
+                  "square": 10000, "seg": 500, "seg-corruptions": 500}
+FMNIST_SUITES = ("clean", "corruptions", "fgsm", "pgd", "autoattack", "square", "ood")
+# models trained on the same seeds (a pair whose claims are paired per seed grows together)
+GROUPS = {"vision": ("symvit", "rpc6"), "rpc5": ("rpc5",), "rpc2all": ("rpc2all",),
+          "scaled": ("vit", "scaled_s", "scaled_alpha"), "seg": ("seg_symvit", "seg_rpc4", "seg_rpc6"),
+          "lm": ("symlm", "rpc_symlm")}
+
+
+def registers_smaller(plan: Optional[Dict[str, Any]]) -> bool:
+    """Whether a plan registered the verdict "smaller than the paper's effect" (the second format does)."""
+    return bool(plan) and int(plan.get("format", 1)) >= 2 and bool((plan.get("rule") or {}).get("smaller"))
+
+
+def _target_2(c, fig: Dict[str, Any]) -> Dict[str, Any]:
+    from ..report.paper import PAPER_ROWS
+    from .design import SCALE_OF_METRIC, kpca_target, natural_target
+
+    if c.kpca:
+        return kpca_target(c.kpca, fig["baseline_mean"])
+    row = PAPER_ROWS[TARGET_ROW.get(c.id, c.id)]
+    return natural_target(row, SCALE_OF_METRIC.get(c.metric, "logit"), fig["baseline_mean"])
+
+
+def make_plan_2(sources: Sequence[tuple], cost_sources: Sequence[tuple], reference: Optional[tuple],
+                budget_hours: float, jobs: int = 2, seed_base: int = 2000, settings: Optional[Dict[str, Any]] = None,
+                created: Optional[str] = None, notes: Sequence[str] = (), load_factor: float = 1.0) -> Dict[str, Any]:
+    """A plan of the second format (:mod:`rpc_attention.reproduce.design`). ``sources``: ``(path, results, claim
+    ids or None)`` giving each claim's figures (the first that names it); ``cost_sources``: ``(path, results)``
+    measured on the CPU the plan is for, ``reference``: ``(path, results)`` of a larger run whose stages fill in
+    the rest, scaled to that CPU; ``settings``: the study settings that differ from the first source's;
+    ``load_factor``: the wall time per CPU second of a stage under the expected load (1: an idle machine)."""
+    from ..report.paper import PAPER_ROWS
+    from ..report.power import POWER, mde, power
+    from . import design as G
+    from .paper_data import PAPER, PAPER_CLAIMS, PAPER_NOT_RUN
+    from .specs import settings_dict
+
+    base = next((res for _, res, _ in sources if res.get("study") == "paper"), None)
+    if base is None:
+        raise StudyError("a plan needs a run of the paper study among the sources (its settings)")
+    defaults = settings_dict(PAPER)
+    s = {k: v for k, v in defaults.items() if k not in ("plan", "seeds")}
+    s.update({k: v for k, v in (base.get("settings") or {}).items() if k in s})
+    for k, v in (settings or {}).items():
+        if k not in s:
+            raise StudyError(f"--set {k}: not a setting of the paper study")
+        s[k] = v
+    costs = G.build_cost_model(cost_sources, reference)
+    claims, figs, origin, specs = [], {}, {}, {}
+    for c in PAPER_CLAIMS:
+        if c.id in PAPER_NOT_RUN:
+            continue
+        for path, res, ids in sources:
+            if ids is not None and c.id not in ids:
+                continue
+            found = next((x for x in res.get("claims") or [] if x["id"] == c.id), None)
+            if found and len((found.get("intervals") or {}).get("per_seed_diff") or {}) >= 2:
+                figs[c.id], origin[c.id] = pilot_figures(found), str(path)
+                break
+        if c.id not in figs:
+            raise StudyError(f"no source has claim {c.id!r} with two or more seeds")
+        fig = figs[c.id]
+        if fig["baseline_mean"] is None or fig["sd"] is None:
+            raise StudyError(f"the source of claim {c.id!r} has no baseline mean or no spread")
+        rule = _target_2(c, fig)
+        cap = MAX_EXAMPLES_2.get(c.suite)
+        if cap and c.suite in FMNIST_SUITES:
+            cap -= int(s.get("test_offset") or 0)
+        sd_hi = G.sd_upper(fig["sd"], fig["n"])
+        claims.append(G.ClaimPlan(c.id, c.suite, c.baseline, c.rpc, fig["delta"], sd_hi, fig["var_shared"],
+                                  fig["var_seed"], fig["examples"] if cap else None, rule["target"], rule["margin"],
+                                  cap))
+        specs[c.id] = (c, rule, sd_hi)
+    family = len(claims)
+    for cp in claims:   # the pilot's examples may exceed what the test split leaves
+        if cp.examples0 and cp.max_examples and cp.examples0 > cp.max_examples:
+            cp.examples0, cp.var_shared, cp.var_seed = (cp.max_examples, cp.var_shared * cp.examples0 / cp.max_examples,
+                                                        cp.var_seed * cp.examples0 / cp.max_examples)
+    groups = {g: ms for g, ms in GROUPS.items() if any(m in (cp.baseline, cp.rpc) for cp in claims for m in ms)}
+    budget_s = float(budget_hours) * 3600.0 * int(jobs) / float(load_factor)
+    d, spent = G.allocate(claims, costs, budget_s, family, groups)
+    p_dec = G.decided(claims, d, family)
+    out_claims = []
+    for c in PAPER_CLAIMS:
+        if c.id in PAPER_NOT_RUN:
+            out_claims.append({"id": c.id, "title": f"{c.subject} {c.says}", "status": NOT_RUN,
+                               "paper": PAPER_ROWS.get(c.id), **PAPER_NOT_RUN[c.id]})
+            continue
+        cp = next(x for x in claims if x.id == c.id)
+        spec, rule, sd_hi = specs[c.id]
+        n, ex = G.claim_n(cp, d), d.examples[c.id]
+        se_ex = math.sqrt(max(0.0, cp.se(n, ex) ** 2 - sd_hi ** 2 / n))
+        m = mde(sd_hi, n, rule["margin"], family=family, target_power=POWER, se_examples=se_ex)
+        entry = {
+            "id": c.id, "title": f"{c.subject} {c.says}", "suite": c.suite, "metric": c.metric,
+            "baseline_metric": c.baseline_metric, "baseline": c.baseline, "rpc": c.rpc, "higher": c.higher,
+            **rule, "paper": PAPER_ROWS.get(TARGET_ROW.get(c.id, c.id)),
+            "status": PLANNED if m is not None and m <= rule["target"] else MDE_ABOVE,
+            "seeds": list(range(seed_base, seed_base + n)), "examples": ex,
+            "power": power(rule["target"], sd_hi, n, rule["margin"], family=family, se_examples=se_ex),
+            "mde": m, "p_decided": p_dec[c.id], "se": cp.se(n, ex),
+            "pilot": {"source": origin[c.id], **figs[c.id], "sd_upper": sd_hi}}
+        if entry["status"] == MDE_ABOVE:
+            entry["to_target"] = G.cheapest_to_target(cp, costs, family)
+        out_claims.append(entry)
+    pilot_seeds = sorted({int(x) for _, res, _ in list(sources) for mm in (res.get("models") or {}).values()
+                          for x in mm.get("seeds") or []}
+                         | {int(x) for _, res in list(cost_sources) + ([reference] if reference else [])
+                            for mm in (res.get("models") or {}).values() for x in mm.get("seeds") or []})
+    clash = sorted(set(pilot_seeds) & set(range(seed_base, seed_base + G.MAX_SEEDS)))
+    if clash:
+        raise StudyError(f"--seed-base {seed_base}: seeds {clash[:5]} were used by a source")
+    for k in FIXED_EXAMPLES.values():
+        s[k] = int(s[k])
+    expected = sum(p_dec.values())
+    return {
+        "format": G.PLAN_FORMAT_2, "study": "paper", "created": created,
+        "rule": {"text": RULE_TEXT_2, "margin_share": G.MARGIN_SHARE, "sd_level": G.SD_LEVEL, "k1_share": G.K1_SHARE,
+                 "alpha": 0.05, "power": POWER, "family": FAMILY, "family_size": family, "smaller": True,
+                 "floor": G.FLOOR, "cheap": list(G.CHEAP)},
+        "budget": {"cap_hours": float(budget_hours), "jobs": int(jobs), "cpu_s": budget_s,
+                   "estimate_cpu_s": spent, "estimate_hours_idle": spent / 3600.0 / int(jobs),
+                   "load_factor": float(load_factor),
+                   "estimate_hours": spent * float(load_factor) / 3600.0 / int(jobs),
+                   "expected_decided": expected, "claims": family,
+                   "note": "CPU seconds from the cost model; wall time at `jobs` stages at once, times the load factor"},
+        "cost_model": costs.as_dict(),
+        "seed_base": int(seed_base), "notes": list(notes),
+        "pilot": {"sources": [{"path": str(p), "study": res.get("study"), "generated": res.get("generated"),
+                               "claims": sorted(ids) if ids is not None else None} for p, res, ids in sources],
+                  "cost_sources": [str(p) for p, _ in cost_sources], "reference": str(reference[0]) if reference else None,
+                  "seeds": pilot_seeds},
+        "settings": s,
+        "models": {k: {"seeds": v} for k, v in sorted(d.seeds.items())},
+        "claims": out_claims,
+    }

@@ -65,7 +65,8 @@ class ClaimSpec:
     The title is ``subject`` (the RPC model as the claim names it) followed by ``says``. ``family`` is
     the pre-registered family the claim is decided in (``rpc_attention.report.verdict.FAMILIES``: Holm's
     adjustment runs within it); ``target`` the effect the study is powered for (the paper's own
-    improvement in our units; None: no power target).
+    improvement in our units; None: no power target); ``smaller`` whether the plan registered the test
+    that the effect is below that target (the verdict "smaller than the paper's effect").
     """
 
     id: str                 # key into rpc_attention.report.paper.PAPER_ROWS, or our own id
@@ -82,6 +83,10 @@ class ClaimSpec:
     paper_id: Optional[str] = None  # the paper's row this claim is compared with (default: id)
     family: str = "secondary"
     target: Optional[float] = None  # oriented effect (metric units) the design is powered for
+    smaller: bool = False   # the plan registered the "smaller than the paper's effect" test against target
+    # the baseline's metric where it is not ``metric`` (a claim within one model, paired per seed: a
+    # trained model against its own initialisation, or a measured alignment against its chance level)
+    baseline_metric: Optional[str] = None
 
     def __post_init__(self) -> None:
         from ..report.verdict import FAMILIES
@@ -90,6 +95,8 @@ class ClaimSpec:
             raise ValueError(f"claim {self.id!r}: family {self.family!r} is not one of {', '.join(FAMILIES)}")
         if self.target is not None and self.target <= self.margin:
             raise ValueError(f"claim {self.id!r}: target {self.target} must exceed the margin {self.margin}")
+        if self.smaller and self.target is None:
+            raise ValueError(f"claim {self.id!r}: the test against the paper's effect needs a target")
 
     @property
     def title(self) -> str:
@@ -115,6 +122,8 @@ class Study:
     # claims the study keeps a row for without running them: {"id", "title", "reason", "command", "cost"}
     not_run: List[Dict[str, Any]] = field(default_factory=list)
     plan: Optional[Dict[str, Any]] = None   # the pre-registered plan the study follows ({"path", "sha256", ...})
+    cost_model: Optional[Any] = None        # the plan's cost model (design.CostModel): every stage's estimate
+    seed_major: bool = False                # stages ordered by seed (studies.build_stages)
 
     def model(self, key: str) -> ModelSpec:
         for m in self.models:

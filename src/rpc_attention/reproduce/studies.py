@@ -126,6 +126,10 @@ def _fmnist_common(s: Dict[str, Any]) -> tuple:
         common.append(f"data.val_size={int(s['val_size'])}")
     if s.get("test_subset"):
         common.append(f"data.test_subset={int(s['test_subset'])}")
+    if s.get("subset_seed"):
+        common.append(f"data.subset_seed={int(s['subset_seed'])}")
+    if s.get("test_offset"):
+        common.append(f"data.test_offset={int(s['test_offset'])}")
     return common, epochs * (subset or (60000 - int(s.get("val_size") or 0)))
 
 
@@ -288,7 +292,7 @@ def _patch_study(name: str, s: Dict[str, Any]) -> Study:
 # which setting holds each suite's example count in a pilot run (a plan gives every claim its own)
 _PAPER_LIMITS = {"clean": "clean_limit", "corruptions": "corruption_limit", "ood": "ood_limit", "fgsm": "fgsm_limit",
                  "pgd": "pgd_limit", "autoattack": "autoattack_limit", "square": "square_limit", "seg": "seg_limit",
-                 "seg-corruptions": "seg_corruption_limit", "ppl": None, "wordswap": None}
+                 "seg-corruptions": "seg_corruption_limit", "ppl": None, "wordswap": None, "kpca": "kpca_limit"}
 
 
 def _paper_suite_sets(suite: str, s: Dict[str, Any]) -> tuple:
@@ -317,7 +321,9 @@ def _paper_models(s: Dict[str, Any], seeds_of: Dict[str, List[int]]) -> List[Mod
     common, samples = _fmnist_common(s)
     vision = _models(PD.PAPER_VISION + D.SCALED, s, [], common + list(s["train_overrides"]), samples, int(s["depth"]))
     seg_epochs = int(s["seg_epochs"])
-    seg = _models(PD.PAPER_SEG, s, [], [f"train.epochs={seg_epochs}"], seg_epochs * 3000, depth=4)
+    seg_common = [f"train.epochs={seg_epochs}"] + ([f"data.seed={int(s['seg_data_seed'])}"]
+                                                   if s.get("seg_data_seed") else [])
+    seg = _models(PD.PAPER_SEG, s, [], seg_common, seg_epochs * 3000, depth=4)
     layers, steps, bs = int(s["lm_layers"]), int(s["lm_steps"]), int(s["lm_batch_size"])
     if layers < 4:
         raise StudyError(f"--set lm_layers={layers}: PAP runs in the first quarter of the layers; give at least 4")
@@ -369,6 +375,8 @@ def _paper_study(name: str, s: Dict[str, Any]) -> Study:
     rows, not_run = [], []
     for c in PD.PAPER_CLAIMS:
         entry = P.plan_claim(plan, c.id) if plan else None
+        if plan and entry is None:   # a claim the plan does not hold (a later format's) is not run
+            continue
         if c.id in PD.PAPER_NOT_RUN or (entry and entry["status"] == P.NOT_RUN):
             info = dict(PD.PAPER_NOT_RUN.get(c.id) or {}, **{k: entry[k] for k in ("reason", "command", "cost")
                                                             if entry and entry.get(k)})
@@ -376,7 +384,7 @@ def _paper_study(name: str, s: Dict[str, Any]) -> Study:
             continue
         if entry:
             seeds, limit = list(entry["seeds"]), entry["examples"]
-            spec = c.spec(entry["target"], entry["margin"], P.FAMILY)
+            spec = c.spec(entry["target"], entry["margin"], P.FAMILY, smaller=P.registers_smaller(plan))
         else:
             seeds = [int(x) for x in s["seeds"]]
             key = _PAPER_LIMITS.get(c.suite)
@@ -404,6 +412,11 @@ def _paper_study(name: str, s: Dict[str, Any]) -> Study:
                not_run=not_run)
     if plan:
         st.plan = P.plan_summary(plan)
+        if plan.get("cost_model"):
+            from .design import CostModel
+
+            st.cost_model = CostModel.from_dict(plan["cost_model"])
+            st.seed_major = True
     else:
         st.notes.append("A pilot run: every claim on the pilot seeds with margin 0 and no target (family 'pilot'); "
                         "its verdicts decide nothing. `rpc-attention plan` turns its figures into a plan.")
@@ -484,10 +497,22 @@ def _train_stages(study: Study, device: Optional[str]) -> tuple:
             stages.append(Stage(name, "train", S.train_stage, params={
                 "run": run, "preset": m.preset, "overrides": ov, "seed": seed, "family": m.family, "label": m.label,
                 "callbacks": list(m.callbacks)},
-                estimate_s=E.train_estimate(m.family, m.train_samples, m.cost),
+                estimate_s=(study.cost_model.train_s(m.key) if study.cost_model is not None
+                            else E.train_estimate(m.family, m.train_samples, m.cost)),
                 description=f"train {m.label} (seed {seed}) from preset {m.preset}"))
             train_names[run] = name
     return stages, train_names
+
+
+def _seed_major(stages: List[Stage], study: Study) -> List[Stage]:
+    """The stages ordered by seed (every model's training and evaluations of the first seed, then the next's),
+    each seed's trainings first: a run stopped part-way leaves few trained models whose evaluations are still to
+    come, and every finished seed is a complete set of records. Stable within a seed, so dependencies (the
+    normalising model's corruption stage) stay ahead."""
+    def seed_of(s: Stage) -> int:
+        return int(s.params.get("seed", 0)) if isinstance(s.params.get("seed"), int) else 0
+
+    return sorted(stages, key=lambda s: (seed_of(s), s.kind != "train"))
 
 
 def build_stages(study: Study, device: Optional[str] = None) -> List[Stage]:
@@ -516,7 +541,9 @@ def build_stages(study: Study, device: Optional[str] = None) -> List[Stage]:
                 if m.base:  # the base model's run, with the model keywords set on top
                     params.update(source_run=f"{m.base}-s{seed}", model_kwargs=dict(m.model_kwargs))
                 stages.append(Stage(name, "eval", S.eval_stage, deps=deps, params=params,
-                    estimate_s=E.eval_estimate(get_suite(ev.suite).cost, ev.limit or 10000, m.cost, ev.copies, ev.n_eps, ev.steps),
+                    estimate_s=(study.cost_model.eval_s(ev.suite, key, ev.limit) if study.cost_model is not None
+                                else E.eval_estimate(get_suite(ev.suite).cost, ev.limit or 10000, m.cost, ev.copies,
+                                                     ev.n_eps, ev.steps)),
                     description=f"{ev.suite} on {m.label} (seed {seed})"))
                 eval_names[(run, ev.suite)] = name
     for a in study.analyses:
@@ -532,6 +559,8 @@ def build_stages(study: Study, device: Optional[str] = None) -> List[Stage]:
             "runs": runs, "metrics": list(study.compare.get("metrics") or []), "split": study.compare.get("split", "val"),
             "out": "analysis/compare"},
             estimate_s=E.COMPARE_S, description="compare the models' KPCA statistics"))
+    if study.seed_major:
+        stages = _seed_major(stages, study)
     stages.append(Stage("report", "report", S.report_stage, after=[s.name for s in stages],
                         params={"study": study.name}, estimate_s=E.REPORT_S,
                         description="results.json, report.md, report.html and figures"))
