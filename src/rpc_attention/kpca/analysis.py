@@ -420,6 +420,17 @@ def _log_mean(vals: List[float]) -> Optional[float]:
     return math.log(m) if m > 0 else None
 
 
+def alignment_shape(cap: LayerCapture) -> tuple:
+    """``(N, Dv)`` of a layer's alignment records: its valid tokens (those of example 0) and value dim."""
+    kv = cap.key_valid(0)
+    return (cap.tokens if kv is None else int(kv.sum()), int(cap.values().shape[-1]))
+
+
+def capture_chance(captures: List[LayerCapture], draws: int = 8, seed: int = 0) -> Dict[str, Dict]:
+    """:func:`chance_baselines` for every ``(N, Dv)`` shape the Gram analysis runs on in ``captures``."""
+    return chance_baselines({(n, dv) for n, dv in map(alignment_shape, captures) if dv <= n}, draws=draws, seed=seed)
+
+
 def chance_baselines(shapes: Iterable, draws: int = 8, seed: int = 0) -> Dict[str, Dict]:
     """Chance level of the alignment metrics for each distinct ``(N, Dv)``: independent Gaussian
     matrices of the same shapes. Keyed ``"NxDv"``."""

@@ -52,7 +52,7 @@ from .checkpoint import (
 )
 from .config import OptimConfig, ScheduleConfig, TrainConfig, dump_config, resolve_typed_config
 from .rundir import MetricsLogger, RunDir
-from .tasks import primary_metric
+from .tasks import get_task, primary_metric
 
 _log = logging.getLogger(__name__)  # messages; metrics go to the run directory (self.logger)
 
@@ -315,8 +315,7 @@ class Trainer:
         self.total_steps = loop.epochs * self.steps_per_epoch
         if loop.max_steps:
             self.total_steps = min(self.total_steps, loop.max_steps)
-        _seed_all(loop.seed)  # identical initial weights on every rank
-        self.model = task.build_model(cfg).to(device)
+        self.model = initial_model(cfg, task, loop.seed).to(device)  # identical on every rank
         self.optimizer = _build_optimizer(self.model, self.config.optim, loop.batch_size)
         self.scheduler = _build_scheduler(self.optimizer, self.config.schedule, self.steps_per_epoch, loop.epochs)
         self.amp, self.scaler = _amp_context(loop.amp, device)
@@ -633,6 +632,29 @@ class Trainer:
                                           **self.callback_final})
         _barrier(self.world)
         return final
+
+
+def initial_model(cfg: Dict[str, Any], task: Any = None, seed: Optional[int] = None,
+                  keep_rng: bool = False) -> torch.nn.Module:
+    """The model a fresh run of ``cfg`` starts from, exactly: the global RNGs (torch, numpy, random) seeded
+    with ``seed`` (default: the config's ``train.seed``), then ``task.build_model(cfg)`` on the CPU (the
+    trainer moves it to its device afterwards). ``task``: default the config's own task.
+
+    The trainer builds its model with this function, so a run's step-0 weights can be rebuilt from its
+    saved ``config.yaml``. ``keep_rng=True`` restores the caller's RNG states afterwards (the trainer leaves
+    them seeded, as a fresh run continues from there).
+    """
+    if task is None:
+        task = get_task(cfg.get("task", "classification"))
+    if seed is None:
+        seed = TrainConfig.from_dict(cfg).train.seed
+    saved = rng_state() if keep_rng else None
+    try:
+        _seed_all(int(seed))
+        return task.build_model(cfg)
+    finally:
+        if saved is not None:
+            set_rng_state(saved)
 
 
 def _seed_all(seed: int) -> None:
