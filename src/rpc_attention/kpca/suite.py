@@ -4,7 +4,7 @@ classifier, so a study can decide them per seed.
 * **Projection loss (claim 1).** ``jproj_<protocol>`` is the model-level J_proj of the trained model
   (the plain mean over its (layer, head, example) records, :func:`~rpc_attention.kpca.analysis.analyze_captures`'s
   ``model["jproj"]["mean"]``) and ``jproj_init_<protocol>`` the same number for the model the run started
-  from, rebuilt exactly from the run's config and seed (:func:`rpc_attention.train.trainer.initial_model`,
+  from, rebuilt exactly from the run's config and seed (:func:`rpc_attention.train.seeding.initial_model`,
   the function the trainer builds its model with).
 * **Value alignment (claim 2).** ``optimal_cosine_<protocol>`` and ``linear_cka_<protocol>`` compare the
   learned values V (Scaled Attention: the effective values) with the KPCA value matrix V_hat built from
@@ -84,9 +84,9 @@ class KpcaOptions(CommonOptions):
 
 def init_model(cfg: Mapping[str, Any]) -> nn.Module:
     """The model the training run of ``cfg`` started from, in eval mode on the CPU: built by the trainer's
-    own :func:`~rpc_attention.train.trainer.initial_model` from the run's config and ``train.seed``; the
+    own :func:`~rpc_attention.train.seeding.initial_model` from the run's config and ``train.seed``; the
     caller's RNG states are left as they were."""
-    from ..train.trainer import initial_model
+    from ..train.seeding import initial_model
 
     return initial_model(dict(cfg), keep_rng=True).eval()
 

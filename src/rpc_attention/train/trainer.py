@@ -24,14 +24,12 @@ from __future__ import annotations
 import logging
 import math
 import os
-import random
 import sys
 import time
 from contextlib import nullcontext
 from pathlib import Path
 from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple
 
-import numpy as np
 import torch
 import torch.distributed as dist
 from torch.utils.data import DataLoader, Sampler
@@ -52,7 +50,8 @@ from .checkpoint import (
 )
 from .config import OptimConfig, ScheduleConfig, TrainConfig, dump_config, resolve_typed_config
 from .rundir import MetricsLogger, RunDir
-from .tasks import get_task, primary_metric
+from .seeding import initial_model, seed_all
+from .tasks import primary_metric
 
 _log = logging.getLogger(__name__)  # messages; metrics go to the run directory (self.logger)
 
@@ -353,7 +352,7 @@ class Trainer:
     # ------------------------------------------------------------------------------ start / resume
     def seed_ranks(self) -> None:
         """Seed this process's training RNGs (dropout, augmentation): a function of seed and rank."""
-        _seed_all(self.loop.seed + 7919 * self.rank)
+        seed_all(self.loop.seed + 7919 * self.rank)
 
     def restore(self) -> None:
         """Continue from the newest good checkpoint (none yet: a fresh start); drop later metrics records."""
@@ -632,32 +631,3 @@ class Trainer:
                                           **self.callback_final})
         _barrier(self.world)
         return final
-
-
-def initial_model(cfg: Dict[str, Any], task: Any = None, seed: Optional[int] = None,
-                  keep_rng: bool = False) -> torch.nn.Module:
-    """The model a fresh run of ``cfg`` starts from, exactly: the global RNGs (torch, numpy, random) seeded
-    with ``seed`` (default: the config's ``train.seed``), then ``task.build_model(cfg)`` on the CPU (the
-    trainer moves it to its device afterwards). ``task``: default the config's own task.
-
-    The trainer builds its model with this function, so a run's step-0 weights can be rebuilt from its
-    saved ``config.yaml``. ``keep_rng=True`` restores the caller's RNG states afterwards (the trainer leaves
-    them seeded, as a fresh run continues from there).
-    """
-    if task is None:
-        task = get_task(cfg.get("task", "classification"))
-    if seed is None:
-        seed = TrainConfig.from_dict(cfg).train.seed
-    saved = rng_state() if keep_rng else None
-    try:
-        _seed_all(int(seed))
-        return task.build_model(cfg)
-    finally:
-        if saved is not None:
-            set_rng_state(saved)
-
-
-def _seed_all(seed: int) -> None:
-    torch.manual_seed(seed)
-    np.random.seed(seed % 2 ** 32)
-    random.seed(seed)
