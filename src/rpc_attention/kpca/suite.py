@@ -153,7 +153,7 @@ def kpca_suite(model: nn.Module, cfg: Mapping[str, Any], run_dir, opts: Dict[str
     values: Dict[tuple, float] = {}
     rows, failures = [], []
     for proto in PROTOCOLS:
-        trained = analyze_captures(caps, proto, seed=seed)
+        trained = analyze_captures(caps, proto, gamma=False, seed=seed)
         init = analyze_captures(init_caps, proto, gram=False, seed=seed)
         for which, res in (("trained", trained), ("init", init)):
             failures.extend({**f, "protocol": proto, "model": which} for f in res["failures"])
