@@ -15,6 +15,9 @@ import pytest
 import torch
 
 from rpc_attention.evaluate import suites as S
+from rpc_attention.kpca import register_suites
+
+register_suites()  # the analysis toolkit's suite (a floor above the registry) is covered too
 
 
 def _rgb():
@@ -108,6 +111,7 @@ CASES = {
     "wordswap": ("lm", {"wordswap.stride": "4", "wordswap.rate": "0.2"}, 60),
     "seg": ("seg", {}, 4),
     "seg-corruptions": ("seg", {"seg-corruptions.severities": "3,5"}, 2),
+    "kpca": ("gray", {}, 2),
 }
 
 

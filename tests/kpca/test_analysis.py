@@ -49,6 +49,11 @@ def test_analyze_captures_fields_and_aggregation():
     paper = analyze_captures(cap.captures, "paper")
     assert paper["protocol"] == "paper"
     assert paper["model"]["phi2"]["mean"] != pytest.approx(res["model"]["phi2"]["mean"])
+    # gamma=False leaves out gamma and its controls, and nothing else changes
+    lean = analyze_captures(cap.captures, "exact", gamma=False)
+    assert lean["model"]["gamma"] == {} and lean["layers"][0]["gamma"] == {}
+    for key in ("jproj", "optimal_cosine", "linear_cka", "rbf_cka", "direct_cosine", "eig_max"):
+        assert lean["model"][key] == res["model"][key], key
 
 
 def test_protocol_conventions_of_the_two_published_codes():

@@ -92,9 +92,17 @@ def run_model_loader(args: argparse.Namespace):
     return load
 
 
+def _register_suites() -> None:
+    """Add the suites of the floors above the registry (the analysis toolkit's ``kpca``)."""
+    from ..kpca import register_suites
+
+    register_suites()
+
+
 def _print_suites() -> int:
     from ..evaluate import suites as S
 
+    _register_suites()
     for n in S.list_suites():
         print(f"{n:14s} {S.get_suite(n).description}")
     return 0
@@ -155,7 +163,7 @@ def run_with_loader(args: argparse.Namespace, load, sets: Optional[Dict[str, Any
     ``sets``: the suite options (default: :func:`parse_suite_sets` of ``args``)."""
     from ..evaluate import suites as S
     from ..evaluate.runner import evaluate_model, select_suites
-
+    _register_suites()
     names = [n.strip() for n in str(args.suite).split(",") if n.strip()]
     if names == ["list"]:
         return _print_suites()

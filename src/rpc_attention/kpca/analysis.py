@@ -78,9 +78,11 @@ class GramSettings:
     definition) or ``magnitude`` (the largest |eigenvalue|, the study's ``value_vectors.py``);
     ``eig_signs``: ``eigh`` (the signs ``torch.linalg.eigh`` returns, as both published codes) or
     ``canonical`` (:func:`rpc_attention.kpca.metrics.canonical_signs`); ``perturb``: the noise of the
-    perturbed-eigenvector control; ``alignment``: whether the four alignment metrics are measured."""
+    perturbed-eigenvector control; ``alignment``: whether the four alignment metrics are measured;
+    ``gamma``: whether gamma and its controls are (the costlier half of the Gram analysis)."""
 
     alignment: bool = True
+    gamma: bool = True
     perturb: float = 0.1
     vhat_rank: str = "value"
     eig_signs: str = "eigh"
@@ -196,8 +198,9 @@ def _gram_records(cap: LayerCapture, b: int, k: Tensor, v: Tensor, kv: Optional[
     for key, val in (("eig_max", lam.max(-1).values), ("eig_min", lam.min(-1).values),
                      ("eig_mean", lam.mean(-1)), ("eig_median", lam.median(-1).values)):
         acc.rec.setdefault(key, []).extend(val.tolist())
-    a_hat = M.recover_a_hat(g["log_g"], vv)
-    for key, st in _gamma_variants(g["k_c"], a_hat, eig["vecs"], settings.perturb, gen).items():
+    gammas = _gamma_variants(g["k_c"], M.recover_a_hat(g["log_g"], vv), eig["vecs"], settings.perturb, gen) \
+        if settings.gamma else {}
+    for key, st in gammas.items():
         acc.gam[key].append(st["mean"])
         acc.gam_std[key].append(st["std"])
         acc.gam_rel[key].append(st["rel_mean"])
@@ -351,6 +354,7 @@ def analyze_captures(
     *,
     gram: bool = True,
     alignment: bool = True,
+    gamma: bool = True,
     perturb: float = 0.1,
     seed: int = 0,
     max_examples: Optional[int] = None,
@@ -361,13 +365,15 @@ def analyze_captures(
     """Analyse every captured layer under ``protocol`` ("paper" or "exact").
 
     ``vhat_rank``, ``eig_signs`` (see :class:`GramSettings`) and ``standardize_eps`` (the eps of the
-    ``paper`` standardisation; the study's scripts use 1e-8) are checked by :func:`check_conventions`.
+    ``paper`` standardisation; the study's scripts use 1e-8) are checked by :func:`check_conventions`;
+    ``gamma=False`` leaves out gamma and its controls (the other numbers are unchanged).
     Returns ``{"protocol", "conventions", "layers": [...], "model": {...}, "failures": [...]}``; see the
     module doc.
     """
     if protocol not in PROTOCOLS:
         raise ValueError(f"protocol must be one of {PROTOCOLS}, got {protocol!r}")
-    settings = GramSettings(alignment=alignment, perturb=perturb, vhat_rank=vhat_rank, eig_signs=eig_signs)
+    settings = GramSettings(alignment=alignment, gamma=gamma, perturb=perturb, vhat_rank=vhat_rank,
+                            eig_signs=eig_signs)
     check_conventions((protocol,), standardize_eps, settings, gram)
     gen = torch.Generator().manual_seed(seed)
     skip_gram = gram_not_applicable(captures) if gram else {}
@@ -418,6 +424,17 @@ def _log_mean(vals: List[float]) -> Optional[float]:
         return None
     m = sum(fin) / len(fin)
     return math.log(m) if m > 0 else None
+
+
+def alignment_shape(cap: LayerCapture) -> tuple:
+    """``(N, Dv)`` of a layer's alignment records: its valid tokens (those of example 0) and value dim."""
+    kv = cap.key_valid(0)
+    return (cap.tokens if kv is None else int(kv.sum()), int(cap.values().shape[-1]))
+
+
+def capture_chance(captures: List[LayerCapture], draws: int = 8, seed: int = 0) -> Dict[str, Dict]:
+    """:func:`chance_baselines` for every ``(N, Dv)`` shape the Gram analysis runs on in ``captures``."""
+    return chance_baselines({(n, dv) for n, dv in map(alignment_shape, captures) if dv <= n}, draws=draws, seed=seed)
 
 
 def chance_baselines(shapes: Iterable, draws: int = 8, seed: int = 0) -> Dict[str, Dict]:

@@ -19,7 +19,7 @@ from .analysis import (
     ALIGN_METRICS,
     GramSettings,
     analyze_captures,
-    chance_baselines,
+    capture_chance,
     check_conventions,
     gram_not_applicable,
     pap_stats,
@@ -162,7 +162,7 @@ def run_analysis(
                                **{**conv, "standardize_eps": standardize_eps if proto == "paper" else 0.0})
         result["failures"].extend({**f, "protocol": proto} for f in res.pop("failures"))
         result["protocols"][proto] = res
-    result["chance"] = _chance(cap.captures, seed)
+    result["chance"] = capture_chance(cap.captures, seed=seed)
     _add_pap_records(result, probe, cap, fgsm_eps, noise_sigma, seed)
     out_dir.mkdir(parents=True, exist_ok=True)
     if figures:
@@ -181,13 +181,6 @@ def _add_figures(result: Dict[str, Any], out_dir: Path) -> None:
         result["figures"] = make_figures(result, out_dir)
     except Exception as exc:
         result["failures"].append({"stage": "figures", "error": f"{type(exc).__name__}: {exc}"})
-
-
-def _chance(captures, seed: int) -> Dict[str, Any]:
-    """Random-matrix baselines for every (tokens, value dim) shape the Gram analysis ran on."""
-    shapes = {(c.tokens if c.key_valid(0) is None else int(c.key_valid(0).sum()), int(c.values().shape[-1]))
-              for c in captures}
-    return chance_baselines({(n, dv) for n, dv in shapes if dv <= n}, seed=seed)
 
 
 def _not_applicable_note(captures) -> str:

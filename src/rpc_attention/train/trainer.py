@@ -24,14 +24,12 @@ from __future__ import annotations
 import logging
 import math
 import os
-import random
 import sys
 import time
 from contextlib import nullcontext
 from pathlib import Path
 from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple
 
-import numpy as np
 import torch
 import torch.distributed as dist
 from torch.utils.data import DataLoader, Sampler
@@ -52,6 +50,7 @@ from .checkpoint import (
 )
 from .config import OptimConfig, ScheduleConfig, TrainConfig, dump_config, resolve_typed_config
 from .rundir import MetricsLogger, RunDir
+from .seeding import initial_model, seed_all
 from .tasks import primary_metric
 
 _log = logging.getLogger(__name__)  # messages; metrics go to the run directory (self.logger)
@@ -315,8 +314,7 @@ class Trainer:
         self.total_steps = loop.epochs * self.steps_per_epoch
         if loop.max_steps:
             self.total_steps = min(self.total_steps, loop.max_steps)
-        _seed_all(loop.seed)  # identical initial weights on every rank
-        self.model = task.build_model(cfg).to(device)
+        self.model = initial_model(cfg, task, loop.seed).to(device)  # identical on every rank
         self.optimizer = _build_optimizer(self.model, self.config.optim, loop.batch_size)
         self.scheduler = _build_scheduler(self.optimizer, self.config.schedule, self.steps_per_epoch, loop.epochs)
         self.amp, self.scaler = _amp_context(loop.amp, device)
@@ -354,7 +352,7 @@ class Trainer:
     # ------------------------------------------------------------------------------ start / resume
     def seed_ranks(self) -> None:
         """Seed this process's training RNGs (dropout, augmentation): a function of seed and rank."""
-        _seed_all(self.loop.seed + 7919 * self.rank)
+        seed_all(self.loop.seed + 7919 * self.rank)
 
     def restore(self) -> None:
         """Continue from the newest good checkpoint (none yet: a fresh start); drop later metrics records."""
@@ -633,9 +631,3 @@ class Trainer:
                                           **self.callback_final})
         _barrier(self.world)
         return final
-
-
-def _seed_all(seed: int) -> None:
-    torch.manual_seed(seed)
-    np.random.seed(seed % 2 ** 32)
-    random.seed(seed)
