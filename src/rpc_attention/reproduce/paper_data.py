@@ -58,7 +58,7 @@ class PaperSettings:
     square_limit: int = 100
     seg_limit: int = 500
     seg_corruption_limit: int = 100
-    seg_epochs: int = 6
+    seg_epochs: int = 12
     # the language models at the paper's depth and width (16 layers, d_model 128), PAP in the first quarter
     lm_layers: int = 16
     lm_steps: int = 300
