@@ -105,7 +105,10 @@ def eval_stage(ctx: StageContext) -> dict:
     from ..evaluate.runner import evaluate_model
     from ..train import run_loader
 
+    from .studies import register_study_suites
+
     p = ctx.params
+    register_study_suites()  # a stage runs in a process of its own: the suites above evaluate register here
     S.get_suite(p["suite"])  # an unknown suite fails here, before any work, with the registry's message
     run_dir = run_dir_of(ctx.out_dir, p["run"])
     out = run_dir / "eval" / f"{p['suite']}.json"

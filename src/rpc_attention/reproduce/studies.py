@@ -471,9 +471,18 @@ def list_studies() -> List[tuple]:
     return [(n, D.TEXTS[n].summary or D.TEXTS[n].description, settings_dict(d.defaults)) for n, d in STUDIES.items()]
 
 
+def register_study_suites() -> None:
+    """Register the suites that live above the evaluation floor and that studies run (``kpca``, from the
+    kernel-PCA toolkit); the built-in suites register themselves on first lookup."""
+    from ..kpca import register_suites
+
+    register_suites()
+
+
 def get_study(name: str, settings: Optional[Sequence[str]] = None) -> Study:
     if name not in STUDIES:
         raise StudyError(f"unknown study preset {name!r}; choose one of {', '.join(STUDIES)}")
+    register_study_suites()
     return STUDIES[name](settings)
 
 
