@@ -186,6 +186,34 @@ def power(directory: str, targets: dict) -> int:
     return 0
 
 
+def _save_state(out: str, dest: str) -> int:
+    """``--save-state``: the finished stages and records of ``out`` into ``dest``."""
+    from ..reproduce import StudyError
+    from ..reproduce.state import save_state
+    from . import UserError
+
+    try:
+        got = save_state(out, dest)
+    except StudyError as exc:
+        raise UserError(str(exc)) from None
+    print(f"saved {got['stages']} finished stages of {out} to {dest} ({got['bytes'] / 1e6:.1f} MB); "
+          f"{len(got['retrain'])} trainings with unfinished evaluations will run again")
+    return 0
+
+
+def _load_state(src: str, out: str) -> None:
+    """``--load-state``: a saved state into ``out`` before the study runs."""
+    from ..reproduce import StudyError
+    from ..reproduce.state import load_state
+    from . import UserError
+
+    try:
+        got = load_state(src, out)
+    except StudyError as exc:
+        raise UserError(str(exc)) from None
+    print(f"loaded {got['stages']} finished stages from {src} into {out}")
+
+
 def run(args: argparse.Namespace) -> int:
     import os
     import time
@@ -218,23 +246,9 @@ def run(args: argparse.Namespace) -> int:
     if args.save_state and args.load_state:
         raise UserError("--save-state and --load-state: give one")
     if args.save_state:
-        from ..reproduce.state import save_state
-
-        try:
-            got = save_state(out, args.save_state)
-        except StudyError as exc:
-            raise UserError(str(exc)) from None
-        print(f"saved {got['stages']} finished stages of {out} to {args.save_state} ({got['bytes'] / 1e6:.1f} MB); "
-              f"{len(got['retrain'])} trainings with unfinished evaluations will run again")
-        return 0
+        return _save_state(out, args.save_state)
     if args.load_state:
-        from ..reproduce.state import load_state
-
-        try:
-            got = load_state(args.load_state, out)
-        except StudyError as exc:
-            raise UserError(str(exc)) from None
-        print(f"loaded {got['stages']} finished stages from {args.load_state} into {out}")
+        _load_state(args.load_state, out)
     t0 = time.time()
     try:
         summary = run_study(study, out, settings=args.sets, selection=args.stages, force=args.force,

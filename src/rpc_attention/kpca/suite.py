@@ -37,8 +37,6 @@ from ..evaluate.suites import CommonOptions, Cost, register_suite
 from .analysis import PROTOCOLS, alignment_shape, analyze_captures, capture_chance, gram_not_applicable
 from .hooks import AttentionCapture, LayerCapture
 
-__all__ = ["SUITE", "METRICS", "KpcaOptions", "kpca_suite", "init_model", "register"]
-
 SUITE = "kpca"
 
 # The summary metrics, per protocol (paper, exact).

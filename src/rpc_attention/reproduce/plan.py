@@ -470,31 +470,29 @@ def _target_2(c, fig: Dict[str, Any]) -> Dict[str, Any]:
     return natural_target(row, SCALE_OF_METRIC.get(c.metric, "logit"), fig["baseline_mean"])
 
 
-def make_plan_2(sources: Sequence[tuple], cost_sources: Sequence[tuple], reference: Optional[tuple],
-                budget_hours: float, jobs: int = 2, seed_base: int = 2000, settings: Optional[Dict[str, Any]] = None,
-                created: Optional[str] = None, notes: Sequence[str] = (), load_factor: float = 1.0) -> Dict[str, Any]:
-    """A plan of the second format (:mod:`rpc_attention.reproduce.design`). ``sources``: ``(path, results, claim
-    ids or None)`` giving each claim's figures (the first that names it); ``cost_sources``: ``(path, results)``
-    measured on the CPU the plan is for, ``reference``: ``(path, results)`` of a larger run whose stages fill in
-    the rest, scaled to that CPU; ``settings``: the study settings that differ from the first source's;
-    ``load_factor``: the wall time per CPU second of a stage under the expected load (1: an idle machine)."""
-    from ..report.paper import PAPER_ROWS
-    from ..report.power import POWER, mde, power
-    from . import design as G
-    from .paper_data import PAPER, PAPER_CLAIMS, PAPER_NOT_RUN
+def _settings_2(sources: Sequence[tuple], settings: Optional[Dict[str, Any]]) -> Dict[str, Any]:
+    """The study settings of a second-format plan: the defaults, then the first paper source's, then ``settings``."""
+    from .paper_data import PAPER
     from .specs import settings_dict
 
     base = next((res for _, res, _ in sources if res.get("study") == "paper"), None)
     if base is None:
         raise StudyError("a plan needs a run of the paper study among the sources (its settings)")
-    defaults = settings_dict(PAPER)
-    s = {k: v for k, v in defaults.items() if k not in ("plan", "seeds")}
+    s = {k: v for k, v in settings_dict(PAPER).items() if k not in ("plan", "seeds")}
     s.update({k: v for k, v in (base.get("settings") or {}).items() if k in s})
     for k, v in (settings or {}).items():
         if k not in s:
             raise StudyError(f"--set {k}: not a setting of the paper study")
         s[k] = v
-    costs = G.build_cost_model(cost_sources, reference)
+    return s
+
+
+def _claim_plans_2(sources: Sequence[tuple], s: Dict[str, Any]) -> tuple:
+    """``(claim plans, figures, origin, specs)`` by claim id: each run claim's figures from the first source
+    that names it (or has it), its target by the rule, its sd's upper bound and its examples' cap."""
+    from . import design as G
+    from .paper_data import PAPER_CLAIMS, PAPER_NOT_RUN
+
     claims, figs, origin, specs = [], {}, {}, {}
     for c in PAPER_CLAIMS:
         if c.id in PAPER_NOT_RUN:
@@ -516,15 +514,65 @@ def make_plan_2(sources: Sequence[tuple], cost_sources: Sequence[tuple], referen
         if cap and c.suite in FMNIST_SUITES:
             cap -= int(s.get("test_offset") or 0)
         sd_hi = G.sd_upper(fig["sd"], fig["n"])
-        claims.append(G.ClaimPlan(c.id, c.suite, c.baseline, c.rpc, fig["delta"], sd_hi, fig["var_shared"],
-                                  fig["var_seed"], fig["examples"] if cap else None, rule["target"], rule["margin"],
-                                  cap))
-        specs[c.id] = (c, rule, sd_hi)
-    family = len(claims)
-    for cp in claims:   # the pilot's examples may exceed what the test split leaves
+        cp = G.ClaimPlan(c.id, c.suite, c.baseline, c.rpc, fig["delta"], sd_hi, fig["var_shared"], fig["var_seed"],
+                         fig["examples"] if cap else None, rule["target"], rule["margin"], cap)
         if cp.examples0 and cp.max_examples and cp.examples0 > cp.max_examples:
-            cp.examples0, cp.var_shared, cp.var_seed = (cp.max_examples, cp.var_shared * cp.examples0 / cp.max_examples,
-                                                        cp.var_seed * cp.examples0 / cp.max_examples)
+            # the pilot's examples may exceed what the test split leaves
+            k = cp.examples0 / cp.max_examples
+            cp.examples0, cp.var_shared, cp.var_seed = cp.max_examples, cp.var_shared * k, cp.var_seed * k
+        claims.append(cp)
+        specs[c.id] = (c, rule, sd_hi)
+    return claims, figs, origin, specs
+
+
+def _claim_entry_2(c, cp, spec: tuple, d, p_dec: Dict[str, float], fig: Dict[str, Any], origin: str, costs,
+                   family: int, seed_base: int) -> Dict[str, Any]:
+    """A claim's row in a second-format plan: its target, seeds, examples, power, MDE and status."""
+    from ..report.paper import PAPER_ROWS
+    from ..report.power import POWER, mde, power
+    from . import design as G
+
+    _, rule, sd_hi = spec
+    n, ex = G.claim_n(cp, d), d.examples[c.id]
+    se_ex = math.sqrt(max(0.0, cp.se(n, ex) ** 2 - sd_hi ** 2 / n))
+    m = mde(sd_hi, n, rule["margin"], family=family, target_power=POWER, se_examples=se_ex)
+    entry = {
+        "id": c.id, "title": f"{c.subject} {c.says}", "suite": c.suite, "metric": c.metric,
+        "baseline_metric": c.baseline_metric, "baseline": c.baseline, "rpc": c.rpc, "higher": c.higher,
+        **rule, "paper": PAPER_ROWS.get(TARGET_ROW.get(c.id, c.id)),
+        "status": PLANNED if m is not None and m <= rule["target"] else MDE_ABOVE,
+        "seeds": list(range(seed_base, seed_base + n)), "examples": ex,
+        "power": power(rule["target"], sd_hi, n, rule["margin"], family=family, se_examples=se_ex),
+        "mde": m, "p_decided": p_dec[c.id], "se": cp.se(n, ex),
+        "pilot": {"source": origin, **fig, "sd_upper": sd_hi}}
+    if entry["status"] == MDE_ABOVE:
+        entry["to_target"] = G.cheapest_to_target(cp, costs, family)
+    return entry
+
+
+def _source_seeds(sources: Sequence[tuple], cost_sources: Sequence[tuple], reference: Optional[tuple]) -> List[int]:
+    """Every model seed any source of the plan ran."""
+    runs = [res for _, res, _ in sources] + [res for _, res in list(cost_sources) + ([reference] if reference else [])]
+    return sorted({int(x) for res in runs for mm in (res.get("models") or {}).values() for x in mm.get("seeds") or []})
+
+
+def make_plan_2(sources: Sequence[tuple], cost_sources: Sequence[tuple], reference: Optional[tuple],
+                budget_hours: float, jobs: int = 2, seed_base: int = 2000, settings: Optional[Dict[str, Any]] = None,
+                created: Optional[str] = None, notes: Sequence[str] = (), load_factor: float = 1.0) -> Dict[str, Any]:
+    """A plan of the second format (:mod:`rpc_attention.reproduce.design`). ``sources``: ``(path, results, claim
+    ids or None)`` giving each claim's figures (the first that names it); ``cost_sources``: ``(path, results)``
+    measured on the CPU the plan is for, ``reference``: ``(path, results)`` of a larger run whose stages fill in
+    the rest, scaled to that CPU; ``settings``: the study settings that differ from the first source's;
+    ``load_factor``: the wall time per CPU second of a stage under the expected load (1: an idle machine)."""
+    from ..report.paper import PAPER_ROWS
+    from ..report.power import POWER
+    from . import design as G
+    from .paper_data import PAPER_CLAIMS, PAPER_NOT_RUN
+
+    s = _settings_2(sources, settings)
+    costs = G.build_cost_model(cost_sources, reference)
+    claims, figs, origin, specs = _claim_plans_2(sources, s)
+    family = len(claims)
     groups = {g: ms for g, ms in GROUPS.items() if any(m in (cp.baseline, cp.rpc) for cp in claims for m in ms)}
     budget_s = float(budget_hours) * 3600.0 * int(jobs) / float(load_factor)
     d, spent = G.allocate(claims, costs, budget_s, family, groups)
@@ -536,26 +584,9 @@ def make_plan_2(sources: Sequence[tuple], cost_sources: Sequence[tuple], referen
                                "paper": PAPER_ROWS.get(c.id), **PAPER_NOT_RUN[c.id]})
             continue
         cp = next(x for x in claims if x.id == c.id)
-        spec, rule, sd_hi = specs[c.id]
-        n, ex = G.claim_n(cp, d), d.examples[c.id]
-        se_ex = math.sqrt(max(0.0, cp.se(n, ex) ** 2 - sd_hi ** 2 / n))
-        m = mde(sd_hi, n, rule["margin"], family=family, target_power=POWER, se_examples=se_ex)
-        entry = {
-            "id": c.id, "title": f"{c.subject} {c.says}", "suite": c.suite, "metric": c.metric,
-            "baseline_metric": c.baseline_metric, "baseline": c.baseline, "rpc": c.rpc, "higher": c.higher,
-            **rule, "paper": PAPER_ROWS.get(TARGET_ROW.get(c.id, c.id)),
-            "status": PLANNED if m is not None and m <= rule["target"] else MDE_ABOVE,
-            "seeds": list(range(seed_base, seed_base + n)), "examples": ex,
-            "power": power(rule["target"], sd_hi, n, rule["margin"], family=family, se_examples=se_ex),
-            "mde": m, "p_decided": p_dec[c.id], "se": cp.se(n, ex),
-            "pilot": {"source": origin[c.id], **figs[c.id], "sd_upper": sd_hi}}
-        if entry["status"] == MDE_ABOVE:
-            entry["to_target"] = G.cheapest_to_target(cp, costs, family)
-        out_claims.append(entry)
-    pilot_seeds = sorted({int(x) for _, res, _ in list(sources) for mm in (res.get("models") or {}).values()
-                          for x in mm.get("seeds") or []}
-                         | {int(x) for _, res in list(cost_sources) + ([reference] if reference else [])
-                            for mm in (res.get("models") or {}).values() for x in mm.get("seeds") or []})
+        out_claims.append(_claim_entry_2(c, cp, specs[c.id], d, p_dec, figs[c.id], origin[c.id], costs, family,
+                                         seed_base))
+    pilot_seeds = _source_seeds(sources, cost_sources, reference)
     clash = sorted(set(pilot_seeds) & set(range(seed_base, seed_base + G.MAX_SEEDS)))
     if clash:
         raise StudyError(f"--seed-base {seed_base}: seeds {clash[:5]} were used by a source")

@@ -104,7 +104,6 @@ def eval_stage(ctx: StageContext) -> dict:
     from ..evaluate import suites as S
     from ..evaluate.runner import evaluate_model
     from ..train import run_loader
-
     from .studies import register_study_suites
 
     p = ctx.params

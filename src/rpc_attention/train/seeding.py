@@ -17,8 +17,6 @@ from .checkpoint import rng_state, set_rng_state
 from .config import TrainConfig
 from .tasks import get_task
 
-__all__ = ["seed_all", "initial_model"]
-
 
 def seed_all(seed: int) -> None:
     """Seed torch's, numpy's and Python's global RNGs with ``seed``."""
