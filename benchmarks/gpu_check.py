@@ -218,6 +218,9 @@ def _ddp_worker(rank: int, world: int, port: int, device_type: str, quick: bool,
         diff = max(float((t - gathered[0]).abs().max()) for t in gathered)
         Path(result_dir, "ddp.json").write_text(json.dumps({"max_param_diff_across_ranks": diff,
                                                             "loss_rank0": float(loss.item())}))
+    # every rank past its last collective before any tears down: a rank leaving while gloo's threads still
+    # serve another's all_gather aborts the process ("terminate called without an active exception")
+    dist.barrier()
     dist.destroy_process_group()
 
 
