@@ -5,7 +5,7 @@ import json
 import re
 from pathlib import Path
 
-from rpc_attention.report.paper import SCORECARD
+from rpc_attention.report.paper import KPCA_ROWS, SCORECARD
 from rpc_attention.report.publish import render_view
 from rpc_attention.report.scorecard import count_line, scorecard_lead, scorecard_lines, scorecard_rows
 
@@ -38,6 +38,26 @@ def test_one_row_per_claim_of_the_paper_in_its_order():
     assert by["base_clean"]["verdict"] == "not run" and "needs ImageNet" in by["base_clean"]["note"]
     assert "`rpc-attention reproduce --study imagenet`" in by["base_clean"]["note"]
     assert by["scaled_s"]["paper"] == "beats the baseline (no numbers)" and by["scaled_s"]["note"] == "not in this study"
+
+
+def test_group_means_over_unequal_seeds_say_how_many_the_difference_pairs():
+    res = json.loads(json.dumps(RES))
+    res["claims"][0]["effect"].update(n_baseline=7, n_rpc=4)
+    by = {r["id"]: r for r in scorecard_rows(res)}
+    assert by["clean"]["ours"] == "80.00 → 81.10 (means of 7 / 4 seeds; the difference pairs 2)"
+    res["claims"][0]["effect"].update(n_baseline=2, n_rpc=2)
+    assert {r["id"]: r for r in scorecard_rows(res)}["clean"]["ours"] == "80.00 → 81.10"
+
+
+def test_the_kernel_pca_rows_follow_the_paper_rows_where_the_study_tests_them():
+    res = json.loads(json.dumps(RES))
+    res["claims"].append(_claim("k1_symvit", "reproduced", [-0.2, -0.3]))
+    rows = scorecard_rows(res)
+    assert [r["id"] for r in rows] == list(SCORECARD) + list(KPCA_ROWS) and len(rows) == 20
+    by = {r["id"]: r for r in rows}
+    assert by["k1_symvit"]["verdict"] == "reproduced" and by["k1_scaled"]["note"] == "not in this study"
+    assert by["k2_cka_exact"]["paper"] == "aligned beyond chance (no numbers)"
+    assert count_line(rows).startswith("20 claims: 2 reproduced")
 
 
 def test_the_count_line_and_a_lead_of_at_most_three_sentences():

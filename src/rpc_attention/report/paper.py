@@ -62,15 +62,35 @@ PAPER_ROWS.update({
                      "baseline": None, "rpc": None, "higher": True, "found": False},
 })
 
+# The kernel-PCA view's two claims (the paper's section 2), stated without numbers: K1, training lowers the
+# projection loss J_proj; K2, the learned values align with the centred key Gram matrix's top eigenvectors.
+_KPCA = "the paper's section 2 (a statement without numbers)"
+PAPER_ROWS.update({
+    "k1_symvit": {"change": "SymViT, the definitions", "setting": _KPCA, "metric": "J_proj", "baseline": None,
+                  "rpc": None, "higher": False, "found": False, "paper_text": "lower after training (no numbers)"},
+    "k1_scaled": {"change": "Scaled Attention S, standardised q/k", "setting": _KPCA, "metric": "J_proj",
+                  "baseline": None, "rpc": None, "higher": False, "found": False,
+                  "paper_text": "lower after training (no numbers)"},
+    **{f"k2_{m}_{proto}": {"change": f"Scaled Attention S, {label}, {words}", "setting": _KPCA, "metric": label,
+                           "baseline": None, "rpc": None, "higher": True, "found": False,
+                           "paper_text": "aligned beyond chance (no numbers)"}
+       for m, label in (("cosine", "optimal cosine"), ("cka", "linear CKA"))
+       for proto, words in (("paper", "the paper's protocol"), ("exact", "the definitions"))},
+})
+
 # The scorecard's rows: every row of the paper's results table, in its order, then the Scaled-Attention finding
 SCORECARD = ("clean", "mce", "ood_aupr", "pgd", "fgsm", "autoattack", "square", "lm_ppl", "lm_wordswap", "seg_miou",
              "seg_corrupt_miou", "base_clean", "scaled_s", "scaled_alpha")
+# then the kernel-PCA rows, K1 and K2, on a study that tests them (studies planned before them keep 14 rows)
+KPCA_ROWS = ("k1_symvit", "k1_scaled", "k2_cosine_paper", "k2_cosine_exact", "k2_cka_paper", "k2_cka_exact")
 
 # each row's short name (the scorecard's lead)
 SHORT = {"clean": "clean top-1", "mce": "mCE", "ood_aupr": "OOD AUPR", "pgd": "PGD", "fgsm": "FGSM",
          "autoattack": "AutoAttack", "square": "Square", "lm_ppl": "test perplexity",
          "lm_wordswap": "attacked-text perplexity", "seg_miou": "segmentation mIoU",
          "seg_corrupt_miou": "corrupted mIoU", "base_clean": "SymViT-base top-1", "scaled_s": "Scaled Attention S",
-         "scaled_alpha": "Scaled Attention alpha"}
+         "scaled_alpha": "Scaled Attention alpha", "k1_symvit": "K1 SymViT", "k1_scaled": "K1 Scaled",
+         "k2_cosine_paper": "K2 cosine (paper)", "k2_cosine_exact": "K2 cosine (exact)",
+         "k2_cka_paper": "K2 CKA (paper)", "k2_cka_exact": "K2 CKA (exact)"}
 
 PAPER_LABEL = "paper (ImageNet-scale; not comparable in absolute terms)"

@@ -12,7 +12,7 @@ from __future__ import annotations
 from typing import Any, Dict, List, Optional
 
 from ..markdown import markdown_table
-from .paper import PAPER_ROWS, SCORECARD, SHORT
+from .paper import KPCA_ROWS, PAPER_ROWS, SCORECARD, SHORT
 from .verdict import CONTRADICTED, EQUIVALENT, INCONCLUSIVE, NOT_MEASURED, REPRODUCED, SMALLER, UNRESOLVED
 
 NOT_RUN = "not run"
@@ -29,19 +29,27 @@ def has_scorecard(res: Dict[str, Any]) -> bool:
     return any(_official(res, cid) for cid in SCORECARD) or bool(res.get("not_run"))
 
 
+def scorecard_ids(res: Dict[str, Any]) -> tuple:
+    """The rows of ``res``'s scorecard: the paper's 14, then K1/K2 where the study tests any of them."""
+    return SCORECARD + (KPCA_ROWS if any(_official(res, cid) for cid in KPCA_ROWS) else ())
+
+
 def _paper_text(cid: str) -> str:
     row = PAPER_ROWS.get(cid) or {}
+    if row.get("paper_text"):
+        return row["paper_text"]
     if row.get("baseline") is None:
         return "beats the baseline (no numbers)"
     return f"{row['baseline']:.2f} → {row['rpc']:.2f}"
 
 
 def scorecard_rows(res: Dict[str, Any]) -> List[Dict[str, Any]]:
-    """One row per claim of the paper (:data:`~rpc_attention.report.paper.SCORECARD`): ``{"id", "claim",
-    "paper", "ours", "difference", "mde", "verdict", "note"}``."""
+    """One row per claim of the paper (:data:`~rpc_attention.report.paper.SCORECARD`, then
+    :data:`~rpc_attention.report.paper.KPCA_ROWS` where the study tests them): ``{"id", "claim", "paper", "ours",
+    "difference", "mde", "verdict", "note"}``."""
     not_run = {c["id"]: c for c in res.get("not_run") or []}
     rows = []
-    for cid in SCORECARD:
+    for cid in scorecard_ids(res):
         row = PAPER_ROWS.get(cid) or {}
         c = _official(res, cid)
         out = {"id": cid, "claim": f"{SHORT.get(cid, cid)} ({row.get('change', '')})",
@@ -53,6 +61,10 @@ def scorecard_rows(res: Dict[str, Any]) -> List[Dict[str, Any]]:
                 out["ours"] = f"{e['baseline_mean']:.2f} → {e['rpc_mean']:.2f}"
             diffs = list((iv.get("per_seed_diff") or {}).values())
             inter = (iv.get("tests") or {}).get("interval")
+            nb, nr = e.get("n_baseline"), e.get("n_rpc")
+            if out["ours"] != "—" and diffs and nb and nr and not nb == nr == len(diffs):
+                # the group means average every seed of each model; the difference pairs only common seeds
+                out["ours"] += f" (means of {nb} / {nr} seeds; the difference pairs {len(diffs)})"
             if diffs:
                 out["difference"] = (f"{sum(diffs) / len(diffs):+.2f}"
                                      + (f" [{inter['lo']:+.2f}, {inter['hi']:+.2f}]" if inter else " (one seed)"))
