@@ -304,7 +304,8 @@ class Pipeline:
         n = sum(e.will_run for e in entries)
         lines.append("-" * (w + 40))
         lines.append(f"{n} of {len(entries)} stages to run, estimated {format_seconds(total)} on this machine "
-                     f"(estimates are calibrated constants per stage kind; see docs/reproduce.md)")
+                     f"(estimates: a plan's measured cost model where the study follows a plan, else calibrated "
+                     f"constants per stage kind; see docs/reproduce.md)")
         return "\n".join(lines)
 
     # ------------------------------------------------------------------------------------------ run
