@@ -120,10 +120,9 @@ def test_causal_outputs_do_not_depend_on_future_tokens(mu_mode, fused):
     v2[:, :, t + 1:] = rand(2, 3, 12 - t - 1, 8, seed=51) * 5
     a = RF.pap_attention(k, v, n_iter=4, is_causal=True, mu_mode=mu_mode, fused=fused)
     b = RF.pap_attention(k2, v2, n_iter=4, is_causal=True, mu_mode=mu_mode, fused=fused)
-    # Equal to rounding: masked weights are exactly 0 and the causal mu is a prefix sum. Not bit for bit on
-    # the CPU, where large future keys can move a pass from SDPA to the explicit kernel that cuts weights
-    # below the dtype's floor (functional/attention.py, attend_cpu_safe): another summation order.
-    torch.testing.assert_close(a[:, :, : t + 1], b[:, :, : t + 1], rtol=0, atol=1e-12)
+    # Bit-identical by construction: same kernels on the same shapes, masked weights are exactly 0 and
+    # the causal mu is a prefix sum, so later tokens add exact zeros in the same summation order.
+    assert torch.equal(a[:, :, : t + 1], b[:, :, : t + 1])
     assert not torch.equal(a[:, :, t + 1:], b[:, :, t + 1:])
     # A shorter sequence gives the same outputs too (nothing about the sequence length leaks). Different
     # lengths take different blockings and summation orders, so this is float64 at rounding level (measured

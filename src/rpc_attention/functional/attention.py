@@ -127,63 +127,6 @@ def attend(q: Tensor, k: Tensor, v: Tensor, mask: Optional[Tensor], is_causal: b
     return torch.matmul(weights, v)
 
 
-def weight_floor(dtype: torch.dtype) -> float:
-    """The log of the smallest attention weight :func:`attend_cpu_safe` keeps, relative to its row's
-    largest: ``2 log(eps)`` of the dtype (about -31.8 in float32, bfloat16 and float16, -72.1 in float64).
-
-    Why that is exact to the dtype: a row's largest weight is at least 1/N, and every dropped weight is
-    below eps^2 times it, so all dropped weights of a row together change the output by less than
-    N eps^2 <= eps of its scale for any N up to 1/eps (8.4 million tokens in float32). Cutting there
-    also keeps the weights, and their products with gradients, far above the smallest normal float
-    (e^-87.3 in float32), where a CPU without flush-to-zero computes in slow microcode."""
-    return 2.0 * math.log(torch.finfo(torch.promote_types(dtype, torch.float32)).eps)
-
-
-def may_underflow(q: Tensor, k: Tensor, scale: float) -> bool:
-    """Whether some attention weight of ``softmax(scale q k^T)`` can fall below :func:`weight_floor`.
-    A row's scores lie within ``+-scale |q_i| max_j |k_j|`` (Cauchy-Schwarz), so a row spans at most
-    ``2 scale max|q| max|k|``: below ``-weight_floor`` no weight can be cut or become subnormal."""
-    with torch.no_grad():
-        q_max = torch.linalg.vector_norm(q, dim=-1).amax()
-        k_max = q_max if k is q else torch.linalg.vector_norm(k, dim=-1).amax()
-        return bool(2.0 * scale * q_max * k_max >= -weight_floor(q.dtype))
-
-
-def attend_truncated(q: Tensor, k: Tensor, v: Tensor, mask: Optional[Tensor], is_causal: bool,
-                     dropout_p: float, scale: float) -> Tensor:
-    """The explicit ``softmax(scale q k^T + mask) v`` with every weight below :func:`weight_floor`
-    (relative to its row's largest) set to exactly 0 before the exponential: the same attention to
-    the dtype's rounding, with no subnormal weight in the forward and none in the backward."""
-    # scale folded into q (N x d, not N x N); the fills work in place on the product, which the
-    # matmul's backward does not read
-    scores = torch.matmul(q * scale, k.transpose(-2, -1))
-    full = causal_mask(mask, q.shape[-2], k.shape[-2], q.device) if is_causal else mask
-    if full is not None:
-        scores.masked_fill_(~full, float("-inf"))
-    with torch.no_grad():
-        cut = scores < scores.amax(dim=-1, keepdim=True) + weight_floor(scores.dtype)
-    weights = torch.softmax(scores.masked_fill_(cut, float("-inf")), dim=-1)
-    if full is not None:
-        weights = torch.nan_to_num(weights, nan=0.0)  # rows with no admissible key give 0
-    if dropout_p > 0.0:
-        weights = F.dropout(weights, p=dropout_p, training=True)
-    return torch.matmul(weights, v)
-
-
-def attend_cpu_safe(q: Tensor, k: Tensor, v: Tensor, mask: Optional[Tensor], is_causal: bool,
-                    dropout_p: float, scale: float) -> Tensor:
-    """:func:`attend` (fused) where no weight can underflow, else :func:`attend_truncated`.
-
-    PAP's passes sharpen the attention: by the third pass on unit-scale keys a row's scores span
-    75-155, and a third of the weights that SDPA forms lie in float32's subnormal range. CPUs that
-    handle subnormals in microcode (Intel Xeons) then run PAP several times slower, and a
-    flush-to-zero flag is no remedy (it reaches only the calling thread and changes the caller's
-    arithmetic). Accelerators handle subnormals at full speed: there SDPA always runs."""
-    if q.device.type == "cpu" and may_underflow(q, k, scale):
-        return attend_truncated(q, k, v, mask, is_causal, dropout_p, scale)
-    return attend(q, k, v, mask, is_causal, dropout_p, scale, True)
-
-
 # The public kernels below share their keyword options (mask, causal, dropout, scale, fused); each
 # signature lists them, typed and documented where users read it.
 def attention(

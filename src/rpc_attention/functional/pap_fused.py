@@ -31,7 +31,7 @@ from typing import List, Optional, Tuple
 import torch
 from torch import Tensor
 
-from .attention import attend_cpu_safe
+from .attention import attend
 
 
 @dataclass(frozen=True)
@@ -113,10 +113,10 @@ def _run_passes(k: Tensor, v: Tensor, tau: Tensor, mask: Optional[Tensor], opts:
         if record == "graph" or (record == "ckpt" and final):
             leaf = keys2.detach().requires_grad_(True)
             with torch.enable_grad():
-                att = attend_cpu_safe(leaf, leaf, v_leaf, mask, opts.is_causal, dropout_p, opts.scale)
+                att = attend(leaf, leaf, v_leaf, mask, opts.is_causal, dropout_p, opts.scale, True)
             steps.append([leaf, att, sign])
             return att.detach()
-        att = attend_cpu_safe(keys2, keys2, v, mask, opts.is_causal, dropout_p, opts.scale)
+        att = attend(keys2, keys2, v, mask, opts.is_causal, dropout_p, opts.scale, True)
         if record == "ckpt":
             steps.append([keys2, None, sign.to(torch.int8)])
         return att
@@ -172,7 +172,7 @@ class _FusedPAPFunction(torch.autograd.Function):
             if att is None:  # checkpointed pass: recompute its attention
                 keys2 = keys2.detach().requires_grad_(True)
                 with torch.enable_grad():
-                    att = attend_cpu_safe(keys2, keys2, v_leaf, ctx.mask, opts.is_causal, 0.0, opts.scale)
+                    att = attend(keys2, keys2, v_leaf, ctx.mask, opts.is_causal, 0.0, opts.scale, True)
             inputs = (keys2, v_leaf) if need_v else (keys2,)
             grads = torch.autograd.grad(att, inputs, g_att.to(att.dtype), retain_graph=True)
             del att, g_att
