@@ -28,9 +28,19 @@ from rpc_attention.reproduce.worker import configure_process
 STEPS = 4
 
 
-def counting_stage(ctx, hold=""):
+def counting_stage(ctx, hold="", meet=""):
     """A resumable stage: STEPS float32 steps, a checkpoint after each. While the file ``hold`` exists it
-    stops after step 2 (writing ``<name>.holding``) until it is killed."""
+    stops after step 2 (writing ``<name>.holding``) until it is killed. With a folder ``meet`` it writes
+    ``<name>.started`` there first and waits until every train stage has started, so two stages that do run
+    at once are seen to overlap however slowly their worker processes start."""
+    if meet:
+        Path(meet, f"{ctx.stage.name}.started").touch()
+        others = [s.name for s in ctx.pipeline.stages if s.kind == "train"]
+        deadline = time.monotonic() + 120
+        while not all(Path(meet, f"{n}.started").exists() for n in others):
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"{ctx.stage.name} ran alone: the other train stages never started beside it")
+            time.sleep(0.05)
     ckpt = ctx.out_dir / "ckpt" / f"{ctx.stage.name}.json"
     state = read_json(ckpt) if ckpt.exists() and not ctx.fresh else None
     state = state or {"step": 0, "x": [float(v) for v in range(1, 9)]}
@@ -73,11 +83,12 @@ class TinyStudy:
 
     hold: str = ""
     fail: bool = False
+    meet: str = ""
 
     def __call__(self, out_dir, log=None):
         stages = [
-            Stage("train.a", "train", partial(counting_stage, hold=self.hold), params={"scale": 1}),
-            Stage("train.b", "train", counting_stage, params={"scale": 2}),
+            Stage("train.a", "train", partial(counting_stage, hold=self.hold, meet=self.meet), params={"scale": 1}),
+            Stage("train.b", "train", partial(counting_stage, meet=self.meet), params={"scale": 2}),
             Stage("eval.ab", "eval", partial(combine_stage, fail=self.fail), deps=["train.a", "train.b"]),
             Stage("report", "report", report_stage, after=["train.a", "train.b", "eval.ab"]),
         ]
@@ -117,7 +128,9 @@ def clean(tmp_path_factory):
 
 
 def test_jobs_2_runs_stages_at_once_in_order_with_the_serial_numbers(tmp_path, clean):
-    summary = launched(tmp_path)
+    (tmp_path / "meet").mkdir()
+    summary = launched(tmp_path / "run", factory=TinyStudy(meet=str(tmp_path / "meet")))
+    tmp_path = tmp_path / "run"
     assert sorted(summary["ok"]) == ["eval.ab", "report", "train.a", "train.b"]
     assert results(tmp_path) == clean  # bit for bit: the same floats, the same fingerprints
     m = {n: read_json(tmp_path / "stages" / f"{n}.done.json") for n in ("train.a", "train.b", "eval.ab", "report")}
