@@ -165,6 +165,7 @@ def test_dry_run_plan_has_estimates(tmp_path):
     p = make(tmp_path, rec)
     text = p.format_plan(p.plan())
     assert "train.a" in text and "10s" in text and "5 of 5 stages to run" in text
+    assert "(estimates: calibrated constants per stage kind;" in text
     p.run(selection=["train.a"])
     text = p.format_plan(p.plan())
     assert "4 of 5 stages to run" in text

@@ -217,3 +217,13 @@ def test_the_committed_plan_recomputes_from_the_committed_pilots():
     again = P.make_plan(sources, committed["budget"]["cap_hours"], committed["budget"]["jobs"],
                         committed["seed_base"], created=committed["created"], notes=committed["notes"])
     assert json.loads(json.dumps(again, default=float)) == committed
+
+
+def test_dry_run_names_the_plans_cost_model_as_the_source_of_its_estimates(tmp_path):
+    from rpc_attention.reproduce import design as G
+
+    path, plan = _write_plan(tmp_path, cost_model=G.build_cost_model([("pilot", _pilot())]).as_dict())
+    text = run_study("paper", tmp_path / "run", [f"plan={path}"], dry_run=True)["plan"]
+    assert "(estimates: the plan's cost model, measured on its pilot;" in text
+    text = run_study("smoke", tmp_path / "smoke", [], dry_run=True)["plan"]
+    assert "(estimates: calibrated constants per stage kind;" in text

@@ -59,6 +59,8 @@ def make_pipeline(study: Study, out_dir, device: Optional[str] = None, stages: O
     stages = stages if stages is not None else build_stages(study, device=device)
     pipe = Pipeline(stages, out_dir, log=log, is_writer=_rank() == 0)
     pipe.study = study  # type: ignore[attr-defined]  (the report stage reads it)
+    if study.cost_model is not None:
+        pipe.estimate_source = "the plan's cost model, measured on its pilot"
     return pipe
 
 

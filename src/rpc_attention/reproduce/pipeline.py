@@ -189,6 +189,8 @@ class Pipeline:
     def __init__(self, stages: Sequence[Stage], out_dir, log: Optional[Callable[[str], None]] = None,
                  is_writer: bool = True) -> None:
         self.stages = list(stages)
+        #: where the stages' ``estimate_s`` came from, as the dry-run plan names it
+        self.estimate_source = "calibrated constants per stage kind"
         self.by_name = {s.name: s for s in self.stages}
         if len(self.by_name) != len(self.stages):
             raise ValueError("duplicate stage names")
@@ -304,8 +306,7 @@ class Pipeline:
         n = sum(e.will_run for e in entries)
         lines.append("-" * (w + 40))
         lines.append(f"{n} of {len(entries)} stages to run, estimated {format_seconds(total)} on this machine "
-                     f"(estimates: a plan's measured cost model where the study follows a plan, else calibrated "
-                     f"constants per stage kind; see docs/reproduce.md)")
+                     f"(estimates: {self.estimate_source}; see docs/reproduce.md)")
         return "\n".join(lines)
 
     # ------------------------------------------------------------------------------------------ run
