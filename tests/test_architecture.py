@@ -25,7 +25,10 @@ SRC = ROOT / "src" / "rpc_attention"
 # - integrations/timm.py: convert(model) changes a timm attention module in place, keeping the module object,
 #   its parameters and state-dict keys (so optimisers, hooks and checkpoints still refer to it), by swapping
 #   its __class__ for RPCAttention or a subclass whose forward routes SDPA through RPC; revert() swaps back.
+# - extras.py: import_optional(name) imports an optional third-party package by name (only the packages of
+#   its PROVIDERS table; it refuses any other name), to turn its absence into the one-line install message.
 ALLOWED = {"evaluate/_imagecorruptions_compat.py": {"dynamic-import", "sys-modules", "monkeypatch"},
+           "extras.py": {"dynamic-import"},
            "integrations/transformers.py": {"monkeypatch"},
            "integrations/timm.py": {"class-swap"}}
 

@@ -49,14 +49,19 @@ def test_readme_is_short_and_every_skipped_block_says_why():
 @pytest.mark.slow
 @pytest.mark.skipif(not os.path.isdir(FMNIST), reason="Fashion-MNIST not installed")
 def test_readme_blocks_run_in_order(tmp_path):
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT / "src"), os.environ.get("PYTHONPATH", "")]),
-               PATH=os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")]),
+    # RPC_ATTENTION_TEST_VENV: run the blocks with another venv's python and rpc-attention, the package
+    # as installed there (tests/wheel/check_wheel.py --all); by default this checkout's source
+    venv = os.environ.get("RPC_ATTENTION_TEST_VENV")
+    python = str(Path(venv) / "bin" / "python") if venv else sys.executable
+    env = dict(os.environ, PATH=os.pathsep.join([str(Path(python).parent), os.environ.get("PATH", "")]),
                MPLBACKEND="Agg", RPC_ATTENTION_NO_PROGRESS="1", HF_HUB_OFFLINE="1")
+    if not venv:
+        env["PYTHONPATH"] = os.pathsep.join([str(ROOT / "src"), os.environ.get("PYTHONPATH", "")])
     ran = 0
     for i, (lang, body, why) in enumerate(readme_blocks(README.read_text())):
         if why is not None:
             continue
-        cmd = ["bash", "-e", "-o", "pipefail", "-c", body] if lang == "bash" else [sys.executable, "-c", body]
+        cmd = ["bash", "-e", "-o", "pipefail", "-c", body] if lang == "bash" else [python, "-c", body]
         proc = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True)
         assert proc.returncode == 0, f"README block {i} ({lang}) failed:\n{body}\n--- stderr:\n{proc.stderr[-3000:]}"
         assert "Traceback" not in proc.stderr, f"README block {i} printed a traceback:\n{proc.stderr[-3000:]}"

@@ -11,13 +11,18 @@ any timm extension::
 The floors of the package and what each owns are described in ``docs/architecture.md``.
 """
 
+import importlib.metadata as _metadata
+
 from . import functional, nn
 from .functional import pap_attention, scaled_attention_alpha, scaled_attention_s, symmetric_attention
 from .nn import Attention, RPCAttention, ScaledAttention, SymmetricAttention
 
-__version__ = "0.1.0"
+try:  # one version source: the package metadata (pyproject.toml's version)
+    __version__ = _metadata.version("rpc-attention")
+except _metadata.PackageNotFoundError:  # a source tree on sys.path without an install
+    __version__ = "0+unknown"
 
 __all__ = [
     "functional", "nn", "pap_attention", "symmetric_attention", "scaled_attention_s",
-    "scaled_attention_alpha", "Attention", "SymmetricAttention", "RPCAttention", "ScaledAttention",
+    "scaled_attention_alpha", "Attention", "SymmetricAttention", "RPCAttention", "ScaledAttention", "__version__",
 ]

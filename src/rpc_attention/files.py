@@ -130,18 +130,17 @@ def atomic_savefig(fig, path: PathLike, **kwargs: Any) -> Path:
 
 def pyplot():
     """``matplotlib.pyplot`` on the headless Agg backend (figures are only ever written to files)."""
-    import matplotlib
+    from .extras import import_optional
 
-    matplotlib.use("Agg", force=True)
-    import matplotlib.pyplot as plt
-
-    return plt
+    import_optional("matplotlib", "writing figures").use("Agg", force=True)
+    return import_optional("matplotlib.pyplot", "writing figures")
 
 
 def read_yaml_mapping(path: PathLike) -> dict:
     """The mapping in YAML file ``path``; FileNotFoundError / ValueError with one-line messages."""
-    import yaml
+    from .extras import import_optional
 
+    yaml = import_optional("yaml", "reading YAML files")
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"config file not found: {path}")

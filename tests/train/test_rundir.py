@@ -90,6 +90,22 @@ def test_logger_appends_records_that_read_back(tmp_path):
     assert not (tmp_path / "other").exists()
 
 
+def test_logger_without_tensorboard_writes_the_metrics_and_notes_the_extra(tmp_path, monkeypatch, caplog):
+    import logging
+    import sys
+
+    monkeypatch.setitem(sys.modules, "tensorboard", None)  # as if the [tensorboard] extra were not installed
+    monkeypatch.delitem(sys.modules, "torch.utils.tensorboard", raising=False)
+    with caplog.at_level(logging.INFO, logger="rpc_attention"):
+        logger = MetricsLogger(tmp_path)
+        for r in RECORDS:
+            logger.log(r)
+        logger.close()
+    assert RunDir(tmp_path).read_metrics() == RECORDS and not (tmp_path / "tb").exists()
+    notes = [(r.levelno, r.getMessage()) for r in caplog.records]
+    assert notes == [(logging.INFO, "no TensorBoard logs (tb/): pip install 'rpc-attention[tensorboard]' to write them")]
+
+
 def test_prepare_refuses_an_existing_run_and_force_clears_it(tmp_path):
     run = _run(tmp_path, [json.dumps(RECORDS[0])])
     (run.path / "notes.txt").write_text("mine")

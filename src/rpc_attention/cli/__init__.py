@@ -3,6 +3,7 @@
 Each sub-command lives in its own module ``rpc_attention.cli.<name>`` defining::
 
     HELP = "one line"
+    EXTRA = "train"    # the extra of ``pip install 'rpc-attention[...]'`` it needs (None: the core suffices)
     def add_arguments(parser: argparse.ArgumentParser) -> None: ...
     def run(args: argparse.Namespace) -> int: ...
     def resume_hint(args: argparse.Namespace) -> str: ...   # optional: printed after Ctrl-C
@@ -22,8 +23,11 @@ from __future__ import annotations
 import argparse
 import logging
 import sys
+from functools import partial
 from types import ModuleType
 from typing import List, Optional, Tuple
+
+from ..extras import MissingExtraError, missing_extra
 
 
 class UserError(Exception):
@@ -125,6 +129,10 @@ def _verbosity_options() -> argparse.ArgumentParser:
     return common
 
 
+def _unavailable(exc: Exception, args: argparse.Namespace) -> int:
+    raise exc
+
+
 def build_parser() -> argparse.ArgumentParser:
     from .. import __version__
 
@@ -138,8 +146,15 @@ def build_parser() -> argparse.ArgumentParser:
     for name, module in commands():
         p = sub.add_parser(name, help=getattr(module, "HELP", ""), description=getattr(module, "HELP", None),
                            parents=[common])
-        module.add_arguments(p)
-        p.set_defaults(_run=module.run, _resume_hint=getattr(module, "resume_hint", None))
+        try:
+            module.add_arguments(p)
+        except MissingExtraError as exc:
+            # the command's options come from a part that needs an extra: the command stays listed and
+            # running it says what to install
+            p.add_argument("rest", nargs=argparse.REMAINDER, help=argparse.SUPPRESS)
+            p.set_defaults(_run=partial(_unavailable, exc), _resume_hint=None, _extra=module.EXTRA)
+            continue
+        p.set_defaults(_run=module.run, _resume_hint=getattr(module, "resume_hint", None), _extra=module.EXTRA)
     return parser
 
 
@@ -162,6 +177,13 @@ def main(argv: Optional[List[str]] = None) -> int:
         return int(args._run(args) or 0)
     except UserError as exc:
         print(f"rpc-attention {args.command}: error: {exc}", file=sys.stderr)
+        return 2
+    except ModuleNotFoundError as exc:
+        # an optional dependency the command needs: one line with the command's extra (its EXTRA)
+        missing = missing_extra(exc, getattr(args, "_extra", None) or "all", "this command")
+        if missing is None:
+            raise
+        print(f"rpc-attention {args.command}: error: {missing}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         hint = args._resume_hint(args) if getattr(args, "_resume_hint", None) else ""

@@ -4,9 +4,8 @@ from __future__ import annotations
 
 import argparse
 
-from ..kpca.options import add_analysis_arguments
-
 HELP = "Kernel-PCA analysis (J_proj, Gram eigenvectors, value alignment, PAP sparse-step activity) of a model"
+EXTRA = "eval"  # the extra this command needs: pip install "rpc-attention[eval]"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -26,6 +25,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     model.add_argument("--seq-len", type=int, default=128, help="--hf text models: random sequence length")
     parser.add_argument("--out", required=True, metavar="DIR", help="output directory (kpca.json, summary.md, *.png)")
     parser.add_argument("--force", action="store_true", help="replace an earlier analysis in --out")
+    from ..kpca.options import add_analysis_arguments  # needs the [eval] extra: see build_parser
+
     add_analysis_arguments(parser)
 
 

@@ -11,6 +11,7 @@ if TYPE_CHECKING:
     from ..bench import HeapControl
 
 HELP = "benchmark PAP against plain attention and the official formulation (operators and models)"
+EXTRA = "all"  # the extra this command needs: pip install "rpc-attention[all]"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

@@ -8,6 +8,7 @@ import argparse
 
 HELP = ("Compare runs: validation curves and best/final values; evaluation results (robustness) side by side "
         "with paired differences")
+EXTRA = "report"  # the extra this command needs: pip install "rpc-attention[report]"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

@@ -9,6 +9,7 @@ from typing import Any, Dict, Optional
 from . import UserError
 
 HELP = "evaluate a trained run: clean, attacks (fgsm, pgd, autoattack, ...), corruptions, ood"
+EXTRA = "eval"  # the extra this command needs: pip install "rpc-attention[eval]"
 
 
 def add_model_arguments(parser: argparse.ArgumentParser) -> argparse._ArgumentGroup:

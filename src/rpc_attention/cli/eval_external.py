@@ -19,6 +19,7 @@ from . import UserError
 from . import eval as base
 
 HELP = "eval with test-time RPC (--rpc-layers) and/or an external model (--timm NAME --checkpoint FILE, --hf PATH)"
+EXTRA = "eval"  # the extra this command needs: pip install "rpc-attention[eval]"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 
 HELP = "generate text with a trained language-model run (key/value cache; RPC layers exact)"
+EXTRA = "train"  # the extra this command needs: pip install "rpc-attention[train]"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

@@ -7,6 +7,7 @@ import argparse
 from ..markdown import markdown_table
 
 HELP = "Short PAP demonstration: plain vs RPC attention on keys with injected sparse corruption"
+EXTRA = None  # the core suffices
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

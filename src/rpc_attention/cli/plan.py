@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 
 HELP = "write the paper study's pre-registered plan (claims, targets, margins, seeds, examples) from pilots"
+EXTRA = "report"  # the extra this command needs: pip install "rpc-attention[report]"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

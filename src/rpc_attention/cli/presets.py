@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 
 HELP = "List training presets (name and one-line description)"
+EXTRA = "train"  # the extra this command needs: pip install "rpc-attention[train]"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

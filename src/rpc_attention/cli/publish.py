@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 
 HELP = "copy a study's results into docs/results and regenerate the README's and docs' result blocks"
+EXTRA = "report"  # the extra this command needs: pip install "rpc-attention[report]"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 
 HELP = "run a reproduction study as a resumable pipeline of stages and write its report"
+EXTRA = "all"  # the extra this command needs: pip install "rpc-attention[all]"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

@@ -6,6 +6,7 @@ import argparse
 
 HELP = ("Layer-level robustness to sparse key corruption (entries, whole tokens, whole features): PAP variants vs "
         "symmetric, clipping, token-dropping and oracle controls")
+EXTRA = "eval"  # the extra this command needs: pip install "rpc-attention[eval]"
 
 
 def _floats(text: str):

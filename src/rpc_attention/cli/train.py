@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 
 HELP = "Train a model from a preset (--preset NAME --run DIR [--set k=v ...]) or continue one (--run DIR --resume)"
+EXTRA = "train"  # the extra this command needs: pip install "rpc-attention[train]"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 
 HELP = "recompute a published study's intervals and verdicts from its committed files; exit 1 on a difference"
+EXTRA = "report"  # the extra this command needs: pip install "rpc-attention[report]"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

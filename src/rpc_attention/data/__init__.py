@@ -3,3 +3,7 @@
 Submodules are imported on demand (``from rpc_attention.data import images``) to keep
 ``import rpc_attention`` fast.
 """
+
+from ..extras import require
+
+require('rpc_attention.data', 'train')  # one line naming the missing extra, before any import that needs it

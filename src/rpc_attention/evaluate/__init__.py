@@ -7,6 +7,10 @@ first use.  Importing this package is cheap: torchattacks
 and imagecorruptions are imported only when an attack or corruption runs.
 """
 
+from ..extras import require
+
+require('rpc_attention.evaluate', 'eval')  # one line naming the missing extra, before any import that needs it
+
 from .suites import get_suite, list_suites, register_suite, run_suite, write_result
 
 __all__ = ["register_suite", "get_suite", "list_suites", "run_suite", "write_result"]

@@ -73,8 +73,10 @@ def _option_name(key: str) -> str:
 
 
 def _check_version() -> None:
-    import transformers
-    from packaging.version import Version
+    from ..extras import import_optional
+
+    transformers = import_optional("transformers", "rpc_attention.integrations.transformers")
+    from packaging.version import Version  # a dependency of transformers
 
     ver = Version(transformers.__version__)
     if not (Version("5.0") <= ver < Version("5.25")):

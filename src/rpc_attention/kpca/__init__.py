@@ -18,6 +18,10 @@ What PAP's sparse step did (S activity per PAP block on a fixed probe) is measur
 Heavy dependencies (scipy, matplotlib, transformers) are imported lazily.
 """
 
+from ..extras import require
+
+require('rpc_attention.kpca', 'eval')  # one line naming the missing extra, before any import that needs it
+
 from ..train.callbacks import register_callback
 from .analysis import PROTOCOLS, analyze_captures, chance_baselines, pap_stats
 from .hooks import AttentionCapture, LayerCapture, find_attention_modules

@@ -12,6 +12,10 @@ the attention kernels through :mod:`rpc_attention.nn` (``Attention``, ``Symmetri
 ``RPCAttention``, ``softmax_attention``); :mod:`rpc_attention.models.fan` is built that way.
 """
 
+from ..extras import require
+
+require('rpc_attention.models', 'timm')  # one line naming the missing extra, before any import that needs it
+
 from . import fan, vision  # importing them registers their timm entry points
 from .factory import build_timm_model, feature_take_indices
 from .fan import FAN, FAN_MODEL_NAMES, load_fan_checkpoint

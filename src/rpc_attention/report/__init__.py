@@ -7,6 +7,10 @@ figures inlined), figures under ``figures/``; verdicts per claim by the one rule
 
 from __future__ import annotations
 
+from ..extras import require
+
+require('rpc_attention.report', 'report')  # one line naming the missing extra, before any import that needs it
+
 from pathlib import Path
 from typing import Dict
 

@@ -19,6 +19,10 @@ first (the directory restarts cleanly), and the selected stages rerun.
 
 from __future__ import annotations
 
+from ..extras import require
+
+require('rpc_attention.reproduce', 'all')  # one line naming the missing extra, before any import that needs it
+
 import json
 import os
 import shutil

@@ -13,6 +13,10 @@ record of :mod:`rpc_attention.train.sparsity`) or registered by name with
 :func:`rpc_attention.train.callbacks.register_callback` for ``train.callbacks`` to list.
 """
 
+from ..extras import require
+
+require('rpc_attention.train', 'train')  # one line naming the missing extra, before any import that needs it
+
 from .callbacks import default_callbacks, register_callback
 from .config import list_presets, load_preset, resolve_config
 from .rundir import RunDir, RunExistsError, load_run, run_loader

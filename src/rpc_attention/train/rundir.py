@@ -199,6 +199,12 @@ class MetricsLogger:
             try:
                 from torch.utils.tensorboard import SummaryWriter  # lazy: tensorboard is heavy
                 self._tb = SummaryWriter(log_dir=str(self.run.tensorboard))
+            except ModuleNotFoundError as exc:
+                if (exc.name or "").split(".")[0] != "tensorboard":
+                    raise
+                # an extra of its own: metrics.jsonl holds every record either way
+                logger.info("no TensorBoard logs (tb/): pip install 'rpc-attention[tensorboard]' to write them")
+                self._tb_wanted = False
             except Exception as exc:
                 logger.warning("TensorBoard logging disabled (%s)", exc)
                 self._tb_wanted = False
