@@ -47,11 +47,13 @@ data:
 		echo "Fashion-MNIST missing: run  sudo apt-get install dataset-fashion-mnist"; \
 	fi
 
-# The main job: the `quick` study (train, attack, corrupt, OOD, analyse, report) into runs/demo.
+# The main job: the `quick` study (train, attack, corrupt, OOD, analyse, report) into runs/demo, then
+# how it agrees with the published docs/results/quick.json (verdicts, digits, both CPUs).
 # Rerunning resumes: finished stages are skipped. `make pap-demo` is the 10-second kernel demo.
 demo: install
 	$(VENV)/bin/rpc-attention reproduce --study quick --out runs/demo --jobs 2 --threads 1
 	@echo "report: runs/demo/report.md (and report.html)"
+	$(VENV)/bin/rpc-attention compare runs/demo --against quick
 
 pap-demo: install
 	$(VENV)/bin/rpc-attention pap-demo

@@ -1,6 +1,7 @@
 """``rpc-attention compare``: validation curves of several runs on one figure, and a table of best and
-final values (the Scaled Attention study: plain vs Scaled-S vs Scaled-alpha ViT); and, for runs with
-evaluation results (``rpc-attention eval``), their robustness side by side with paired differences."""
+final values (the Scaled Attention study: plain vs Scaled-S vs Scaled-alpha ViT); for runs with
+evaluation results (``rpc-attention eval``), their robustness side by side with paired differences; and
+with ``--against``, a study's run against its published results (verdicts, digits, both machines)."""
 
 from __future__ import annotations
 
@@ -17,7 +18,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("runs", nargs="*", metavar="RUN",
                         help="run directories given without --run (same meaning); a folder of evaluation results "
                              "(eval --out DIR, eval-external's RUN/eval-rpc-...) also works")
-    parser.add_argument("--out", required=True, metavar="DIR",
+    parser.add_argument("--against", metavar="NAME|FILE",
+                        help="compare one study run (its --out folder, or a results.json) with published results: "
+                             "docs/results/NAME.json, or a JSON file; prints whether the verdicts are equal, how "
+                             "many numbers print the same digits, the largest difference and both machines")
+    parser.add_argument("--out", metavar="DIR",
                         help="writes compare.png/.md/.json (training curves, runs with metrics.jsonl) and "
                              "robustness.png/.md/.json (evaluation results, runs evaluated with rpc-attention eval)")
     parser.add_argument("--metric", action="append", default=None, metavar="KEY",
@@ -39,6 +44,10 @@ def run(args: argparse.Namespace) -> int:
     runs = list(args.run_dirs) + list(args.runs)
     if not runs:
         raise UserError("give the runs to compare: --run DIR (repeatable)")
+    if args.against:
+        return _against(args, runs)
+    if not args.out:
+        raise UserError("--out DIR is needed: where compare.png/.md/.json go (or --against NAME for a study run)")
     for name in ("compare.json", "robustness.json"):
         if os.path.exists(os.path.join(args.out, name)) and not args.force:
             raise UserError(f"{args.out} already holds a comparison ({name}); give another --out, or --force to "
@@ -88,3 +97,35 @@ def _robustness(args: argparse.Namespace, runs) -> None:
     with open(os.path.join(args.out, "robustness.md"), encoding="utf-8") as f:
         print(f.read(), end="")
     print(f"wrote {args.out}/robustness.png, robustness.md, robustness.json")
+
+
+def _against(args: argparse.Namespace, runs) -> int:
+    import json
+    from pathlib import Path
+
+    from ..report.drift import agreement_lines
+    from ..report.publish import RESULTS_DIR
+    from . import UserError
+
+    if len(runs) != 1 or args.out or args.metric or args.label:
+        raise UserError("--against compares one study run with published results: give one run and no "
+                        "--out, --metric or --label")
+
+    def read(path: Path, what: str):
+        try:
+            return json.loads(path.read_text())
+        except FileNotFoundError:
+            raise UserError(f"{what} {path} not found") from None
+        except (OSError, ValueError) as exc:
+            raise UserError(f"{what} {path} is not readable JSON ({exc})") from None
+
+    run = Path(runs[0])
+    res = read(run / "results.json" if run.is_dir() else run, "study results")
+    name = args.against
+    published = Path(name) if name.endswith(".json") else RESULTS_DIR / f"{name}.json"
+    pub = read(published, "published results")
+    try:
+        print("\n".join(agreement_lines(res, pub, published.stem)))
+    except ValueError as exc:
+        raise UserError(str(exc)) from None
+    return 0

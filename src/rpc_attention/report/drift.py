@@ -102,3 +102,68 @@ def drift_lines(a: Dict[str, Any], b: Dict[str, Any], name_a: str, name_b: str, 
     L += markdown_table(["table", "cells in both", "same printed digits", "largest |change| of a mean", "in"],
                         [[t["table"], t["cells"], t["same"], fmt(t["max_change"]), t["where"]] for t in tables]) + [""]
     return L + [_summary(claims, tables), ""]
+
+
+def _numbers(res: Dict[str, Any]) -> Dict[str, float]:
+    """Every number a study prints, by where it sits: each task-table cell's mean, each claim's two arm
+    means and its difference (the mean of the per-seed differences)."""
+    out: Dict[str, float] = {}
+    for tname, t in (res.get("tables") or {}).items():
+        headers = {c["key"]: c["header"] for c in t.get("columns") or []}
+        for r in t.get("rows") or []:
+            for key, cell in r["cells"].items():
+                if cell.get("n") and cell.get("mean") is not None:
+                    out[f"{tname}: {r['label']}, {headers.get(key, key)}"] = float(cell["mean"])
+    for c in res.get("claims") or []:
+        for arm in ("baseline", "rpc"):
+            vals = [v for v in (c.get(f"{arm}_values") or []) if v is not None]
+            if vals:
+                out[f"claim {c['id']}: {arm} mean"] = sum(vals) / len(vals)
+        d, _ = _claim_diff(c)
+        if d is not None:
+            out[f"claim {c['id']}: RPC − baseline"] = d
+    return out
+
+
+def machine_label(res: Dict[str, Any]) -> str:
+    """The CPU (or GPU) and the float32 kernels that made ``res``: ``AMD EPYC (AVX512 kernels, 2 CPUs)``."""
+    setup = res.get("setup") or {}
+    gpus = setup.get("gpus") or []
+    if gpus:
+        return f"{gpus[0]} ({len(gpus)} GPU{'s' if len(gpus) > 1 else ''})"
+    isa = setup.get("cpu_capability") or "default"
+    return f"{setup.get('cpu') or 'an unnamed CPU'} ({isa} kernels, {setup.get('cpu_count', '?')} CPUs)"
+
+
+def agreement(run: Dict[str, Any], published: Dict[str, Any]) -> Dict[str, Any]:
+    """How a run of a study agrees with its published results: verdicts equal, numbers that print the
+    same digits, the largest difference and where it is, and both machines."""
+    verdicts = [(c["id"], c.get("verdict")) for c in run.get("claims") or []]
+    theirs = {c["id"]: c.get("verdict") for c in published.get("claims") or []}
+    shared = [(cid, v) for cid, v in verdicts if cid in theirs]
+    a, b = _numbers(run), _numbers(published)
+    both = [k for k in a if k in b]
+    same = [k for k in both if fmt(a[k]) == fmt(b[k])]
+    worst = max(both, key=lambda k: abs(a[k] - b[k]), default=None)
+    return {"verdicts": len(shared), "verdicts_equal": sum(v == theirs[cid] for cid, v in shared),
+            "verdicts_differ": [cid for cid, v in shared if v != theirs[cid]],
+            "numbers": len(both), "numbers_equal": len(same),
+            "largest": (abs(a[worst] - b[worst]), worst, a[worst], b[worst]) if worst else None,
+            "run_machine": machine_label(run), "published_machine": machine_label(published)}
+
+
+def agreement_lines(run: Dict[str, Any], published: Dict[str, Any], name: str) -> List[str]:
+    """The few lines ``make demo`` ends with: this run against the published ``name``."""
+    if run.get("study") != published.get("study"):
+        raise ValueError(f"these results are the {run.get('study')!r} study and {name} the "
+                         f"{published.get('study')!r} study: compare two runs of one study")
+    g = agreement(run, published)
+    verdicts = (f"verdicts: {g['verdicts_equal']} of {g['verdicts']} equal"
+                + (f" (differ: {', '.join(g['verdicts_differ'])})" if g["verdicts_differ"] else ""))
+    numbers = f"numbers: {g['numbers_equal']} of {g['numbers']} print the same digits"
+    if g["largest"]:
+        change, where, x, y = g["largest"]
+        numbers += f"; largest difference {fmt(change)} ({where}: {fmt(x)} here, {fmt(y)} published)"
+    return [f"This run against the published `{name}` ({published.get('generated')}):",
+            f"- {verdicts}", f"- {numbers}",
+            f"- this run: {g['run_machine']}; published: {g['published_machine']}"]
