@@ -2,6 +2,7 @@
 
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -126,6 +127,26 @@ def test_import_is_light():
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "", f"heavy modules imported by `import rpc_attention`: {out.stdout}"
+
+
+def test_timm_models_need_rpc_attention_models_and_the_docs_say_so():
+    """`import rpc_attention` registers nothing in timm (it does not import timm); timm's own error is then
+    "Unknown model", and timm has no hook to say more (no monkeypatching), so the README's first model
+    block and the package docstring quote it and import rpc_attention.models first."""
+    import rpc_attention
+
+    code = ("import timm, rpc_attention\n"
+            "try:\n    timm.create_model('rpc_symvit_tiny_patch16_224')\n"
+            "except RuntimeError as exc:\n    print(exc)\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    message = "Unknown model (rpc_symvit_tiny_patch16_224)"
+    assert out.stdout.strip() == message
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    first_block = readme.split("## Models", 1)[1].split("```python", 1)[1].split("```", 1)[0]
+    assert "import rpc_attention.models   # needed:" in first_block
+    assert f"`RuntimeError: {message}`" in readme.split("## Models", 1)[1].split("##", 1)[0]
+    assert f"``RuntimeError: {message}``" in rpc_attention.__doc__
+    assert "import rpc_attention.models  # needed:" in rpc_attention.__doc__
 
 
 SYMVIT_NAMES = sorted([

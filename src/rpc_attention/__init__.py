@@ -1,11 +1,12 @@
 """rpc-attention: the kernel-PCA view of self-attention and RPC-Attention (Principal Attention Pursuit).
 
 Importing the package loads the kernels (``functional``) and the attention modules (``nn``) only, so it
-stays cheap. The vision models join timm's registry when ``rpc_attention.models`` is imported, as with
-any timm extension::
+stays cheap and does not import timm. The vision models join timm's registry when ``rpc_attention.models``
+is imported, as with any timm extension; after ``import rpc_attention`` alone, timm answers
+``RuntimeError: Unknown model (rpc_symvit_tiny_patch16_224)``::
 
     import timm
-    import rpc_attention.models  # registers symvit_*, rpc_symvit_*, scaled_*
+    import rpc_attention.models  # needed: registers symvit_*, rpc_symvit_*, scaled_*, fan_*
     model = timm.create_model("rpc_symvit_tiny_patch16_224", num_classes=10)
 
 The floors of the package and what each owns are described in ``docs/architecture.md``.

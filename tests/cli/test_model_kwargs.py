@@ -1,11 +1,32 @@
-"""A misspelt model keyword is one line naming it with a suggestion and exit 2, in every command that builds one."""
+"""A misspelt model keyword is one line naming it with a suggestion: from ``timm.create_model`` for every
+registered model, and with exit 2 in every command that builds one."""
+
+import pickle
 
 import pytest
+import timm
 import torch
 import yaml
 
 from rpc_attention.cli import main
-from rpc_attention.models.factory import create_model, keyword_error
+from rpc_attention.models import FAN_MODEL_NAMES, MODEL_NAMES
+from rpc_attention.models.factory import ModelKeywordError, create_model, keyword_error
+
+
+@pytest.mark.parametrize("name", [*MODEL_NAMES, *FAN_MODEL_NAMES])
+def test_timm_create_model_names_the_misspelt_keyword_for_every_registered_model(name):
+    """The plain timm route: no wrapper of this library between the user and timm."""
+    with pytest.raises(TypeError) as err:
+        timm.create_model(name, n_iters=2)
+    assert str(err.value) == f"{name} takes no keyword argument 'n_iters'; did you mean n_iter?"
+    assert isinstance(err.value, ValueError) and err.value.__cause__ is None
+    # the message survives a trip to another process (a worker's error)
+    assert str(pickle.loads(pickle.dumps(err.value))) == str(err.value)
+
+
+def test_a_misspelt_timm_factory_keyword_is_suggested_too():
+    with pytest.raises(ModelKeywordError, match=r"'feature_only'; did you mean features_only"):
+        timm.create_model("symvit_tiny_patch16_224", feature_only=True)
 
 
 def _one_error_line(capsys, *needles):

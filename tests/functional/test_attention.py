@@ -81,3 +81,84 @@ def test_as_bool_mask_is_the_one_mask_normaliser():
     k = rand(1, 1, 2, 3, seed=3)
     torch.testing.assert_close(RF.symmetric_attention(k, k, attn_mask=add),
                                RF.symmetric_attention(k, k, attn_mask=RF.as_bool_mask(add)), rtol=0, atol=0)
+
+
+_ACCEPTED = "must be floating-point tensors (float16, bfloat16, float32 or float64) of one dtype on one device"
+_S = torch.zeros(8, 8)  # scaled_attention_s's S for 8 tokens
+
+
+def _entry_points():
+    """Each public kernel with its tensors as keywords: the test swaps one of them for a bad one."""
+    return {
+        "attention": (lambda q, k, v, **kw: RF.attention(q, k, v, **kw), ("q", "k", "v")),
+        "symmetric_attention": (lambda q, k, v, **kw: RF.symmetric_attention(k, v, **kw), ("k", "v")),
+        "scaled_attention_s": (lambda q, k, v, **kw: RF.scaled_attention_s(q, k, v, _S, **kw), ("q", "k", "v")),
+        "scaled_attention_alpha": (lambda q, k, v, **kw: RF.scaled_attention_alpha(q, k, v, 0.5, **kw),
+                                   ("q", "k", "v")),
+        "pap_attention": (lambda q, k, v, **kw: RF.pap_attention(k, v, **kw), ("k", "v")),
+        "pap_decompose": (lambda q, k, v, **kw: RF.pap_decompose(k, v, **kw), ("k", "v")),
+        "pap_prefill": (lambda q, k, v, **kw: RF.pap_prefill(k, v, **kw), ("k", "v")),
+    }
+
+
+@pytest.mark.parametrize("where", list(_entry_points()))
+def test_an_integer_tensor_is_one_message_naming_it(where):
+    fn, names = _entry_points()[where]
+    bad = names[-1]
+    tensors = {n: rand(1, 2, 8, 4, seed=i) for i, n in enumerate("qkv")}
+    tensors[bad] = tensors[bad].long()
+    listed = ", ".join(names[:-1]) + f" and {bad}"
+    with pytest.raises(TypeError) as err:
+        fn(**tensors)
+    assert str(err.value) == f"{where}: {bad} is torch.int64 on cpu; {listed} {_ACCEPTED}"
+
+
+@pytest.mark.parametrize("where", list(_entry_points()))
+def test_mixed_dtypes_are_one_message_naming_both(where):
+    fn, names = _entry_points()[where]
+    tensors = {n: rand(1, 2, 8, 4, seed=i) for i, n in enumerate("qkv")}
+    tensors[names[-1]] = tensors[names[-1]].float()
+    with pytest.raises(TypeError, match=rf"^{where}: {names[-1]} is torch.float32 but {names[0]} is torch.float64; "):
+        fn(**tensors)
+
+
+@pytest.mark.parametrize("where", list(_entry_points()))
+def test_tensors_on_two_devices_are_one_message_naming_both(where):
+    """The meta device stands for a second device: the check reads devices only, so no kernel runs."""
+    fn, names = _entry_points()[where]
+    tensors = {n: rand(1, 2, 8, 4, seed=i) for i, n in enumerate("qkv")}
+    tensors[names[-1]] = tensors[names[-1]].to("meta")
+    with pytest.raises(ValueError, match=rf"^{where}: {names[-1]} is on meta but {names[0]} is on cpu; "):
+        fn(**tensors)
+    tensors = {n: rand(1, 2, 8, 4, seed=i) for i, n in enumerate("qkv")}
+    mask = torch.ones(8, 8, dtype=torch.bool, device="meta")
+    with pytest.raises(ValueError, match=rf"^{where}: attn_mask is on meta but {names[0]} is on cpu; it must be on "):
+        fn(**tensors, attn_mask=mask)
+
+
+def test_s_matrix_on_another_device_is_named():
+    q = k = v = rand(1, 2, 8, 4, seed=1)
+    with pytest.raises(ValueError, match=r"^scaled_attention_s: s_matrix is on meta but q is on cpu; it must be on "
+                                         r"the device of q, k and v$"):
+        RF.scaled_attention_s(q, k, v, _S.to("meta", torch.float64))
+
+
+def test_mixed_dtypes_under_autocast_are_accepted():
+    """autocast casts the inputs to one dtype itself (a float32 q/k norm beside bfloat16 values)."""
+    k, v = rand(1, 2, 8, 4, seed=1).float(), rand(1, 2, 8, 4, seed=2).bfloat16()
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        assert RF.attention(k, k, v).dtype == torch.bfloat16
+        assert RF.pap_attention(k, v, n_iter=2).shape == v.shape
+    with pytest.raises(TypeError, match="v is torch.bfloat16 but k is torch.float32"):
+        RF.pap_attention(k, v, n_iter=2)  # without autocast, nothing would cast them
+
+
+def test_the_input_check_traces_under_torch_compile_without_a_graph_break():
+    """The check reads dtypes and devices only, which torch.compile folds into the graph's guards."""
+    from torch._dynamo.testing import CompileCounter
+
+    counter = CompileCounter()
+    q, k, v = (rand(1, 2, 8, 4, seed=i) for i in range(3))
+    fn = torch.compile(lambda a, b, c: RF.attention(a, b, c), backend=counter, fullgraph=True)
+    torch.testing.assert_close(fn(q, k, v), RF.attention(q, k, v), rtol=0, atol=0)
+    assert counter.frame_count == 1

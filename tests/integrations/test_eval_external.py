@@ -93,3 +93,20 @@ def test_cli_user_errors(tmp_path, capsys):
     assert main(["eval-external", "--timm", "deit_tiny_patch16_224", "--set", "model.kwargs.depth=2",
                  "--model-kwargs", '{"depth": 3}', "--out", str(tmp_path)]) == 2
     assert "given twice" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("name, content, problem", [
+    ("bad.safetensors", b"not a safetensors file", "Error while deserializing header: header too large"),
+    # torch's reason is the line after its paragraph on weights_only defaults ('n' is pickle operand 110)
+    ("bad.pth", b"not a torch file", "torch.load(weights_only=True) refused it: Unsupported operand 110"),
+])
+def test_cli_unreadable_checkpoint_is_one_line_naming_the_file(tmp_path, capsys, name, content, problem):
+    """A corrupt or foreign --checkpoint: one line naming the file and what is wrong, exit 2, no traceback."""
+    (tmp_path / "data.yaml").write_text("data: {name: fashion_mnist}\n")
+    (tmp_path / name).write_bytes(content)
+    rc = main(["eval-external", "--timm", "rpc_symvit_tiny_patch16_224", "--checkpoint", str(tmp_path / name),
+               "--data-config", str(tmp_path / "data.yaml"), "--set", "model.kwargs.depth=1",
+               "--out", str(tmp_path / "e"), "--limit", "4"])
+    err = capsys.readouterr().err
+    assert rc == 2
+    assert err == f"rpc-attention eval-external: error: cannot read checkpoint {tmp_path / name}: {problem}\n"

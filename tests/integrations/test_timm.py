@@ -1,6 +1,7 @@
 """timm integration: convert()/revert() on randomly initialised tiny timm models (no hub)."""
 
 import os
+import sys
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
@@ -144,3 +145,18 @@ def test_conversion_that_changes_nothing_warns_once_and_records_the_activity():
         out = model(x)
     assert rpc_timm.sparse_activity(model)[0][0]["frac_nonzero"] > 0
     assert (out - ref).abs().max() > 1e-4
+
+
+def test_the_inactive_warning_points_at_the_callers_line():
+    """The warning is raised in a converted layer below torch's Module.__call__ and timm's forwards; its
+    location is the line that called the model (here, this test file), not torch's module.py."""
+    import warnings
+
+    model = build("vit_tiny_patch16_224")
+    rpc_timm.convert(model, rpc_layers=[0], n_iter=2, lambd=INF)
+    with warnings.catch_warnings(record=True) as record:
+        warnings.simplefilter("always")
+        line = sys._getframe().f_lineno + 1  # the line below, which calls the model
+        model(torch.randn(1, 3, 32, 32))
+    (w,) = [w for w in record if issubclass(w.category, rpc_timm.RPCInactiveWarning)]
+    assert w.filename == __file__ and w.lineno == line

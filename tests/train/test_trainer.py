@@ -16,7 +16,7 @@ import torch
 from safetensors.torch import load_file
 
 from rpc_attention.train import RunExistsError, TrainingDiverged, load_run, run_training
-from rpc_attention.train.checkpoint import CheckpointError, list_checkpoints, verify_checkpoint
+from rpc_attention.train.checkpoint import CheckpointError, latest_checkpoint, list_checkpoints, verify_checkpoint
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
@@ -132,6 +132,28 @@ def test_resume_drops_the_callback_records_of_an_epoch_ended_after_the_checkpoin
     (run / "model.safetensors").unlink()
     run_training(None, run, resume=True, callbacks=[("probe", probe)])
     assert rows(run) == ref
+
+
+def test_a_corrupt_checkpoint_is_one_warning_with_one_prefix(tmp_path, caplog):
+    """The fallback's warning is a log record at WARNING whose text has no "warning:" of its own: the command
+    line's handler adds the one prefix (it printed "warning: warning: ..." when the text carried it too)."""
+    from rpc_attention.cli import _Formatter
+
+    root = tmp_path / "checkpoints"
+    (root / "step_00000001").mkdir(parents=True)
+    (root / "step_00000001" / "meta.json").write_text(json.dumps({"files": {}}))
+    (root / "step_00000002").mkdir()  # no meta.json: an interrupted write
+    expected = (f"checkpoint {root / 'step_00000002'} is incomplete: meta.json is missing; "
+                "falling back to the previous checkpoint")
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="rpc_attention"):
+        assert latest_checkpoint(root) == root / "step_00000001"
+    (record,) = caplog.records
+    assert record.levelno == logging.WARNING and record.getMessage() == expected
+    assert _Formatter("%(message)s").format(record) == f"warning: {expected}"
+    told = []
+    assert latest_checkpoint(root, warn=told.append) == root / "step_00000001"
+    assert told == [expected]
 
 
 def test_corrupt_checkpoint_falls_back_to_previous(tmp_path, tiny_cfg, caplog):

@@ -145,20 +145,12 @@ def apply_test_time_rpc(model: nn.Module, options: Mapping[str, Any], symmetric:
 
 
 def _read_state_dict(path: str) -> Dict[str, torch.Tensor]:
-    if not os.path.isfile(path):
-        raise FileNotFoundError(f"checkpoint {path!r} does not exist")
-    if path.endswith(".safetensors"):
-        from safetensors.torch import load_file
+    """The weights of ``path`` (the EMA ones of a training checkpoint that has them), read by the
+    library's one checkpoint reader: a missing file is a FileNotFoundError, an unreadable one a
+    one-line ValueError naming it."""
+    from ..models.vision import read_checkpoint
 
-        return load_file(path)
-    obj = torch.load(path, map_location="cpu", weights_only=True)
-    for key in ("model_ema", "state_dict_ema", "model", "state_dict"):
-        if isinstance(obj, dict) and isinstance(obj.get(key), dict):
-            obj = obj[key]
-            break
-    if not isinstance(obj, dict):
-        raise ValueError(f"{path} does not hold a state dict")
-    return {k[7:] if k.startswith("module.") else k: v for k, v in obj.items()}
+    return read_checkpoint(path, prefer_ema=True)
 
 
 def _data_cfg(path: Optional[str]) -> Dict[str, Any]:

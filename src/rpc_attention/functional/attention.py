@@ -1,8 +1,10 @@
 """Softmax attention kernels and the one attention-mask normaliser of the library.
 
-Tensors are shaped ``(batch, heads, tokens, head_dim)``. Masks are bool (True = may attend) or
-additive float (0 = attend, ``-inf`` or the dtype minimum = masked), broadcastable to
-``(B, H, Nq, Nk)``; every caller in the library turns a mask into bool with :func:`as_bool_mask`.
+Tensors are shaped ``(batch, heads, tokens, head_dim)``, floating point, of one dtype and on one
+device (under ``torch.autocast`` the dtypes may differ); every public kernel checks that first with
+:func:`check_tensors`, so a wrong input is one message naming it rather than an error inside SDPA.
+Masks are bool (True = may attend) or additive float (0 = attend, ``-inf`` or the dtype minimum =
+masked), broadcastable to ``(B, H, Nq, Nk)``, on the tensors' device; every caller in the library turns a mask into bool with :func:`as_bool_mask`.
 Causal masks are end-aligned: query ``i`` of ``Nq`` sees keys ``0 .. Nk - Nq + i`` (a decoding
 step over a cache), in the fused and the explicit path alike.
 """
@@ -10,7 +12,7 @@ step over a cache), in the fused and the explicit path alike.
 from __future__ import annotations
 
 import math
-from typing import Optional, Union
+from typing import Optional, Sequence, Tuple, Union
 
 import torch
 import torch.nn.functional as F
@@ -86,6 +88,37 @@ def check_kv(k: Tensor, v: Tensor, *, need_same_dim: bool) -> None:
         )
 
 
+def check_tensors(where: str, named: Sequence[Tuple[str, Tensor]],
+                  same_device: Sequence[Tuple[str, Optional[Tensor]]] = ()) -> None:
+    """Refuse inputs a kernel could only fail on deep inside: every tensor of ``named`` must be floating
+    point, all on one device and of one dtype; those of ``same_device`` (masks, ``s_matrix``) need only the
+    device. ``where`` (the public function's name) starts the message, which names the argument, its
+    dtype and device, and what is accepted.
+
+    Only attribute reads: no kernel, no device sync, and torch.compile reads dtypes and devices as
+    constants of the graph, so it traces through without a break. Under ``torch.autocast`` on the
+    tensors' device the dtypes may differ (autocast casts them to one, as it does for a model whose
+    q/k norm runs in float32 beside bfloat16 values); the other rules still hold.
+    """
+    names = [name for name, _ in named]
+    listed = f"{', '.join(names[:-1])} and {names[-1]}" if len(names) > 1 else names[0]
+    accepted = f"{listed} must be floating-point tensors (float16, bfloat16, float32 or float64) of one dtype on one device"
+    first_name, first = named[0]
+    for name, t in named:
+        if not t.is_floating_point():
+            raise TypeError(f"{where}: {name} is {t.dtype} on {t.device}; {accepted}")
+    mixed_ok = torch.is_autocast_enabled(first.device.type)
+    for name, t in named[1:]:
+        if t.device != first.device:
+            raise ValueError(f"{where}: {name} is on {t.device} but {first_name} is on {first.device}; {accepted}")
+        if t.dtype != first.dtype and not mixed_ok:
+            raise TypeError(f"{where}: {name} is {t.dtype} but {first_name} is {first.dtype}; {accepted}")
+    for name, t in same_device:
+        if isinstance(t, Tensor) and t.device != first.device:
+            raise ValueError(f"{where}: {name} is on {t.device} but {first_name} is on {first.device}; "
+                             f"it must be on the device of {listed}")
+
+
 def resolve_scale(scale: Optional[float], d: int) -> float:
     if scale is None:
         return 1.0 / math.sqrt(d)
@@ -147,6 +180,7 @@ def attention(
     """
     check_qkv("q", q)
     check_kv(k, v, need_same_dim=False)
+    check_tensors("attention", (("q", q), ("k", k), ("v", v)), (("attn_mask", attn_mask),))
     if q.shape[0] != k.shape[0] or q.shape[1] != k.shape[1] or q.shape[-1] != k.shape[-1]:
         raise ValueError(f"q {tuple(q.shape)} and k {tuple(k.shape)} must agree in batch, heads and head_dim")
     mask = normalise_mask(attn_mask, q.shape[0], q.shape[1], q.shape[2], k.shape[2])
@@ -165,6 +199,7 @@ def symmetric_attention(
 ) -> Tensor:
     """Symmetric attention ``softmax(s K K^T) V``: the keys serve as queries (no W_Q)."""
     check_kv(k, v, need_same_dim=False)
+    check_tensors("symmetric_attention", (("k", k), ("v", v)), (("attn_mask", attn_mask),))
     mask = normalise_mask(attn_mask, k.shape[0], k.shape[1], k.shape[2], k.shape[2])
     return attend(k, k, v, mask, is_causal, check_dropout(dropout_p), resolve_scale(scale, k.shape[-1]), fused)
 
@@ -192,8 +227,11 @@ def scaled_attention_s(
     fused: bool = True,
 ) -> Tensor:
     """Scaled Attention S: ``softmax(s Q K^T) (I_N - S) V`` with a learnable ``S`` (heads, N, N)."""
+    check_qkv("q", q)
     check_kv(k, v, need_same_dim=False)
     _check_s_matrix(s_matrix, k.shape[1], k.shape[2])
+    check_tensors("scaled_attention_s", (("q", q), ("k", k), ("v", v)),
+                  (("s_matrix", s_matrix), ("attn_mask", attn_mask)))
     v_scaled = v - torch.matmul(s_matrix.to(v.dtype), v)
     return attention(q, k, v_scaled, attn_mask=attn_mask, is_causal=is_causal, dropout_p=dropout_p, scale=scale, fused=fused)
 
@@ -211,7 +249,9 @@ def scaled_attention_alpha(
     fused: bool = True,
 ) -> Tensor:
     """Scaled Attention alpha: ``softmax(s Q K^T) (I_N - alpha softmax(s K K^T)) V``."""
+    check_qkv("q", q)
     check_kv(k, v, need_same_dim=False)
+    check_tensors("scaled_attention_alpha", (("q", q), ("k", k), ("v", v)), (("attn_mask", attn_mask),))
     kk = symmetric_attention(k, v, attn_mask=attn_mask, is_causal=is_causal, scale=scale, fused=fused)
     if isinstance(alpha, Tensor):
         alpha = alpha.to(v.dtype)

@@ -33,7 +33,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from .attention import attend, check_dropout, check_kv, normalise_mask, resolve_scale
+from .attention import attend, check_dropout, check_kv, check_tensors, normalise_mask, resolve_scale
 from .pap_fused import FusedPAPOptions, fused_pap, sparse_converged
 from .pap_robust import dual_free, dual_free_pap
 
@@ -349,12 +349,15 @@ def prepare_pap(k: Tensor, v: Tensor, *, n_iter: int = 6, lambd: float = 4.0,
                 attn_mask: Optional[Tensor] = None, is_causal: bool = False, scale: Optional[float] = None,
                 model_dim: Optional[int] = None, threshold: str = "lambda_mu", mu_mode: Optional[str] = None,
                 tol: Optional[float] = None, lowrank: str = "values", shrink: str = "soft",
-                dual_step: float = 1.0, row_lambd: Optional[float] = None) -> PAPProblem:
+                dual_step: float = 1.0, row_lambd: Optional[float] = None,
+                where: str = "pap_attention") -> PAPProblem:
     """Validate PAP's inputs and options and compute the keys in the compute dtype, the bool mask,
     mu and tau (and L_0 for ``lowrank="keys"``, the flagged rows for ``row_lambd``). Keys no query may
     attend to (padding) take no part in mu, in N or in the medians. The per-feature median is taken
-    once and shared by every statistic that needs it."""
+    once and shared by every statistic that needs it. ``where``, the public function called, starts
+    the message of an input error."""
     check_kv(k, v, need_same_dim=lowrank == "values")
+    check_tensors(where, (("k", k), ("v", v)), (("attn_mask", attn_mask),))
     mu_mode = check_pap_options(n_iter=n_iter, lambd=lambd, threshold=threshold, mu_mode=mu_mode,
                                 is_causal=is_causal, tol=tol, model_dim=model_dim, lowrank=lowrank,
                                 shrink=shrink, dual_step=dual_step, row_lambd=row_lambd)
@@ -594,6 +597,7 @@ def pap_decompose(
     """
     problem = prepare_pap(k, v, n_iter=n_iter, lambd=lambd, attn_mask=attn_mask, is_causal=is_causal,
                           scale=scale, model_dim=model_dim, threshold=threshold, mu_mode=mu_mode, tol=tol,
-                          lowrank=lowrank, shrink=shrink, dual_step=dual_step, row_lambd=row_lambd)
+                          lowrank=lowrank, shrink=shrink, dual_step=dual_step, row_lambd=row_lambd,
+                          where="pap_decompose")
     return pap_loop(problem, v, n_iter=n_iter, is_causal=is_causal, tol=None if tol is None else float(tol),
                     fused=fused, final_attention=False)[1]

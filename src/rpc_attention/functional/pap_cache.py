@@ -34,7 +34,7 @@ from typing import List, Optional, Tuple
 import torch
 from torch import Tensor
 
-from .attention import attend, check_kv, resolve_scale
+from .attention import attend, check_kv, check_tensors, resolve_scale
 from .pap import (
     CAUSAL_MU_MODES,
     PAPState,
@@ -150,6 +150,7 @@ class PAPCache:
         final attention), the final pass's sparse term and cleaned keys.
         """
         check_kv(k, v_all[..., -k.shape[-2]:, :], need_same_dim=True)
+        check_tensors("PAPCache.step", (("k", k), ("v_all", v_all)))
         b, _, n, _ = k.shape
         if v_all.shape[-2] != self.length + n:
             raise ValueError(f"v_all must hold the {self.length} cached and {n} new positions, "
@@ -214,7 +215,7 @@ def pap_prefill(k: Tensor, v: Tensor, *, n_iter: int = 6, lambd: float = 4.0, ke
     mask = attn_mask if key_valid is None else key_valid.reshape(b, 1, 1, n).to(device=k.device, dtype=torch.bool)
     problem = prepare_pap(k, v, n_iter=n_iter, lambd=lambd, attn_mask=mask, is_causal=True, scale=scale,
                           model_dim=model_dim, threshold=threshold, mu_mode=mu_mode, shrink=shrink,
-                          dual_step=dual_step)
+                          dual_step=dual_step, where="pap_prefill")
     keys2: List[Tensor] = []
     out, state = pap_loop(problem, v, n_iter=n_iter, is_causal=True, dropout_p=dropout_p, fused=fused,
                           final_attention=final_attention, record_keys=keys2)

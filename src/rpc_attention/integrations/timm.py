@@ -26,8 +26,10 @@ the conversion changed nothing and how to lower the threshold.
 
 from __future__ import annotations
 
+import os
+import sys
 import warnings
-from typing import Dict, List, Optional
+from typing import Dict, List, Optional, Tuple
 
 import torch
 import torch.nn.functional as F
@@ -53,6 +55,29 @@ _INACTIVE = ("RPC attention changed nothing: PAP's sparse step did not fire (S =
              "|key| entry) in a converted layer on its first input, so with key_mode='sparse' that layer computes "
              "exactly the original attention. Lower the threshold (e.g. lambd=0.5, or threshold='lambda_over_mu'); "
              "rpc_attention.integrations.timm.sparse_activity(model) gives tau and max |k| per layer.")
+
+
+def _library_dirs() -> Tuple[str, ...]:
+    """The folders whose frames lie between a converted layer and the user's call: torch's (``Module.__call__``,
+    containers), timm's (the model's forwards) and this one (the converted forward)."""
+    # this folder as the frames spell it (a relative sys.path entry gives relative code file names)
+    dirs = [os.path.dirname(torch.__file__), os.path.dirname(_library_dirs.__code__.co_filename)]
+    timm = sys.modules.get("timm")
+    if getattr(timm, "__file__", None):
+        dirs.append(os.path.dirname(timm.__file__))
+    return tuple(os.path.join(d, "") for d in dirs)  # with the separator: ".../torch/" is not ".../torchvision"
+
+
+def _warn_at_caller(message: str, category: type) -> None:
+    """``warnings.warn`` attributed to the first frame outside :func:`_library_dirs`: the user's ``model(x)``
+    (or their own model's forward), however deep the model nests its blocks. The stack level is counted
+    here rather than left to ``skip_file_prefixes`` (Python >= 3.12 only), so every supported Python runs
+    the same code."""
+    dirs = _library_dirs()
+    frame, level = sys._getframe(0), 1  # level 1 is this function's own frame, as warnings.warn counts
+    while frame is not None and frame.f_code.co_filename.startswith(dirs):
+        frame, level = frame.f_back, level + 1
+    warnings.warn(message, category, stacklevel=level)
 
 
 def _activity(state, keys: torch.Tensor) -> dict:
@@ -117,7 +142,7 @@ def _rpc_subclass(base: type) -> type:
             if mode.record:
                 state["activity"] = mode.activity
                 if state["pap"]["key_mode"] == "sparse" and all(a["frac_nonzero"] == 0 for a in mode.activity):
-                    warnings.warn(_INACTIVE, RPCInactiveWarning, stacklevel=2)
+                    _warn_at_caller(_INACTIVE, RPCInactiveWarning)
             return out
 
         def extra_repr(self):

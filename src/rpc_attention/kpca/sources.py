@@ -88,17 +88,11 @@ def probe_from_run(run_dir, limit: int = 8, device: str = "cpu", ema: bool = Fal
 
 
 def _load_state(path: Path) -> Dict[str, Tensor]:
-    if not path.is_file():
-        raise FileNotFoundError(f"checkpoint not found: {path}")
-    if path.suffix == ".safetensors":
-        from safetensors.torch import load_file
+    """The model weights of a ``.safetensors`` / torch checkpoint (the library's one reader: one-line
+    errors naming the file)."""
+    from ..models.vision import read_checkpoint
 
-        return load_file(str(path))
-    state = torch.load(str(path), map_location="cpu", weights_only=True)
-    for key in ("model", "state_dict", "model_ema"):
-        if isinstance(state, dict) and key in state and isinstance(state[key], dict):
-            return state[key]
-    return state
+    return read_checkpoint(str(path))
 
 
 def probe_from_timm(name: str, checkpoint: Optional[str] = None, limit: int = 8, seed: int = 0,

@@ -13,11 +13,18 @@ behaves like timm's own models without hub weights:
 * model attributes named in ``cfg_attrs`` (``rpc_cfg``) are recorded in ``pretrained_cfg`` /
   ``default_cfg`` of the model and, with ``features_only``, of the feature wrapper too.
 
-:func:`create_model` is :func:`timm.create_model` whose misspelt keyword is one clear line: a model
-keyword no constructor takes (``--set model.kwargs.n_iters=2``) surfaces in timm as a ``TypeError`` deep
-inside the factory, and :func:`create_model` turns it into a ``ValueError`` naming the setting
-(``model.kwargs.n_iters``), the model and the closest keywords its constructors accept, so every command
-that builds a timm model from user settings (train, eval-external, analyze) reports it the same way.
+A keyword the model's constructor does not take (``timm.create_model("rpc_symvit_tiny_patch16_224",
+n_iters=2)``) is a :class:`ModelKeywordError` naming it, the model and the closest keywords the model takes
+(constructor and timm factory keywords), raised by :func:`build_timm_model` itself, so every family built
+through it reports it so, whether it is called through ``timm.create_model`` or this library. The error is a
+``TypeError`` (what Python raises for an unexpected keyword) and a ``ValueError`` (what the commands report
+as a settings error).
+
+:func:`create_model` is :func:`timm.create_model` with that line for any timm model, timm's own included: a
+model keyword no constructor takes (``--set model.kwargs.n_iters=2``) surfaces in timm as a ``TypeError``
+deep inside the factory, and :func:`create_model` turns it into a :class:`ModelKeywordError` naming the
+setting (``model.kwargs.n_iters``), so every command that builds a timm model from user settings (train,
+eval-external, analyze) reports it the same way.
 """
 
 from __future__ import annotations
@@ -34,9 +41,36 @@ from torch import nn
 
 # feature_take_indices (which blocks forward_intermediates returns, from timm's `indices` argument) is what
 # timm's own models call; timm keeps it in a private module, so this is the one place that reaches for it.
-__all__ = ["build_timm_model", "create_model", "feature_take_indices", "keyword_error"]
+__all__ = ["ModelKeywordError", "build_timm_model", "create_model", "feature_take_indices", "keyword_error"]
 
 _WEIGHT_SOURCES = ("file", "url", "state_dict", "hf_hub_id")
+
+# Keywords timm's factory reads before the model's constructor runs: a misspelling of one of them reaches
+# the constructor, so they are among the suggestions too.
+_FACTORY_KEYWORDS = ("pretrained", "pretrained_cfg", "pretrained_cfg_overlay", "checkpoint_path", "cache_dir",
+                     "features_only", "out_indices", "feature_cls")
+
+
+class ModelKeywordError(TypeError, ValueError):
+    """A keyword argument no constructor of ``model`` takes, with the closest ones it does (difflib).
+
+    Both a ``TypeError`` (Python's error for an unexpected keyword, which callers of ``timm.create_model``
+    catch) and a ``ValueError`` (a settings error, which the commands report in one line). ``prefix`` is the
+    settings path the keyword came from (``"model.kwargs."``), empty for a Python call.
+    """
+
+    def __init__(self, model: str, key: str, known: Sequence[str], prefix: str = "") -> None:
+        self.model, self.key, self.known, self.prefix = model, key, sorted(set(known)), prefix
+        close = difflib.get_close_matches(key, self.known, n=3)
+        if close:
+            hint = f"; did you mean {', '.join(close)}?"
+        else:
+            hint = f"; it takes {', '.join(self.known)}" if self.known else ""
+        head = f"{prefix}{key}: " if prefix else ""
+        super().__init__(f"{head}{model} takes no keyword argument {key!r}{hint}")
+
+    def __reduce__(self):  # picklable across worker processes (the default would pass the message as model)
+        return type(self), (self.model, self.key, self.known, self.prefix)
 
 
 def _check_weights_exist(variant: str, kwargs: Dict[str, Any]) -> None:
@@ -79,7 +113,16 @@ def build_timm_model(
     built = []
 
     def construct(**model_kwargs: Any) -> nn.Module:
-        model = model_cls(**model_kwargs)
+        try:
+            model = model_cls(**model_kwargs)
+        except TypeError as exc:
+            # only a keyword the caller passed is theirs to fix; an unexpected keyword that the model's
+            # own code passes to a submodule stays the bug it is
+            m = _UNEXPECTED_KEY.search(str(exc))
+            if m is None or m.group(1) not in model_kwargs:
+                raise
+            known = [*_init_keywords(model_cls), *_FACTORY_KEYWORDS]
+            raise ModelKeywordError(variant, m.group(1), known) from None
         built.append(model)
         return model
 
@@ -97,6 +140,7 @@ def build_timm_model(
 
 
 _UNEXPECTED = re.compile(r"(\w+)\.__init__\(\) got an unexpected keyword argument '(\w+)'")
+_UNEXPECTED_KEY = re.compile(r"got an unexpected keyword argument '(\w+)'")
 
 
 def _model_classes(tb) -> List[type]:
@@ -126,21 +170,23 @@ def _init_keywords(cls: type) -> List[str]:
     return sorted(names)
 
 
-def keyword_error(exc: TypeError, model: str, prefix: str = "model.kwargs.") -> Optional[ValueError]:
-    """The one-line error for ``exc`` if it is an unexpected-keyword ``TypeError`` of a model constructor."""
+def keyword_error(exc: TypeError, model: str, prefix: str = "model.kwargs.") -> Optional[ModelKeywordError]:
+    """The one-line error for ``exc`` if it is an unexpected-keyword ``TypeError`` of a model constructor
+    (a :class:`ModelKeywordError` of :func:`build_timm_model`, or Python's own, timm's models' included),
+    naming the keyword as the setting ``prefix + key``; None for any other ``TypeError``."""
+    if isinstance(exc, ModelKeywordError):
+        return ModelKeywordError(exc.model, exc.key, exc.known, prefix)
     m = _UNEXPECTED.search(str(exc))
     if not m:
         return None
     owner, key = m.groups()
     classes = [c for c in _model_classes(exc.__traceback__) if any(k.__name__ == owner for k in c.__mro__)]
-    known = _init_keywords(classes[0]) if classes else []
-    close = difflib.get_close_matches(key, known, n=3)
-    hint = f"; did you mean {', '.join(close)}?" if close else (f"; it takes {', '.join(known)}" if known else "")
-    return ValueError(f"{prefix}{key}: {model} takes no keyword argument {key!r}{hint}")
+    return ModelKeywordError(model, key, _init_keywords(classes[0]) if classes else [], prefix)
 
 
 def create_model(name: str, prefix: str = "model.kwargs.", **kwargs: Any) -> nn.Module:
-    """``timm.create_model(name, **kwargs)``; a keyword no constructor takes is a ValueError naming ``prefix + key``."""
+    """``timm.create_model(name, **kwargs)``; a keyword no constructor takes is a :class:`ModelKeywordError`
+    (a ValueError) naming ``prefix + key``."""
     import timm
 
     try:

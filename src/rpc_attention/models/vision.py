@@ -328,20 +328,39 @@ def unwrap_state_dict(obj: Any, prefer_ema: bool = False) -> Dict[str, torch.Ten
     return sd
 
 
+def _read_failure(exc: BaseException) -> str:
+    """The one line of a reader's error that says what is wrong with the file.
+
+    torch's weights-only unpickler puts the reason after a paragraph on ``weights_only`` defaults
+    (``... WeightsUnpickler error: \n\nUnsupported operand 103``); every other reader (safetensors,
+    torch's zip reader) starts with it.
+    """
+    text = str(exc)
+    marker = "WeightsUnpickler error:"
+    if marker in text:
+        reason = next((line.strip() for line in text.split(marker, 1)[1].splitlines() if line.strip()), "")
+        return f"torch.load(weights_only=True) refused it: {reason}" if reason else text.splitlines()[0]
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    return lines[0] if lines else type(exc).__name__
+
+
 def _read_checkpoint_object(path: str) -> Any:
+    """The object a ``.safetensors`` or torch file holds; FileNotFoundError if there is none, and a
+    ValueError naming the file and the problem (one line) if it cannot be read (truncated, corrupt, not
+    a checkpoint at all)."""
     import argparse
     import os
 
     if not os.path.isfile(path):
         raise FileNotFoundError(f"checkpoint not found: {path}")
-    if str(path).endswith(".safetensors"):
-        from safetensors.torch import load_file
-        return load_file(path)
     try:
+        if str(path).endswith(".safetensors"):
+            from safetensors.torch import load_file
+            return load_file(path)
         with torch.serialization.safe_globals([argparse.Namespace]):
             return torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as exc:
-        raise ValueError(f"cannot read checkpoint {path}: {str(exc).splitlines()[0]}") from None
+    except Exception as exc:  # safetensors' SafetensorError, torch's RuntimeError / UnpicklingError, ...
+        raise ValueError(f"cannot read checkpoint {path}: {_read_failure(exc)}") from None
 
 
 def read_checkpoint(path: str, prefer_ema: bool = False) -> Dict[str, torch.Tensor]:
@@ -349,9 +368,13 @@ def read_checkpoint(path: str, prefer_ema: bool = False) -> Dict[str, torch.Tens
 
     Official DeiT/SymViT ``.pth`` files wrap the weights as ``{"model": ..., "args": Namespace, ...}``;
     ``argparse.Namespace`` is allow-listed for the safe unpickler. ``"model"`` is preferred over
-    ``"model_ema"`` unless ``prefer_ema``.
+    ``"model_ema"`` unless ``prefer_ema``. Every error is one line naming ``path``.
     """
-    return unwrap_state_dict(_read_checkpoint_object(path), prefer_ema)
+    obj = _read_checkpoint_object(path)
+    try:
+        return unwrap_state_dict(obj, prefer_ema)
+    except ValueError as exc:
+        raise ValueError(f"{path}: {exc}") from None
 
 
 def _checkpoint_args(obj: Any) -> Dict[str, Any]:

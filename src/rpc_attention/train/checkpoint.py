@@ -19,17 +19,20 @@ from __future__ import annotations
 import hashlib
 import io
 import json
+import logging
 import os
 import random
 import shutil
 import tempfile
 from pathlib import Path
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import numpy as np
 import torch
 
 from ..files import atomic_write_bytes
+
+_log = logging.getLogger(__name__)
 
 
 class CheckpointError(ValueError):
@@ -188,15 +191,18 @@ def verify_checkpoint(path: os.PathLike) -> Dict[str, Any]:
     return meta
 
 
-def latest_checkpoint(ckpt_root: os.PathLike, warn=print) -> Optional[Path]:
-    """The newest checkpoint that verifies; corrupt newer ones are reported through ``warn``."""
+def latest_checkpoint(ckpt_root: os.PathLike,
+                      warn: Optional[Callable[[str], Any]] = _log.warning) -> Optional[Path]:
+    """The newest checkpoint that verifies; each corrupt newer one is reported through ``warn`` (a log
+    warning by default, None for silence). The message carries no "warning:" of its own: the handler
+    that prints a warning (the command line's) adds it."""
     for p in reversed(list_checkpoints(ckpt_root)):
         try:
             verify_checkpoint(p)
             return p
         except CheckpointError as exc:
             if warn is not None:
-                warn(f"warning: {exc}; falling back to the previous checkpoint")
+                warn(f"{exc}; falling back to the previous checkpoint")
     return None
 
 
