@@ -7,11 +7,12 @@ STAMP  := $(VENV)/.installed
 FMNIST := /usr/share/datasets/fashion-mnist
 PYTEST_ARGS ?=
 
-.PHONY: demo pap-demo test test-threads test-slurm test-wheel gpu-check install data bench clean help
+.PHONY: demo pap-demo docs test test-threads test-slurm test-wheel gpu-check install data bench clean help
 
 help:
 	@echo "make demo   - install and run the main job (the quick study) on the embedded default data"
 	@echo "make pap-demo - the short PAP kernel demonstration"
+	@echo "make docs   - the API reference from the docstrings (pdoc) into build/api"
 	@echo "make test   - install with dev extras and run the test suite"
 	@echo "make test-threads - the numerical kernel tests again, in one process at 1 and at 2 threads"
 	@echo "make test-wheel - build the wheel, install it in a torch-only venv, check the core, [timm] and [all] there"
@@ -57,6 +58,20 @@ demo: install
 
 pap-demo: install
 	$(VENV)/bin/rpc-attention pap-demo
+
+# The API reference (pdoc, from the docstrings) into build/api: the packages a user imports and the
+# modules they reach by name. pdoc reports a broken docstring or reference as a warning; any warning fails.
+API_MODULES := rpc_attention rpc_attention.functional.pap rpc_attention.functional.pap_fused \
+	rpc_attention.functional.pap_cache rpc_attention.functional.key_controls rpc_attention.models \
+	rpc_attention.integrations rpc_attention.integrations.timm rpc_attention.integrations.transformers \
+	rpc_attention.extras rpc_attention.data rpc_attention.train rpc_attention.train.sparsity \
+	rpc_attention.evaluate rpc_attention.evaluate.certify rpc_attention.evaluate.masking \
+	rpc_attention.kpca rpc_attention.report rpc_attention.reproduce rpc_attention.bench
+docs: install
+	@rm -rf build/api && mkdir -p build
+	OMP_NUM_THREADS=1 $(PY) -m pdoc -o build/api $(API_MODULES) 2> build/pdoc.log; st=$$?; cat build/pdoc.log; \
+	if [ $$st -ne 0 ] || grep -qi "warn" build/pdoc.log; then echo "make docs: pdoc failed or warned (above)"; exit 1; fi
+	@echo "API reference: build/api/index.html ($$(find build/api -name '*.html' | wc -l) pages)"
 
 test: install
 	$(PY) -m pytest -q -n 2 --dist loadgroup $(PYTEST_ARGS)
