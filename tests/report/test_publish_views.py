@@ -85,7 +85,11 @@ def test_the_decide_study_renders_its_primary_verdicts_power_and_run_line():
     power = render_view(res, "power")
     rows = [line for line in power.splitlines() if line.startswith("| claim ") and "family" not in line]
     assert [r.split(" | ")[1:3] for r in rows] == [["primary", "21"], ["primary", "21"]]  # own claims: not in it
-    assert render_view(res, "run").startswith("`decide` study, 2 of 2 stages done, 1m30s of stage time")
+    assert render_view(res, "run").startswith("`decide` study, 2 of 2 stages done; 1m30s of stage time")
+    # a report stage (running while it writes the results) counts among the stages, as --dry-run counts it
+    res["stages"] = res["stages"] + [{"name": "report", "kind": "report", "status": "running"}]
+    assert render_view(res, "run").startswith(
+        "`decide` study, 3 stages: 2 of 2 done and the report, which wrote these results; 1m30s of stage time")
 
 
 def test_power_without_primary_claims_is_an_error():
@@ -170,3 +174,13 @@ def test_the_cost_view_sums_estimates_and_measured_time_per_group_of_finished_st
     assert rows[2][1:] == ["3", "1m50s", "4m20s", "4m45s", "2.36 |"]
     with pytest.raises(PublishError, match="no finished stages"):
         render_view({"stages": [stage("report", "report", 0.0, 1.0, 1.0)]}, "cost")
+
+
+def test_the_scorecard_count_view_is_the_first_line_of_the_scorecard():
+    res = json.loads((Path(__file__).resolve().parents[2] / "docs/results/paper.json").read_text(encoding="utf-8"))
+    full = render_view(res, "scorecard")
+    count = render_view(res, "scorecard:count")
+    assert "\n" not in count.strip() and full.startswith(count.strip())
+    assert count.startswith("**14 claims:") and "reproduced" in count
+    with pytest.raises(PublishError, match="scorecard:count"):
+        render_view(res, "scorecard:counts")

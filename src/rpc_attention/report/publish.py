@@ -194,15 +194,17 @@ def _view_scorecard(res: Dict[str, Any], arg: str, ctx: Context) -> List[str]:
 
     if not has_scorecard(res):
         raise PublishError("view scorecard: the results test none of the paper's claims")
-    if arg not in ("", "table"):
-        raise PublishError(f"view scorecard:{arg}: only 'scorecard' or 'scorecard:table' (without the count and lead)")
+    if arg not in ("", "table", "count"):
+        raise PublishError(f"view scorecard:{arg}: only 'scorecard', 'scorecard:table' (without the count and lead) "
+                           f"or 'scorecard:count' (the count line alone)")
     elsewhere = None if res.get("plan") else "the confirmatory run (docs/results/paper.json)"
     lines = scorecard_lines(res, elsewhere)
-    return lines[4:] if arg == "table" else lines
+    return lines[4:] if arg == "table" else lines[:1] if arg == "count" else lines
 
 
 VIEWS: Dict[str, Callable[..., List[str]]] = {
-    "scorecard": _view_scorecard,  # one row per claim of the paper, the count line and the lead (scorecard:table)
+    "scorecard": _view_scorecard,  # one row per claim of the paper, the count line and the lead (scorecard:table;
+                                   # scorecard:count: the count line alone)
     "table": _view_table,        # table:vision, table:lm: a task table (mean +- std over seeds, paper rows);
                                  # table:vision:ood,sparse: the columns of those suites only
     "verdicts": _view_verdicts,  # the claims' verdict tables, one per family, each under its rule (verdicts:own: one)

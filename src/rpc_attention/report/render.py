@@ -310,12 +310,17 @@ def task_table(res: Dict[str, Any], tname: str) -> List[str]:
 
 def run_summary(res: Dict[str, Any]) -> str:
     """One line: the study, its stages and their time, the machine, the date."""
-    stages = [r for r in res.get("stages") or [] if r.get("kind") != "report"]
+    every = res.get("stages") or []
+    stages = [r for r in every if r.get("kind") != "report"]
     done = sum(r.get("status") == "done" for r in stages)
     wall = sum(r.get("seconds") or 0.0 for r in stages)
     cpu = sum(r.get("cpu_s") or 0.0 for r in stages)
     s = res.get("setup") or {}
-    return (f"`{res['study']}` study, {done} of {len(stages)} stages done, {format_seconds(wall)} of stage time "
+    # the report stage is running while it writes these results, so it is counted apart (reproduce --dry-run
+    # counts it as one of the study's stages)
+    count = (f"{len(every)} stages: {done} of {len(stages)} done and the report, which wrote these results"
+             if len(every) > len(stages) else f"{done} of {len(stages)} stages done")
+    return (f"`{res['study']}` study, {count}; {format_seconds(wall)} of stage time "
             f"({format_seconds(cpu)} CPU) on {s.get('cpu')} ({s.get('cpu_count')} logical CPUs{kernels_label(s)}, torch "
             f"{(s.get('versions') or {}).get('torch')}); generated {res.get('generated')}.")
 
