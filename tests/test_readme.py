@@ -77,10 +77,11 @@ def check_quoted_numbers(text: str, printed: str) -> None:
     quoted = re.search(r"`optimal_cosine` about\s+(\S+) against a chance level of about (\S+) and `jproj` about (\S+) =",
                        text)
     assert quoted, "the README quotes the analyze line's optimal_cosine, chance level and jproj"
-    exact = re.search(r"\[exact\] optimal_cosine=(\S+),.* jproj=(\S+?),", printed)
-    chance = re.search(r'"optimal_cosine": (\S+?)[,}]', printed[printed.index("chance:"):] if "chance:" in printed else "")
+    # the quoted line is the last analyze block's (the random ViT-tiny), after the trained run's
+    exact = re.findall(r"\[exact\] optimal_cosine=(\S+),.* jproj=(\S+?),", printed)
+    chance = re.findall(r'chance: \{.*?"optimal_cosine": (\S+?)[,}]', printed)
     assert exact and chance, printed[-2000:]
-    for said, got in zip(quoted.groups(), (exact.group(1), chance.group(1), exact.group(2))):
+    for said, got in zip(quoted.groups(), (exact[-1][0], chance[-1], exact[-1][1])):
         assert abs(float(said) - float(got)) <= 0.01, (said, got)
 
 
@@ -89,5 +90,7 @@ def test_quoted_numbers_are_held_to_what_was_printed():
     out = ('[exact] optimal_cosine=0.3138, linear_cka=0.4, rbf_cka=0.5, jproj=-0.114, phi2=4e-05\n'
            'chance: {"197x64": {"direct_cosine": -0.0043, "optimal_cosine": 0.3163, "linear_cka": 0.2}}')
     check_quoted_numbers(text, out)
+    earlier = '[exact] optimal_cosine=0.2898, jproj=-0.3, x\nchance: {"a": {"optimal_cosine": 0.5}}\n'
+    check_quoted_numbers(text, earlier + out)  # the last analyze block's numbers are the quoted ones
     with pytest.raises(AssertionError):
         check_quoted_numbers(text, out.replace("jproj=-0.114", "jproj=-0.157"))
