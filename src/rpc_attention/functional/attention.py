@@ -113,9 +113,9 @@ def check_tensors(where: str, named: Sequence[Tuple[str, Tensor]],
             raise ValueError(f"{where}: {name} is on {t.device} but {first_name} is on {first.device}; {accepted}")
         if t.dtype != first.dtype and not mixed_ok:
             raise TypeError(f"{where}: {name} is {t.dtype} but {first_name} is {first.dtype}; {accepted}")
-    for name, t in same_device:
-        if isinstance(t, Tensor) and t.device != first.device:
-            raise ValueError(f"{where}: {name} is on {t.device} but {first_name} is on {first.device}; "
+    for name, other in same_device:
+        if isinstance(other, Tensor) and other.device != first.device:
+            raise ValueError(f"{where}: {name} is on {other.device} but {first_name} is on {first.device}; "
                              f"it must be on the device of {listed}")
 
 

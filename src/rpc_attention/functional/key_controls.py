@@ -16,7 +16,7 @@ a constant of the backward pass. Tensors are ``(batch, heads, tokens, head_dim)`
 from __future__ import annotations
 
 import math
-from typing import Dict, Optional, Tuple
+from typing import Dict, Optional, Tuple, overload
 
 from torch import Tensor
 
@@ -26,6 +26,14 @@ from .pap import feature_median, outlier_rows, robust_scale
 KEY_CONTROLS = ("clip", "drop")
 # default levels: clip at 4 robust standard deviations, drop rows 6 robust deviations out
 KEY_CONTROL_LEVELS: Dict[str, float] = {"clip": 4.0, "drop": 6.0}
+
+
+@overload
+def check_key_control(control: str, level: Optional[float] = None) -> float: ...
+@overload
+def check_key_control(control: None, level: Optional[float] = None) -> None: ...
+@overload
+def check_key_control(control: Optional[str], level: Optional[float] = None) -> Optional[float]: ...
 
 
 def check_key_control(control: Optional[str], level: Optional[float] = None) -> Optional[float]:
