@@ -18,6 +18,9 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+__all__ = ["as_bool_mask", "normalise_mask", "causal_mask", "check_qkv", "check_kv", "check_tensors", "resolve_scale",
+           "check_dropout", "attend", "attention", "symmetric_attention", "scaled_attention_s", "scaled_attention_alpha"]
+
 
 def as_bool_mask(attn_mask: Optional[Tensor], ndim: int = 0) -> Optional[Tensor]:
     """A bool mask (True = may attend) from a bool or an additive 0 / -inf float mask, same shape, with

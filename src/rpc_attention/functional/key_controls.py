@@ -23,6 +23,9 @@ from torch import Tensor
 from .attention import check_kv, normalise_mask, symmetric_attention
 from .pap import feature_median, outlier_rows, robust_scale
 
+__all__ = ["KEY_CONTROLS", "KEY_CONTROL_LEVELS", "check_key_control", "clip_keys", "key_drop_mask", "valid_keys",
+           "controlled_keys", "controlled_symmetric_attention"]
+
 KEY_CONTROLS = ("clip", "drop")
 # default levels: clip at 4 robust standard deviations, drop rows 6 robust deviations out
 KEY_CONTROL_LEVELS: Dict[str, float] = {"clip": 4.0, "drop": 6.0}

@@ -37,6 +37,11 @@ from .attention import attend, check_dropout, check_kv, check_tensors, normalise
 from .pap_fused import FusedPAPOptions, fused_pap, sparse_converged
 from .pap_robust import dual_free, dual_free_pap
 
+__all__ = ["THRESHOLDS", "LOWRANKS", "SHRINKS", "MAD_TO_STD", "MU_MODES", "CAUSAL_MU_MODES", "PAPState", "PAPProblem",
+           "soft_shrink", "hard_shrink", "feature_median", "robust_scale", "outlier_rows", "check_pap_options",
+           "mu_from_sums", "threshold_of", "prepare_pap", "pass_keys", "pass_dual", "pap_loop", "sparse_activity",
+           "sparse_term_activity", "pap_attention", "pap_decompose"]
+
 # How tau is set (docs/method.md#threshold-rules):
 #   lambda_mu        tau = lambd * mu                        (the official code)
 #   lambda_over_mu   tau = lambd / mu                        (classic principal component pursuit)

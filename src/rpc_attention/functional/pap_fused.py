@@ -33,6 +33,8 @@ from torch import Tensor
 
 from .attention import attend
 
+__all__ = ["FusedPAPOptions", "sparse_converged", "fused_pap"]
+
 
 @dataclass(frozen=True)
 class FusedPAPOptions:
