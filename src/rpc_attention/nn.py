@@ -7,7 +7,7 @@ checkpoints: ``qkv`` (C -> 3C asymmetric, C -> 2C symmetric: keys then values) a
 """
 
 import re
-from typing import Iterable, List, Optional, Union
+from typing import Iterable, List, Optional, Union, overload
 
 import torch
 from torch import Tensor, nn
@@ -20,6 +20,14 @@ __all__ = ["Attention", "SymmetricAttention", "RPCAttention", "ScaledAttention",
 # pap_attention keyword options a module or model may carry (besides masks and dropout).
 PAP_OPTION_NAMES = ("n_iter", "lambd", "threshold", "mu_mode", "model_dim", "tol", "lowrank", "shrink", "dual_step",
                     "row_lambd")
+
+
+# With a depth the answer is always a list ("all" becomes every index); without one "all" stays "all".
+@overload
+def parse_layers(spec: Union[None, str, int, Iterable[int]], depth: int, name: str = "rpc_layers") -> List[int]: ...
+@overload
+def parse_layers(spec: Union[None, str, int, Iterable[int]], depth: Optional[int] = None,
+                 name: str = "rpc_layers") -> Union[str, List[int]]: ...
 
 
 def parse_layers(spec: Union[None, str, int, Iterable[int]], depth: Optional[int] = None,
