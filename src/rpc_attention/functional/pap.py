@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Dict, List, Literal, Optional, Tuple, Union, overload
+from typing import Dict, List, Literal, Optional, Tuple, Union, cast, overload
 
 import numpy as np
 import torch
@@ -584,8 +584,7 @@ def pap_attention(
             return out
     out, state = pap_loop(problem, v, n_iter=n_iter, is_causal=is_causal, dropout_p=dropout_p, tol=tol,
                           fused=fused, checkpoint_iters=bool(checkpoint_iters))
-    assert out is not None  # pap_loop ran its final attention
-    return (out, state) if return_state else out
+    return (cast(Tensor, out), state) if return_state else cast(Tensor, out)  # pap_loop ran its final attention
 
 
 def _fast_path(problem: PAPProblem, v: Tensor, n_iter: int, is_causal: bool, dropout_p: float,
