@@ -16,6 +16,9 @@ import tempfile
 from pathlib import Path
 from typing import Any, Callable, Mapping, Optional, Union
 
+__all__ = ["PathLike", "atomic_write", "atomic_write_bytes", "atomic_write_text", "to_json", "json_default",
+           "atomic_write_json", "atomic_savefig", "pyplot", "read_yaml_mapping"]
+
 PathLike = Union[str, os.PathLike]
 
 

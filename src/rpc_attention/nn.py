@@ -7,7 +7,7 @@ checkpoints: ``qkv`` (C -> 3C asymmetric, C -> 2C symmetric: keys then values) a
 """
 
 import re
-from typing import Iterable, List, Optional, Union
+from typing import Iterable, List, Optional, Union, overload
 
 import torch
 from torch import Tensor, nn
@@ -20,6 +20,14 @@ __all__ = ["Attention", "SymmetricAttention", "RPCAttention", "ScaledAttention",
 # pap_attention keyword options a module or model may carry (besides masks and dropout).
 PAP_OPTION_NAMES = ("n_iter", "lambd", "threshold", "mu_mode", "model_dim", "tol", "lowrank", "shrink", "dual_step",
                     "row_lambd")
+
+
+# With a depth the answer is always a list ("all" becomes every index); without one "all" stays "all".
+@overload
+def parse_layers(spec: Union[None, str, int, Iterable[int]], depth: int, name: str = "rpc_layers") -> List[int]: ...
+@overload
+def parse_layers(spec: Union[None, str, int, Iterable[int]], depth: Optional[int] = None,
+                 name: str = "rpc_layers") -> Union[str, List[int]]: ...
 
 
 def parse_layers(spec: Union[None, str, int, Iterable[int]], depth: Optional[int] = None,
@@ -123,12 +131,13 @@ def _pap_attention(k: Tensor, v: Tensor, attn_mask: Optional[Tensor], is_causal:
 def _scaled_attention(q: Tensor, k: Tensor, v: Tensor, mode: str, weight: Tensor, num_tokens: Optional[int],
                       attn_mask: Optional[Tensor], is_causal: bool, dropout_p: float, scale: float,
                       fused: bool) -> Tensor:
-    opts = dict(attn_mask=attn_mask, is_causal=is_causal, dropout_p=dropout_p, scale=scale, fused=fused)
     if mode == "s":
         if k.shape[2] != num_tokens:
             raise ValueError(f"ScaledAttention(mode='s') was built for {num_tokens} tokens, got {k.shape[2]}")
-        return RF.scaled_attention_s(q, k, v, weight, **opts)
-    return RF.scaled_attention_alpha(q, k, v, weight, **opts)
+        return RF.scaled_attention_s(q, k, v, weight, attn_mask=attn_mask, is_causal=is_causal,
+                                     dropout_p=dropout_p, scale=scale, fused=fused)
+    return RF.scaled_attention_alpha(q, k, v, weight, attn_mask=attn_mask, is_causal=is_causal,
+                                     dropout_p=dropout_p, scale=scale, fused=fused)
 
 
 for _kernel in ("_check_width", "softmax_attention", "_symmetric_attention", "_controlled_attention", "_pap_attention",
@@ -391,7 +400,7 @@ class ScaledAttention(_AttentionBase):
         if mode == "s":
             if num_tokens is None or num_tokens < 1:
                 raise ValueError("ScaledAttention(mode='s') needs num_tokens (S is a fixed N x N matrix)")
-            self.num_tokens = num_tokens
+            self.num_tokens: Optional[int] = num_tokens
             self.s_matrix = nn.Parameter(torch.zeros(num_heads, num_tokens, num_tokens, device=device, dtype=dtype))
         else:
             self.num_tokens = num_tokens

@@ -7,3 +7,5 @@ Submodules are imported on demand (``from rpc_attention.data import images``) to
 from ..extras import require
 
 require('rpc_attention.data', 'train')  # one line naming the missing extra, before any import that needs it
+
+__all__ = []  # the data sets live in the submodules (from rpc_attention.data import images)

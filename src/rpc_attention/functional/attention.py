@@ -18,6 +18,9 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+__all__ = ["as_bool_mask", "normalise_mask", "causal_mask", "check_qkv", "check_kv", "check_tensors", "resolve_scale",
+           "check_dropout", "attend", "attention", "symmetric_attention", "scaled_attention_s", "scaled_attention_alpha"]
+
 
 def as_bool_mask(attn_mask: Optional[Tensor], ndim: int = 0) -> Optional[Tensor]:
     """A bool mask (True = may attend) from a bool or an additive 0 / -inf float mask, same shape, with
@@ -113,9 +116,9 @@ def check_tensors(where: str, named: Sequence[Tuple[str, Tensor]],
             raise ValueError(f"{where}: {name} is on {t.device} but {first_name} is on {first.device}; {accepted}")
         if t.dtype != first.dtype and not mixed_ok:
             raise TypeError(f"{where}: {name} is {t.dtype} but {first_name} is {first.dtype}; {accepted}")
-    for name, t in same_device:
-        if isinstance(t, Tensor) and t.device != first.device:
-            raise ValueError(f"{where}: {name} is on {t.device} but {first_name} is on {first.device}; "
+    for name, other in same_device:
+        if isinstance(other, Tensor) and other.device != first.device:
+            raise ValueError(f"{where}: {name} is on {other.device} but {first_name} is on {first.device}; "
                              f"it must be on the device of {listed}")
 
 

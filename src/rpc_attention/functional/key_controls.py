@@ -16,16 +16,27 @@ a constant of the backward pass. Tensors are ``(batch, heads, tokens, head_dim)`
 from __future__ import annotations
 
 import math
-from typing import Dict, Optional, Tuple
+from typing import Dict, Optional, Tuple, overload
 
 from torch import Tensor
 
 from .attention import check_kv, normalise_mask, symmetric_attention
 from .pap import feature_median, outlier_rows, robust_scale
 
+__all__ = ["KEY_CONTROLS", "KEY_CONTROL_LEVELS", "check_key_control", "clip_keys", "key_drop_mask", "valid_keys",
+           "controlled_keys", "controlled_symmetric_attention"]
+
 KEY_CONTROLS = ("clip", "drop")
 # default levels: clip at 4 robust standard deviations, drop rows 6 robust deviations out
 KEY_CONTROL_LEVELS: Dict[str, float] = {"clip": 4.0, "drop": 6.0}
+
+
+@overload
+def check_key_control(control: str, level: Optional[float] = None) -> float: ...
+@overload
+def check_key_control(control: None, level: Optional[float] = None) -> None: ...
+@overload
+def check_key_control(control: Optional[str], level: Optional[float] = None) -> Optional[float]: ...
 
 
 def check_key_control(control: Optional[str], level: Optional[float] = None) -> Optional[float]:

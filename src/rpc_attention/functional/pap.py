@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Dict, List, Optional, Tuple, Union
+from typing import Dict, List, Literal, Optional, Tuple, Union, cast, overload
 
 import numpy as np
 import torch
@@ -36,6 +36,11 @@ from torch import Tensor
 from .attention import attend, check_dropout, check_kv, check_tensors, normalise_mask, resolve_scale
 from .pap_fused import FusedPAPOptions, fused_pap, sparse_converged
 from .pap_robust import dual_free, dual_free_pap
+
+__all__ = ["THRESHOLDS", "LOWRANKS", "SHRINKS", "MAD_TO_STD", "MU_MODES", "CAUSAL_MU_MODES", "PAPState", "PAPProblem",
+           "soft_shrink", "hard_shrink", "feature_median", "robust_scale", "outlier_rows", "check_pap_options",
+           "mu_from_sums", "threshold_of", "prepare_pap", "pass_keys", "pass_dual", "pap_loop", "sparse_activity",
+           "sparse_term_activity", "pap_attention", "pap_decompose"]
 
 # How tau is set (docs/method.md#threshold-rules):
 #   lambda_mu        tau = lambd * mu                        (the official code)
@@ -372,7 +377,7 @@ def prepare_pap(k: Tensor, v: Tensor, *, n_iter: int = 6, lambd: float = 4.0,
     centre = feature_median(keys, valid) if needs_centre else None
     mu, count = _compute_mu(keys, valid, mu_mode, width)
     tau = threshold_of(threshold, lambd, mu, count, keys, valid, centre=centre)
-    start = centre.expand_as(keys) if lowrank == "keys" else None  # L_0: the per-feature median
+    start = centre.expand_as(keys) if lowrank == "keys" and centre is not None else None  # L_0: the per-feature median
     rows = None if row_lambd is None else outlier_rows(keys, float(row_lambd), valid, centre)
     return PAPProblem(keys=keys, mask=mask, mu=mu, tau=tau, scale=resolve_scale(scale, d), lowrank=lowrank,
                       shrink=shrink, dual_step=float(dual_step), start=start, rows=rows)
@@ -489,6 +494,37 @@ def sparse_term_activity(sparse: Tensor, tau: Tensor, keys: Tensor, valid: Optio
         }
 
 
+# The return type follows return_state (for type checkers): the output alone, or (output, PAPState).
+@overload
+def pap_attention(
+    k: Tensor, v: Tensor, *, n_iter: int = 6, lambd: float = 4.0, attn_mask: Optional[Tensor] = None,
+    is_causal: bool = False, dropout_p: float = 0.0, scale: Optional[float] = None, model_dim: Optional[int] = None,
+    threshold: str = "lambda_mu", mu_mode: Optional[str] = None, tol: Optional[float] = None,
+    lowrank: str = "values", shrink: str = "soft", dual_step: float = 1.0, row_lambd: Optional[float] = None,
+    return_state: Literal[False] = False, fused: bool = True, checkpoint_iters: bool = False,
+) -> Tensor: ...
+
+
+@overload
+def pap_attention(
+    k: Tensor, v: Tensor, *, n_iter: int = 6, lambd: float = 4.0, attn_mask: Optional[Tensor] = None,
+    is_causal: bool = False, dropout_p: float = 0.0, scale: Optional[float] = None, model_dim: Optional[int] = None,
+    threshold: str = "lambda_mu", mu_mode: Optional[str] = None, tol: Optional[float] = None,
+    lowrank: str = "values", shrink: str = "soft", dual_step: float = 1.0, row_lambd: Optional[float] = None,
+    return_state: Literal[True], fused: bool = True, checkpoint_iters: bool = False,
+) -> Tuple[Tensor, PAPState]: ...
+
+
+@overload
+def pap_attention(
+    k: Tensor, v: Tensor, *, n_iter: int = 6, lambd: float = 4.0, attn_mask: Optional[Tensor] = None,
+    is_causal: bool = False, dropout_p: float = 0.0, scale: Optional[float] = None, model_dim: Optional[int] = None,
+    threshold: str = "lambda_mu", mu_mode: Optional[str] = None, tol: Optional[float] = None,
+    lowrank: str = "values", shrink: str = "soft", dual_step: float = 1.0, row_lambd: Optional[float] = None,
+    return_state: bool = False, fused: bool = True, checkpoint_iters: bool = False,
+) -> Union[Tensor, Tuple[Tensor, PAPState]]: ...
+
+
 def pap_attention(
     k: Tensor, v: Tensor, *, n_iter: int = 6, lambd: float = 4.0, attn_mask: Optional[Tensor] = None,
     is_causal: bool = False, dropout_p: float = 0.0, scale: Optional[float] = None, model_dim: Optional[int] = None,
@@ -548,7 +584,7 @@ def pap_attention(
             return out
     out, state = pap_loop(problem, v, n_iter=n_iter, is_causal=is_causal, dropout_p=dropout_p, tol=tol,
                           fused=fused, checkpoint_iters=bool(checkpoint_iters))
-    return (out, state) if return_state else out
+    return (cast(Tensor, out), state) if return_state else cast(Tensor, out)  # pap_loop ran its final attention
 
 
 def _fast_path(problem: PAPProblem, v: Tensor, n_iter: int, is_causal: bool, dropout_p: float,

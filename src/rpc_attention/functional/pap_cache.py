@@ -47,6 +47,8 @@ from .pap import (
     threshold_of,
 )
 
+__all__ = ["append_rows", "PAPCache", "pap_prefill"]
+
 _GROWTH, _CHUNK = 1.5, 64
 
 

@@ -33,6 +33,8 @@ from torch import Tensor
 
 from .attention import attend
 
+__all__ = ["FusedPAPOptions", "sparse_converged", "fused_pap"]
+
 
 @dataclass(frozen=True)
 class FusedPAPOptions:
@@ -86,6 +88,7 @@ def _shrink_step(k: Tensor, tau: Tensor, neg_tau: Tensor, lowrank: Optional[Tens
         clamped = torch.maximum(k, neg_tau)
         torch.minimum(clamped, tau, out=clamped)
         return _Pass(clamped, clamped, torch.sub(k, clamped) if want_sparse else None)
+    assert dual is not None  # U_{t-1} exists from pass 2 on, as L_{t-1} does
     shifted = torch.sub(k, lowrank, out=None if want_sparse else scratch.get("shifted")).add_(dual)
     clamped = torch.maximum(shifted, neg_tau, out=scratch.get("clamped"))
     torch.minimum(clamped, tau, out=clamped)
@@ -102,15 +105,20 @@ def _run_passes(k: Tensor, v: Tensor, tau: Tensor, mask: Optional[Tensor], opts:
     scratch = _Scratch(k)
     neg_tau = -tau
     steps: List[list] = []
-    lowrank = dual = sparse = None  # L_{t-1}, U_{t-1}, S_{t-1}; None stands for 0 before pass 1
+    # L_{t-1}, U_{t-1}, S_{t-1}; None stands for 0 before pass 1
+    lowrank: Optional[Tensor] = None
+    dual: Optional[Tensor] = None
+    sparse: Optional[Tensor] = None
 
     def attend_pass(p: _Pass, final: bool) -> Tensor:
         keys2 = p.keys2.to(v.dtype)
         dropout_p = opts.dropout_p if final else 0.0
-        sign = None
+        sign: Optional[Tensor] = None
         if record is not None:  # S_t is needed afterwards only by tol, and never after the final pass
+            assert p.sparse is not None  # want_sparse is set whenever record is
             sign = torch.sign(p.sparse) if need_tol and not final else p.sparse.sign_()
         if record == "graph" or (record == "ckpt" and final):
+            assert v_leaf is not None  # _FusedPAPFunction.forward passes it with every record
             leaf = keys2.detach().requires_grad_(True)
             with torch.enable_grad():
                 att = attend(leaf, leaf, v_leaf, mask, opts.is_causal, dropout_p, opts.scale, True)
@@ -118,6 +126,7 @@ def _run_passes(k: Tensor, v: Tensor, tau: Tensor, mask: Optional[Tensor], opts:
             return att.detach()
         att = attend(keys2, keys2, v, mask, opts.is_causal, dropout_p, opts.scale, True)
         if record == "ckpt":
+            assert sign is not None
             steps.append([keys2, None, sign.to(torch.int8)])
         return att
 
@@ -132,7 +141,8 @@ def _run_passes(k: Tensor, v: Tensor, tau: Tensor, mask: Optional[Tensor], opts:
             torch.sub(lowrank, new_lowrank, out=dual).add_(p.clamped)
         lowrank = new_lowrank
         n_run += 1
-        stop = need_tol and n_run > 1 and sparse_converged(new_sparse, sparse, opts.tol)
+        stop = (opts.tol is not None and n_run > 1 and new_sparse is not None and sparse is not None
+                and sparse_converged(new_sparse, sparse, opts.tol))
         sparse = new_sparse
         if stop:
             break

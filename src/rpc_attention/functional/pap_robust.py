@@ -33,6 +33,8 @@ from torch import Tensor
 
 from .attention import attend
 
+__all__ = ["dual_free", "dual_free_pap"]
+
 
 def dual_free(shrink: str, dual_step: float, n_iter: int) -> bool:
     """True when the options keep the dual at 0 with hard shrinkage (this module's path applies)."""

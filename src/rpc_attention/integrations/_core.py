@@ -24,7 +24,7 @@ iteration's attention output when S = 0).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Optional, Tuple
+from typing import Any, Dict, Optional, Tuple
 
 import torch
 from torch import Tensor
@@ -35,7 +35,7 @@ from ..nn import parse_layers
 KEY_MODES = ("sparse", "pap")
 
 # Paper default "6iter/layer1": PAP with 6 softmax evaluations in block 0, lambda 4.
-DEFAULT_OPTIONS = {
+DEFAULT_OPTIONS: Dict[str, Any] = {
     "rpc_layers": (0,),
     "n_iter": 6,
     "lambd": 4.0,
@@ -70,7 +70,7 @@ def check_options(opts: dict) -> dict:
     unknown = set(opts) - set(DEFAULT_OPTIONS)
     if unknown:
         raise ValueError(f"unknown RPC option(s) {sorted(unknown)}; known: {sorted(DEFAULT_OPTIONS)}")
-    out = dict(DEFAULT_OPTIONS)
+    out: Dict[str, Any] = dict(DEFAULT_OPTIONS)
     out.update(opts)
     out["rpc_layers"] = resolve_layers(out["rpc_layers"])
     RF.check_pap_options(n_iter=out["n_iter"], lambd=out["lambd"], threshold=out["threshold"],
@@ -263,8 +263,9 @@ def cached_asymmetric_rpc_attention(
     if row_lambd is not None:
         raise ValueError("row_lambd compares every token with all the others; a causal layer (and its decoding "
                          "cache) takes row_lambd=None")
-    opts = dict(n_iter=n_iter, lambd=lambd, scale=scale, model_dim=h * d if model_dim is None else model_dim,
-                threshold=threshold, mu_mode=mu_mode, fused=fused, shrink=shrink, dual_step=dual_step)
+    opts: Dict[str, Any] = dict(n_iter=n_iter, lambd=lambd, scale=scale,
+                                model_dim=h * d if model_dim is None else model_dim, threshold=threshold,
+                                mu_mode=mu_mode, fused=fused, shrink=shrink, dual_step=dual_step)
     if cache is None or cache.length != p0:
         _, state, pap = RF.pap_prefill(k, v, attn_mask=_key_key_mask(mask, end, nq == end), final_attention=False,
                                        **opts)

@@ -29,7 +29,8 @@ from __future__ import annotations
 import os
 import sys
 import warnings
-from typing import Dict, List, Optional, Tuple
+from types import FrameType
+from typing import Any, Dict, List, Optional, Tuple
 
 import torch
 import torch.nn.functional as F
@@ -62,9 +63,9 @@ def _library_dirs() -> Tuple[str, ...]:
     containers), timm's (the model's forwards) and this one (the converted forward)."""
     # this folder as the frames spell it (a relative sys.path entry gives relative code file names)
     dirs = [os.path.dirname(torch.__file__), os.path.dirname(_library_dirs.__code__.co_filename)]
-    timm = sys.modules.get("timm")
-    if getattr(timm, "__file__", None):
-        dirs.append(os.path.dirname(timm.__file__))
+    timm_file = getattr(sys.modules.get("timm"), "__file__", None)
+    if timm_file:
+        dirs.append(os.path.dirname(timm_file))
     return tuple(os.path.join(d, "") for d in dirs)  # with the separator: ".../torch/" is not ".../torchvision"
 
 
@@ -74,7 +75,8 @@ def _warn_at_caller(message: str, category: type) -> None:
     here rather than left to ``skip_file_prefixes`` (Python >= 3.12 only), so every supported Python runs
     the same code."""
     dirs = _library_dirs()
-    frame, level = sys._getframe(0), 1  # level 1 is this function's own frame, as warnings.warn counts
+    frame: Optional[FrameType] = sys._getframe(0)
+    level = 1  # level 1 is this function's own frame, as warnings.warn counts
     while frame is not None and frame.f_code.co_filename.startswith(dirs):
         frame, level = frame.f_back, level + 1
     warnings.warn(message, category, stacklevel=level)
@@ -240,7 +242,7 @@ def sparse_activity(model: nn.Module) -> Dict[int, List[dict]]:
 def _convert_module(attn: nn.Module, opts: dict, symmetric: str) -> None:
     """Swap one attention module's class (and record how to undo it): RPCAttention for a symmetric layer
     in ``"rpc"`` mode, else the module's own class with its SDPA calls routed through RPC attention."""
-    state = {"orig_class": type(attn), "pap": dict(opts), "saved": {}}
+    state: Dict[str, Any] = {"orig_class": type(attn), "pap": dict(opts), "saved": {}}
     if type(attn) is SymmetricAttention and symmetric == "rpc":
         # Paper's symmetric PAP layer: same parameters, RPCAttention forward.
         # Attributes an RPCAttention has beyond a SymmetricAttention (its PAP options and whatever

@@ -34,7 +34,7 @@ from __future__ import annotations
 import difflib
 import functools
 import weakref
-from typing import Optional
+from typing import Any, Optional
 
 import torch
 
@@ -449,7 +449,7 @@ def _attention_leaves(model: torch.nn.Module):
 
 
 def _model_configs(model: torch.nn.Module) -> list:
-    configs = []
+    configs: list = []
     for mod in [model, *model.modules()]:
         cfg = getattr(mod, "config", None)
         if cfg is not None and hasattr(cfg, "to_dict") and all(cfg is not c for c in configs):
@@ -484,5 +484,6 @@ def configure(model: torch.nn.Module, *, set_implementation: bool = True, **opti
                 setattr(cfg, key, value)
         raise
     if set_implementation:
-        model.set_attn_implementation(NAME)
+        hf_model: Any = model  # a transformers PreTrainedModel
+        hf_model.set_attn_implementation(NAME)
     return model

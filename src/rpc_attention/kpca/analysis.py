@@ -34,6 +34,10 @@ from ..functional.pap import sparse_term_activity
 from . import metrics as M
 from .hooks import LayerCapture
 
+__all__ = ["PROTOCOLS", "ALIGN_METRICS", "GAMMA_VARIANTS", "summarise_values", "summarise_tokens", "GramSettings",
+           "check_conventions", "conventions", "perturbed_eigvecs", "gram_not_applicable", "analyze_captures",
+           "alignment_shape", "capture_chance", "chance_baselines", "pap_stats"]
+
 PROTOCOLS = ("paper", "exact")
 ALIGN_METRICS = ("direct_cosine", "optimal_cosine", "linear_cka", "rbf_cka")
 GAMMA_VARIANTS = ("learned", "eigvec", "perturbed", "random")

@@ -29,6 +29,8 @@ from torch import Tensor, nn
 from .. import functional as RF
 from .. import nn as rnn
 
+__all__ = ["LayerCapture", "attention_kind", "find_attention_modules", "AttentionCapture"]
+
 
 @dataclass
 class LayerCapture:

@@ -25,6 +25,8 @@ from . import metrics as M
 from .analysis import PROTOCOLS
 from .hooks import AttentionCapture
 
+__all__ = ["TERMS", "jproj_record", "jproj_callback"]
+
 _PROBES: Dict[str, Any] = {}
 TERMS = ("jproj", "phi2", "h2", "log_phi2", "log_h2")
 

@@ -42,6 +42,10 @@ from torch import Tensor
 from .. import functional as RF
 from ..functional import clip_keys, key_drop_mask
 
+__all__ = ["CONTROLS", "PATTERNS", "PAP_DEFAULTS", "VariantSpec", "parse_variant", "DEFAULT_VARIANTS",
+           "corruption_support", "corrupt_keys", "oracle_keys", "relative_change", "support_scores", "synthetic_keys",
+           "run_keys", "robustness_grid", "robustness_study"]
+
 CONTROLS = ("symmetric", "clip", "drop", "oracle")
 PATTERNS = ("entries", "tokens", "features")
 PAP_DEFAULTS: Dict[str, Any] = {"n_iter": 6, "lambd": 4.0}

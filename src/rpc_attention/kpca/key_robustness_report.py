@@ -9,6 +9,8 @@ from typing import Any, Dict, List
 from ..files import atomic_savefig, atomic_write_json, atomic_write_text
 from ..markdown import markdown_table
 
+__all__ = ["OUTPUT_FILES", "robustness_markdown", "write_robustness"]
+
 OUTPUT_FILES = ("robustness.md", "robustness.json", "robustness.png")
 
 

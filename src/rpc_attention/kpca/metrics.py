@@ -22,6 +22,12 @@ import numpy as np
 import torch
 from torch import Tensor
 
+__all__ = ["standardize_tokens", "log_feature_norms", "official_log_phi2", "projection_loss",
+           "per_token_relative_errors", "centred_gram", "EIG_RANKS", "EIG_SIGNS", "gram_eigen", "canonical_signs",
+           "kpca_values", "recover_a_hat", "gamma_ratios", "pairwise_abs_diff_stats", "pairwise_rel_diff_stats",
+           "gamma_stats", "direct_cosine", "optimal_cosine", "linear_cka", "rbf_cka", "alignment_metrics",
+           "random_alignment_baseline"]
+
 _NEG_INF = float("-inf")
 
 

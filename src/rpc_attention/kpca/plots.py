@@ -7,6 +7,8 @@ from typing import Any, Dict, List
 
 from ..files import atomic_savefig, pyplot
 
+__all__ = ["JPROJ_HISTORY_TERMS", "make_figures", "plot_jproj_history"]
+
 # mathtext labels: \varphi is the normalised feature map varphi(x) = phi(x) / g(x) of docs/method.md
 JPROJ_HISTORY_TERMS = (("jproj", r"$|J_{proj}|$", "k"), ("phi2", r"$\|\varphi(q)\|^2$", "C0"),
                        ("h2", r"$\|h\|^2$", "C1"))

@@ -27,6 +27,8 @@ from .analysis import (
 from .hooks import AttentionCapture
 from .sources import Probe
 
+__all__ = ["RULES", "load_history", "run_analysis", "alignment_verdict", "gamma_verdict", "summary_markdown"]
+
 log = logging.getLogger(__name__)
 
 RULES = {

@@ -18,6 +18,8 @@ from torch import Tensor, nn
 from ..data.batch import to_device
 from ..train.probe import first_eval_batch
 
+__all__ = ["Probe", "image_probe", "probe_from_run", "probe_from_timm", "HF_BUILTIN_CONFIGS", "probe_from_hf"]
+
 
 @dataclass
 class Probe:

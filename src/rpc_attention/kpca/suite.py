@@ -37,6 +37,11 @@ from ..evaluate.suites import CommonOptions, Cost, register_suite
 from .analysis import PROTOCOLS, alignment_shape, analyze_captures, capture_chance, gram_not_applicable
 from .hooks import AttentionCapture, LayerCapture
 
+__all__ = ["SUITE", "JPROJ_PAPER", "JPROJ_EXACT", "JPROJ_INIT_PAPER", "JPROJ_INIT_EXACT", "OPTIMAL_COSINE_PAPER",
+           "OPTIMAL_COSINE_EXACT", "OPTIMAL_COSINE_CHANCE_PAPER", "OPTIMAL_COSINE_CHANCE_EXACT", "LINEAR_CKA_PAPER",
+           "LINEAR_CKA_EXACT", "LINEAR_CKA_CHANCE_PAPER", "LINEAR_CKA_CHANCE_EXACT", "METRICS", "COST", "KpcaOptions",
+           "init_model", "kpca_suite", "register"]
+
 SUITE = "kpca"
 
 # The summary metrics, per protocol (paper, exact).

@@ -33,7 +33,7 @@ import copy
 import difflib
 import inspect
 import re
-from typing import Any, Callable, Dict, List, Optional, Sequence, Type
+from typing import Any, Callable, Dict, List, Optional, Sequence, Set, Type
 
 from timm.models import build_model_with_cfg, resolve_pretrained_cfg
 from timm.models._features import feature_take_indices
@@ -157,7 +157,7 @@ def _model_classes(tb) -> List[type]:
 
 def _init_keywords(cls: type) -> List[str]:
     """The named keyword parameters of every ``__init__`` in ``cls``'s hierarchy."""
-    names = set()
+    names: Set[str] = set()
     for klass in cls.__mro__:
         init = klass.__dict__.get("__init__")
         if init is None or klass in (nn.Module, object):

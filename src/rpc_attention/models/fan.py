@@ -271,8 +271,12 @@ def _authors_names_to_qkv(block: nn.Module, state_dict: Dict[str, Tensor], prefi
                 f"{prefix}attn: the checkpoint has {'kv' if q is None else 'q'} but no "
                 f"{'q' if q is None else 'kv'} {kind} (a symmetric FAN checkpoint?); load it into "
                 f"symfan_* / rpc_fan_* (token_mixing='sym') instead")
+        elif symmetric:
+            assert kv is not None  # kv alone: neither is skipped above
+            state_dict[f"{prefix}attn.qkv.{kind}"] = kv
         else:
-            state_dict[f"{prefix}attn.qkv.{kind}"] = kv if symmetric else torch.cat([q, kv], 0)
+            assert q is not None and kv is not None
+            state_dict[f"{prefix}attn.qkv.{kind}"] = torch.cat([q, kv], 0)
 
 
 # --------------------------------------------------------------------------- class attention
@@ -340,7 +344,9 @@ class ClassAttentionBlock(nn.Module):
         attn_cls = SymmetricClassAttention if symmetric else ClassAttention
         self.attn = attn_cls(dim, num_heads, qkv_bias=qkv_bias, attn_drop=attn_drop, proj_drop=drop)
         self.norm2 = norm_layer(dim)
-        self.mlp = Mlp(in_features=dim, hidden_features=int(dim * mlp_ratio), act_layer=act_layer, drop=drop)
+        # timm annotates act_layer as a class; any callable returning the activation is what it calls
+        self.mlp = Mlp(in_features=dim, hidden_features=int(dim * mlp_ratio), act_layer=act_layer,  # type: ignore[arg-type]
+                       drop=drop)
         eta = 1.0 if eta is None else eta
         self.gamma1 = nn.Parameter(eta * torch.ones(dim))
         self.gamma2 = nn.Parameter(eta * torch.ones(dim))
@@ -453,12 +459,12 @@ class FAN(nn.Module):
                      drop_path=drop_path_rate, eta=eta, norm_layer=norm_layer)
             for i in range(depth)])
         self.feature_info = [dict(num_chs=embed_dim, reduction=patch_size, module=f"blocks.{i}") for i in range(depth)]
-        self.cls_token = nn.Parameter(torch.zeros(1, 1, embed_dim))
+        self.cls_token: Optional[nn.Parameter] = nn.Parameter(torch.zeros(1, 1, embed_dim))  # None once pruned
         cls_block = partial(ClassAttentionBlock, embed_dim, num_heads, mlp_ratio=mlp_ratio, qkv_bias=qkv_bias,
                             drop=drop_rate, attn_drop=attn_drop_rate, eta=eta, tokens_norm=tokens_norm,
                             symmetric=token_mixing == "sym", norm_layer=norm_layer)
         self.cls_attn_blocks = nn.ModuleList([cls_block() for _ in range(cls_attn_layers)])
-        self.norm = norm_layer(embed_dim)
+        self.norm: nn.Module = norm_layer(embed_dim)
         self.head = nn.Linear(embed_dim, num_classes) if num_classes > 0 else nn.Identity()
         self.rpc_cfg: Dict[str, Any] = {"token_mixing": token_mixing, "rpc_layers": layers,
                                         **(dict(pap, model_dim=model_dim or embed_dim) if layers else {})}
@@ -481,7 +487,8 @@ class FAN(nn.Module):
                 for conv in (m.conv1, m.conv2):
                     fan_out = conv.kernel_size[0] * conv.kernel_size[1] * conv.out_channels // conv.groups
                     nn.init.normal_(conv.weight, 0.0, math.sqrt(2.0 / fan_out))
-                    nn.init.zeros_(conv.bias)
+                    if conv.bias is not None:
+                        nn.init.zeros_(conv.bias)
 
     # ---------------------------------------------------------------------------- timm API
     @torch.jit.ignore
@@ -520,7 +527,9 @@ class FAN(nn.Module):
 
     def forward_cls(self, x: Tensor) -> Tensor:
         """Prepend the class token and run the class-attention blocks."""
-        x = torch.cat([self.cls_token.expand(x.shape[0], -1, -1), x], dim=1)
+        cls_token = self.cls_token
+        assert cls_token is not None  # called only while the model has its class token (not pruned)
+        x = torch.cat([cls_token.expand(x.shape[0], -1, -1), x], dim=1)
         for blk in self.cls_attn_blocks:
             x = blk(x)
         return x
@@ -618,7 +627,8 @@ def checkpoint_filter_fn(state_dict: Dict[str, Tensor], model: Optional[nn.Modul
     """Rename older FAN checkpoint keys to the current layout: ``pos_embeder.`` -> ``pos_embed.``, and a
     fused class-attention ``qkv`` split into ``q``/``k``/``v`` (``k``/``v`` only for symmetric models)."""
     out: Dict[str, Tensor] = {}
-    symmetric = model is not None and model.rpc_cfg["token_mixing"] == "sym"
+    fan: Any = model  # a FAN (or None): rpc_cfg is read by name
+    symmetric = fan is not None and fan.rpc_cfg["token_mixing"] == "sym"
     for key, value in unwrap_state_dict(state_dict).items():
         key = key.replace("pos_embeder.", "pos_embed.")
         if key.startswith("cls_attn_blocks.") and ".attn.qkv." in key:
@@ -632,7 +642,7 @@ def checkpoint_filter_fn(state_dict: Dict[str, Tensor], model: Optional[nn.Modul
     return out
 
 
-def _create(variant: str, pretrained: bool = False, **kwargs: Any) -> FAN:
+def _create(variant: str, pretrained: bool = False, **kwargs: Any) -> nn.Module:
     """Build through timm's factory: ``features_only``, ``pretrained_cfg_overlay`` and ``pretrained=True``
     with a local file (``pretrained_cfg_overlay=dict(file=...)``, read by :func:`checkpoint_filter_fn`)."""
     return build_timm_model(FAN, variant, pretrained, cfg_attrs=("rpc_cfg",),
@@ -646,37 +656,37 @@ _RPC = dict(token_mixing="sym", rpc_layers=[0], n_iter=4, lambd=4.0)
 
 # timm entry points: one small function per registered name, as in timm.
 @register_model
-def fan_tiny_12_p16_224(pretrained: bool = False, **kwargs: Any) -> FAN:
+def fan_tiny_12_p16_224(pretrained: bool = False, **kwargs: Any) -> nn.Module:
     """FAN-tiny (NVlabs FAN-T-ViT): 192 wide, 12 blocks, 4 heads, asymmetric token mixing."""
     return _create("fan_tiny_12_p16_224", pretrained, **{**_TINY, "token_mixing": "attn", **kwargs})
 
 
 @register_model
-def fan_small_12_p16_224(pretrained: bool = False, **kwargs: Any) -> FAN:
+def fan_small_12_p16_224(pretrained: bool = False, **kwargs: Any) -> nn.Module:
     """FAN-small (NVlabs FAN-S-ViT): 384 wide, 12 blocks, 8 heads, asymmetric token mixing."""
     return _create("fan_small_12_p16_224", pretrained, **{**_SMALL, "token_mixing": "attn", **kwargs})
 
 
 @register_model
-def symfan_tiny_12_p16_224(pretrained: bool = False, **kwargs: Any) -> FAN:
+def symfan_tiny_12_p16_224(pretrained: bool = False, **kwargs: Any) -> nn.Module:
     """SymFAN-tiny: FAN-tiny with symmetric token mixing and class attention (the RPC paper's FAN baseline)."""
     return _create("symfan_tiny_12_p16_224", pretrained, **{**_TINY, "token_mixing": "sym", **kwargs})
 
 
 @register_model
-def symfan_small_12_p16_224(pretrained: bool = False, **kwargs: Any) -> FAN:
+def symfan_small_12_p16_224(pretrained: bool = False, **kwargs: Any) -> nn.Module:
     """SymFAN-small: FAN-small with symmetric token mixing and class attention."""
     return _create("symfan_small_12_p16_224", pretrained, **{**_SMALL, "token_mixing": "sym", **kwargs})
 
 
 @register_model
-def rpc_fan_tiny_12_p16_224(pretrained: bool = False, **kwargs: Any) -> FAN:
+def rpc_fan_tiny_12_p16_224(pretrained: bool = False, **kwargs: Any) -> nn.Module:
     """RPC-FAN-tiny: SymFAN-tiny with PAP in block 0, 4 softmax evaluations, lambda 4 ("4iter/layer1")."""
     return _create("rpc_fan_tiny_12_p16_224", pretrained, **{**_TINY, **_RPC, **kwargs})
 
 
 @register_model
-def rpc_fan_small_12_p16_224(pretrained: bool = False, **kwargs: Any) -> FAN:
+def rpc_fan_small_12_p16_224(pretrained: bool = False, **kwargs: Any) -> nn.Module:
     """RPC-FAN-small: SymFAN-small with PAP in block 0, 4 softmax evaluations, lambda 4."""
     return _create("rpc_fan_small_12_p16_224", pretrained, **{**_SMALL, **_RPC, **kwargs})
 

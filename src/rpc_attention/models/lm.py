@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field, fields
-from typing import Dict, List, Optional, Sequence, Union
+from typing import Any, Dict, List, Optional, Sequence, Union
 
 import torch
 import torch.nn.functional as F
@@ -178,6 +178,7 @@ class AdaptiveLogSoftmax(nn.Module):
     def target_logprob(self, h: Tensor, target: Tensor, weight: Optional[Tensor] = None) -> Tensor:
         """log p(target) for hidden states ``h`` (M, d) and targets (M,) -> (M,) (float32 at least)."""
         weight = self.weight if weight is None else weight
+        assert weight is not None, "a tied AdaptiveLogSoftmax (own_weight=False) takes the embedding weight"
         if target.min() < 0 or target.max() >= self.vocab_size:
             raise ValueError(f"targets must lie in [0, {self.vocab_size}), got [{int(target.min())}, {int(target.max())}]")
         head = self._head_logprob(h, weight)
@@ -202,6 +203,7 @@ class AdaptiveLogSoftmax(nn.Module):
     def full_logprob(self, h: Tensor, weight: Optional[Tensor] = None) -> Tensor:
         """log p(w) for every word: (M, d) -> (M, vocab_size)."""
         weight = self.weight if weight is None else weight
+        assert weight is not None, "a tied AdaptiveLogSoftmax (own_weight=False) takes the embedding weight"
         head = self._head_logprob(h, weight)
         if not self.n_clusters:
             return head
@@ -227,7 +229,9 @@ class Block(nn.Module):
 
     def __init__(self, cfg: SymlmConfig, rpc: bool) -> None:
         super().__init__()
-        common = dict(dim=cfg.d_model, num_heads=cfg.n_head, attn_drop=cfg.attn_dropout, proj_drop=cfg.dropout)
+        common: Dict[str, Any] = dict(dim=cfg.d_model, num_heads=cfg.n_head, attn_drop=cfg.attn_dropout,
+                                      proj_drop=cfg.dropout)
+        self.attn: Union[Attention, SymmetricAttention]
         if rpc:
             self.attn = RPCAttention(**common, n_iter=cfg.n_iter, lambd=cfg.lambd, threshold=cfg.threshold,
                                      mu_mode=cfg.mu_mode, shrink=cfg.shrink, dual_step=cfg.dual_step)
@@ -248,7 +252,7 @@ class Block(nn.Module):
         return self.ln2(x + self.ff(x))
 
 
-def _cached_attention(attn: nn.Module, x: Tensor, cache: Dict) -> Tensor:
+def _cached_attention(attn: Union[Attention, SymmetricAttention], x: Tensor, cache: Dict) -> Tensor:
     """Attention of the new tokens ``x`` over cached + new positions; updates ``cache`` in place.
 
     With an empty cache ``x`` is the whole prefix (prefill, causal); otherwise ``x`` must be one
@@ -289,6 +293,7 @@ def _cached_pap(attn: RPCAttention, k: Tensor, v_all: Tensor, cache: Dict, dropo
             k, v_all, n_iter=opts["n_iter"], lambd=opts["lambd"], scale=attn.scale, model_dim=opts["model_dim"],
             threshold=opts["threshold"], mu_mode=opts["mu_mode"] or "causal", dropout_p=dropout_p,
             fused=attn.fused_attn, shrink=opts["shrink"], dual_step=opts["dual_step"])
+        assert out is not None  # the prefill ran its final attention
         return out
     return cache["pap"].step(k, v_all, dropout_p=dropout_p, fused=attn.fused_attn)[0]
 
@@ -327,7 +332,9 @@ class Symlm(nn.Module):
 
     @property
     def out_weight(self) -> Tensor:
-        return self.tok_emb.weight if self.config.tie_weights else self.crit.weight
+        weight = self.tok_emb.weight if self.config.tie_weights else self.crit.weight
+        assert weight is not None  # untied: the softmax has its own weight
+        return weight
 
     def forward(self, idx: Tensor, targets: Optional[Tensor] = None,
                 cache: Optional[List[Dict[str, Tensor]]] = None) -> Tensor:

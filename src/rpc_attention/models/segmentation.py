@@ -99,7 +99,7 @@ class MaskTransformerDecoder(nn.Module):
             raise ValueError(f"decoder_layers must be >= 1, got {depth}")
         self.num_classes, self.dim, self.depth = num_classes, dim, depth
         self.rpc_layers = _resolve_layers(rpc_layers, depth, "decoder_rpc")
-        pap = {"n_iter": int(n_iter), "lambd": float(lambd), "threshold": threshold, "mu_mode": mu_mode}
+        pap: Dict[str, Any] = {"n_iter": int(n_iter), "lambd": float(lambd), "threshold": threshold, "mu_mode": mu_mode}
         rpc_set = set(self.rpc_layers)
 
         def attn_factory(index: int, **akw):
@@ -158,16 +158,17 @@ class Segmenter(nn.Module):
         for attr in ("patch_embed", "forward_features", "num_prefix_tokens"):
             if not hasattr(encoder, attr):
                 raise ValueError(f"Segmenter encoder must be a timm VisionTransformer (missing {attr!r})")
-        self.encoder = encoder
+        vit: Any = encoder  # a timm VisionTransformer: its attributes are read and set by name
+        self.encoder: Any = vit
         self.decoder = decoder
         self.num_classes = int(num_classes)
-        p = encoder.patch_embed.patch_size
+        p = vit.patch_embed.patch_size
         self.patch_size = (int(p[0]), int(p[1])) if isinstance(p, (tuple, list)) else (int(p), int(p))
-        encoder.dynamic_img_size = True  # resample position embeddings to the (padded) input grid
-        encoder.patch_embed.strict_img_size = False
-        encoder.patch_embed.flatten = False
+        vit.dynamic_img_size = True  # resample position embeddings to the (padded) input grid
+        vit.patch_embed.strict_img_size = False
+        vit.patch_embed.flatten = False
         from timm.layers import Format
-        encoder.patch_embed.output_fmt = Format.NHWC
+        vit.patch_embed.output_fmt = Format.NHWC
 
     @property
     def img_size(self) -> Tuple[int, int]:
@@ -249,7 +250,8 @@ def build_segmenter(mcfg: Dict[str, Any]) -> Segmenter:
             raise ValueError(f"unknown encoder {enc_name!r}: expected a registered timm model such as "
                              f"symvit_tiny_patch16_224 or rpc_symvit_tiny_patch16_224") from None
         raise
-    decoder = _build_decoder(mcfg, int(encoder.embed_dim), num_classes)
+    vit: Any = encoder  # a timm VisionTransformer
+    decoder = _build_decoder(mcfg, int(vit.embed_dim), num_classes)
     model = Segmenter(encoder, decoder, num_classes)
     if mcfg.get("encoder_init"):
         load_encoder_weights(model.encoder, mcfg["encoder_init"])
@@ -292,6 +294,7 @@ def load_encoder_weights(encoder: nn.Module, source: Union[str, Path, Dict[str, 
         sd, where = _read_weights(p), str(p)
     if sd and all(k.startswith("encoder.") for k in sd if not k.startswith("decoder.")):
         sd = {k[len("encoder."):]: v for k, v in sd.items() if k.startswith("encoder.")}
+    vit: Any = encoder  # a timm VisionTransformer: num_prefix_tokens and patch_embed are read by name
     own = encoder.state_dict()
     dropped = sorted(k for k in sd if k not in own)
     resized = []
@@ -301,12 +304,12 @@ def load_encoder_weights(encoder: nn.Module, source: Union[str, Path, Dict[str, 
             continue
         v = sd[k]
         if k == "pos_embed" and v.shape != ref.shape:
-            prefix = 0 if getattr(encoder, "no_embed_class", False) else int(encoder.num_prefix_tokens)
+            prefix = 0 if getattr(vit, "no_embed_class", False) else int(vit.num_prefix_tokens)
             n_old = v.shape[1] - prefix
             side = int(round(math.sqrt(n_old)))
             if side * side != n_old:
                 raise ValueError(f"encoder_init: cannot resample a non-square pos_embed of {n_old} patches")
-            grid = tuple(int(g) for g in encoder.patch_embed.grid_size)
+            grid = tuple(int(g) for g in vit.patch_embed.grid_size)
             v = resample_abs_pos_embed(v.float(), new_size=grid, old_size=(side, side),
                                        num_prefix_tokens=prefix).to(ref.dtype)
             resized.append(k)
@@ -360,5 +363,6 @@ def sliding_window_logits(model: nn.Module, x: Tensor, window: Union[int, Sequen
         for j, (t, l) in enumerate(chunk):
             logits[:, :, t:t + wh, l:l + ww] += out[j * b:(j + 1) * b]
             count[:, :, t:t + wh, l:l + ww] += 1
+    assert logits is not None  # at least one window
     logits = logits / count.float()
     return logits[..., :h, :w]

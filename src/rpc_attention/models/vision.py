@@ -195,7 +195,8 @@ class SymViT(VisionTransformer):
             pap["row_lambd"] = float(row_lambd)
         attn_factory = _attention_factory(attention, set(layers), pap, control, num_tokens)
         kwargs.setdefault("norm_layer", partial(nn.LayerNorm, eps=1e-6))
-        super().__init__(block_fn=partial(SymViTBlock, attn_factory=attn_factory), **kwargs)
+        # timm annotates block_fn as a class; any callable returning a block is what it calls
+        super().__init__(block_fn=partial(SymViTBlock, attn_factory=attn_factory), **kwargs)  # type: ignore[arg-type]
         self.rpc_cfg: Dict[str, Any] = {
             "attention": attention,
             "rpc_layers": layers,
@@ -225,7 +226,7 @@ def _cfg(**kwargs) -> Dict[str, Any]:
 default_cfgs = generate_default_cfgs({name: _cfg() for name in MODEL_NAMES})
 
 
-def _create(variant: str, pretrained: bool = False, **kwargs) -> SymViT:
+def _create(variant: str, pretrained: bool = False, **kwargs) -> nn.Module:
     return build_timm_model(SymViT, variant, pretrained, cfg_attrs=("rpc_cfg",),
                             pretrained_filter_fn=_checkpoint_filter, **kwargs)
 
@@ -240,13 +241,13 @@ def _merge(defaults: dict, kwargs: dict) -> dict:
 
 
 @register_model
-def symvit_tiny_patch16_224(pretrained: bool = False, **kwargs) -> SymViT:
+def symvit_tiny_patch16_224(pretrained: bool = False, **kwargs) -> nn.Module:
     """SymViT-tiny: DeiT-tiny (192/12/3) with symmetric attention in every block."""
     return _create("symvit_tiny_patch16_224", pretrained, **_merge(dict(_TINY, attention="sym"), kwargs))
 
 
 @register_model
-def symvit_small_patch16_224(pretrained: bool = False, **kwargs) -> SymViT:
+def symvit_small_patch16_224(pretrained: bool = False, **kwargs) -> nn.Module:
     """SymViT-small: DeiT-small's 384/12/6 with symmetric attention.
 
     The official ``deit_small`` SymViT checkpoint is 348 wide (6 heads of 58): build that one with
@@ -256,40 +257,40 @@ def symvit_small_patch16_224(pretrained: bool = False, **kwargs) -> SymViT:
 
 
 @register_model
-def symvit_base_patch16_224(pretrained: bool = False, **kwargs) -> SymViT:
+def symvit_base_patch16_224(pretrained: bool = False, **kwargs) -> nn.Module:
     """SymViT-base: 768/12/12 with symmetric attention in every block."""
     return _create("symvit_base_patch16_224", pretrained, **_merge(dict(_BASE, attention="sym"), kwargs))
 
 
 @register_model
-def rpc_symvit_tiny_patch16_224(pretrained: bool = False, **kwargs) -> SymViT:
+def rpc_symvit_tiny_patch16_224(pretrained: bool = False, **kwargs) -> nn.Module:
     """RPC-SymViT-tiny: PAP in block 0 ("layer1"), 6 iterations, lambda 4; symmetric elsewhere."""
     d = dict(_TINY, attention="sym", rpc_layers=[0], n_iter=6, lambd=4.0)
     return _create("rpc_symvit_tiny_patch16_224", pretrained, **_merge(d, kwargs))
 
 
 @register_model
-def rpc_symvit_small_patch16_224(pretrained: bool = False, **kwargs) -> SymViT:
+def rpc_symvit_small_patch16_224(pretrained: bool = False, **kwargs) -> nn.Module:
     """RPC-SymViT-small: PAP in every block, 2 iterations, lambda 4."""
     d = dict(_SMALL, attention="sym", rpc_layers="all", n_iter=2, lambd=4.0)
     return _create("rpc_symvit_small_patch16_224", pretrained, **_merge(d, kwargs))
 
 
 @register_model
-def rpc_symvit_base_patch16_224(pretrained: bool = False, **kwargs) -> SymViT:
+def rpc_symvit_base_patch16_224(pretrained: bool = False, **kwargs) -> nn.Module:
     """RPC-SymViT-base: PAP in every block, 2 iterations, lambda 4."""
     d = dict(_BASE, attention="sym", rpc_layers="all", n_iter=2, lambd=4.0)
     return _create("rpc_symvit_base_patch16_224", pretrained, **_merge(d, kwargs))
 
 
 @register_model
-def scaled_vit_tiny_patch16_224(pretrained: bool = False, **kwargs) -> SymViT:
+def scaled_vit_tiny_patch16_224(pretrained: bool = False, **kwargs) -> nn.Module:
     """ViT-tiny with Scaled Attention ``softmax(QK^T)(I - S)V`` (S learnable N x N per head)."""
     return _create("scaled_vit_tiny_patch16_224", pretrained, **_merge(dict(_TINY, attention="scaled_s"), kwargs))
 
 
 @register_model
-def scaled_alpha_vit_tiny_patch16_224(pretrained: bool = False, **kwargs) -> SymViT:
+def scaled_alpha_vit_tiny_patch16_224(pretrained: bool = False, **kwargs) -> nn.Module:
     """ViT-tiny with Scaled Attention ``softmax(QK^T)(I - alpha softmax(KK^T))V`` (learnable alpha)."""
     return _create("scaled_alpha_vit_tiny_patch16_224", pretrained,
                    **_merge(dict(_TINY, attention="scaled_alpha"), kwargs))
@@ -419,10 +420,10 @@ def checkpoint_model_kwargs(state_dict: Dict[str, torch.Tensor], args: Optional[
         attention = "scaled_s"
     else:
         attention = "scaled_alpha" if "blocks.0.attn.alpha" in state_dict else "attn"
-    kwargs = dict(attention=attention, embed_dim=width, depth=depth, num_heads=num_heads or _infer_num_heads(width, args),
-                  patch_size=patch, in_chans=in_chans, qkv_bias="blocks.0.attn.qkv.bias" in state_dict,
-                  mlp_ratio=state_dict["blocks.0.mlp.fc1.weight"].shape[0] / width,
-                  class_token="cls_token" in state_dict)
+    kwargs: Dict[str, Any] = dict(attention=attention, embed_dim=width, depth=depth, num_heads=num_heads or _infer_num_heads(width, args),
+                                  patch_size=patch, in_chans=in_chans, qkv_bias="blocks.0.attn.qkv.bias" in state_dict,
+                                  mlp_ratio=state_dict["blocks.0.mlp.fc1.weight"].shape[0] / width,
+                                  class_token="cls_token" in state_dict)
     head = state_dict.get("head.weight")
     kwargs["num_classes"] = 0 if head is None else head.shape[0]
     pos = state_dict.get("pos_embed")
@@ -444,12 +445,13 @@ def _default_variant(kwargs: Dict[str, Any]) -> str:
 
 def _check_fits(model: nn.Module, sd: Dict[str, torch.Tensor], skip: Iterable[str] = ()) -> None:
     """Raise one ValueError naming the fix when a checkpoint's architecture differs from the model's."""
+    vit: Any = model  # a SymViT: embed_dim and blocks are read by name
     width = sd["patch_embed.proj.weight"].shape[0] if "patch_embed.proj.weight" in sd else None
     depth = len({k.split(".")[1] for k in sd if k.startswith("blocks.")})
-    if width is not None and (width != model.embed_dim or depth != len(model.blocks)):
+    if width is not None and (width != vit.embed_dim or depth != len(vit.blocks)):
         raise ValueError(
-            f"the checkpoint is a {width}-wide, {depth}-block model, this one is {model.embed_dim} wide with "
-            f"{len(model.blocks)} blocks; build the model from the checkpoint with "
+            f"the checkpoint is a {width}-wide, {depth}-block model, this one is {vit.embed_dim} wide with "
+            f"{len(vit.blocks)} blocks; build the model from the checkpoint with "
             f"rpc_attention.models.load_official_checkpoint(path) (or pass embed_dim={width}, depth={depth})")
     own = model.state_dict()
     skipped = tuple(skip)
@@ -461,10 +463,11 @@ def _check_fits(model: nn.Module, sd: Dict[str, torch.Tensor], skip: Iterable[st
 
 def _resample_pos_embed(model: nn.Module, sd: Dict[str, torch.Tensor]) -> Dict[str, torch.Tensor]:
     pe = sd.get("pos_embed")
-    if pe is not None and getattr(model, "pos_embed", None) is not None and pe.shape != model.pos_embed.shape:
+    vit: Any = model  # a SymViT: pos_embed, num_prefix_tokens and patch_embed are read by name
+    if pe is not None and getattr(vit, "pos_embed", None) is not None and pe.shape != vit.pos_embed.shape:
         from timm.layers import resample_abs_pos_embed
-        prefix = 0 if getattr(model, "no_embed_class", False) else model.num_prefix_tokens
-        sd = dict(sd, pos_embed=resample_abs_pos_embed(pe, model.patch_embed.grid_size, num_prefix_tokens=prefix))
+        prefix = 0 if getattr(vit, "no_embed_class", False) else vit.num_prefix_tokens
+        sd = dict(sd, pos_embed=resample_abs_pos_embed(pe, vit.patch_embed.grid_size, num_prefix_tokens=prefix))
     return sd
 
 
@@ -496,11 +499,12 @@ def load_official_checkpoint(checkpoint: Union[str, Dict[str, Any], nn.Module],
     In-place form: ``load_official_checkpoint(model, checkpoint)`` (or ``model=``) checks that the model
     fits and loads into it. Raises ``ValueError`` naming the fix when it does not fit.
     """
-    if isinstance(checkpoint, nn.Module):
-        checkpoint, model = model, checkpoint
-    if checkpoint is None:
+    source: Union[None, str, Dict[str, Any], nn.Module] = checkpoint
+    if isinstance(source, nn.Module):
+        source, model = model, source
+    if source is None or isinstance(source, nn.Module):
         raise ValueError("load_official_checkpoint needs a checkpoint path or state dict")
-    obj = checkpoint if isinstance(checkpoint, dict) else _read_checkpoint_object(str(checkpoint))
+    obj = source if isinstance(source, dict) else _read_checkpoint_object(str(source))
     sd = unwrap_state_dict(obj, prefer_ema)
     if model is None:
         import timm
@@ -511,6 +515,8 @@ def load_official_checkpoint(checkpoint: Union[str, Dict[str, Any], nn.Module],
     elif variant is not None or model_kwargs:
         raise ValueError("variant= and model options only apply when load_official_checkpoint builds the model; "
                          "drop them or drop the model argument")
+    if not isinstance(model, nn.Module):
+        raise ValueError(f"load_official_checkpoint loads into a model (an nn.Module), got {type(model).__name__}")
     sd = _resample_pos_embed(model, sd)
     _check_fits(model, sd)
     model.load_state_dict(sd, strict=strict)
