@@ -5,6 +5,7 @@ import logging
 import math
 import random
 
+import corpora
 import numpy as np
 import pytest
 
@@ -22,10 +23,7 @@ TEST = ["a dog ran ."]
 
 
 def write_wikitext(root, train=TRAIN, valid=VALID, test=TEST):
-    root.mkdir(parents=True, exist_ok=True)
-    for name, lines in (("train", train), ("valid", valid), ("test", test)):
-        (root / f"wiki.{name}.tokens").write_text("".join(f" {l} \n" for l in lines), encoding="utf-8")
-    return root
+    return corpora.write_wikitext(root, {"train": train, "valid": valid, "test": test})
 
 
 @pytest.fixture

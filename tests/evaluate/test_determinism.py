@@ -13,6 +13,7 @@ import random
 import numpy as np
 import pytest
 import torch
+from corpora import random_wikitext, wikitext_settings
 
 from rpc_attention.evaluate import suites as S
 from rpc_attention.kpca import register_suites
@@ -52,15 +53,9 @@ def _lm(tmp):
     from rpc_attention.train import resolve_config
     from rpc_attention.train.tasks import get_task
 
-    rng = random.Random(0)
-    words = "the a big small cat dog sees likes city king .".split()
-    root = tmp / "wt"
-    root.mkdir()
-    for split, n in (("train", 200), ("valid", 20), ("test", 20)):
-        (root / f"wiki.{split}.tokens").write_text("".join(
-            " " + " ".join(rng.choice(words) for _ in range(12)) + " \n" for _ in range(n)))
+    root = random_wikitext(tmp / "wt")
     cfg = resolve_config("wiki-rpc-symlm", [
-        "data.source=wikitext", f"data.root={root}", f"data.cache_dir={tmp / 'cache'}", "data.min_freq=1",
+        *wikitext_settings(root, tmp / "cache"),
         "model.kwargs.n_layer=1", "model.kwargs.d_model=16", "model.kwargs.n_head=2", "model.kwargs.d_inner=32",
         "model.kwargs.context=16", "model.kwargs.rpc_layers=[0]", "model.kwargs.n_iter=2",
         "model.kwargs.cutoffs=[6]"])

@@ -3,11 +3,11 @@ an end-to-end run (train -> lower validation perplexity -> eval suites -> genera
 
 import json
 import math
-import random
 
 import numpy as np
 import pytest
 import torch
+from corpora import random_wikitext, wikitext_settings
 
 from rpc_attention.evaluate.lm import nll_blocks, plain_windows, score_stream, sliding_windows, target_nll
 from rpc_attention.evaluate.per_example import example_data
@@ -103,13 +103,8 @@ def _sentence(rng):
     return f"the {rng.choice(ADJS)} {rng.choice(NOUNS)} {rng.choice(VERBS)} the {rng.choice(NOUNS)} ."
 
 
-def _write_corpus(root, seed=0):
-    rng = random.Random(seed)
-    root.mkdir(parents=True, exist_ok=True)
-    for split, n in (("train", 600), ("valid", 60), ("test", 60)):
-        lines = [" ".join(_sentence(rng) for _ in range(rng.randint(1, 3))) for _ in range(n)]
-        (root / f"wiki.{split}.tokens").write_text("".join(f" {l} \n" for l in lines))
-    return root
+def _line(rng):
+    return " ".join(_sentence(rng) for _ in range(rng.randint(1, 3)))
 
 
 @pytest.mark.xdist_group("lm_e2e")
@@ -117,9 +112,9 @@ def test_training_lowers_validation_perplexity_then_eval_and_generate(tmp_path, 
     from rpc_attention.cli import main
     from rpc_attention.train import load_run, resolve_config, run_training
 
-    root = _write_corpus(tmp_path / "wt")
+    root = random_wikitext(tmp_path / "wt", _line, (("train", 600), ("valid", 60), ("test", 60)))
     cfg = resolve_config("wiki-rpc-symlm", [
-        "data.source=wikitext", f"data.root={root}", f"data.cache_dir={tmp_path / 'cache'}", "data.min_freq=1",
+        *wikitext_settings(root, tmp_path / "cache"),
         "model.kwargs.n_layer=2", "model.kwargs.d_model=32", "model.kwargs.n_head=4", "model.kwargs.d_inner=64",
         "model.kwargs.context=16", "model.kwargs.rpc_layers=[0]", "model.kwargs.n_iter=2",
         "model.kwargs.cutoffs=[8]", "model.kwargs.init_std=0.1", "train.max_steps=60", "train.batch_size=16", "schedule.warmup_steps=5",

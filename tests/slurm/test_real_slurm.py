@@ -11,6 +11,7 @@ import signal
 import subprocess
 import sys
 import time
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -102,6 +103,22 @@ def first_checkpoint(out):
     return list((Path(out) / "runs" / "symvit-s0" / "checkpoints").glob("step_*"))
 
 
+@contextmanager
+def started_study(cluster, tmp_path, tmp_path_factory, args, ready, what):
+    """The start the requeue, scancel and kill tests share: the serial reference of the smoke study with
+    ``args``, then the same study submitted to ``cluster`` by a command left running, waited on until
+    ``ready(out)`` (``what`` names it in the time-out). Yields ``(reference, out, proc)``; the submitting
+    command is killed on the way out, whatever happened."""
+    reference = serial(tmp_path_factory, *args)
+    out = tmp_path / "study"
+    proc = reproduce(out, *SLURM, *args, env=cluster.env, wait=False)
+    try:
+        wait_for(lambda: ready(out), what)
+        yield reference, out, proc
+    finally:
+        proc.kill()
+
+
 def test_the_smoke_study_through_slurm_gives_the_serial_numbers(cluster, tmp_path, tmp_path_factory):
     reference = serial(tmp_path_factory)
     out = tmp_path / "study"
@@ -117,11 +134,8 @@ def test_the_smoke_study_through_slurm_gives_the_serial_numbers(cluster, tmp_pat
 
 
 def test_a_requeued_training_job_resumes_from_its_checkpoint(cluster, tmp_path, tmp_path_factory):
-    reference = serial(tmp_path_factory, *LONG, *FEW)
-    out = tmp_path / "study"
-    proc = reproduce(out, *SLURM, *LONG, *FEW, env=cluster.env, wait=False)
-    try:
-        wait_for(lambda: first_checkpoint(out), "the first checkpoint")
+    with started_study(cluster, tmp_path, tmp_path_factory, (*LONG, *FEW), first_checkpoint,
+                       "the first checkpoint") as (reference, out, proc):
         job = record(out, "train.symvit-s0")["job_id"]
         # requeued and held (so that the test sees it waiting): --status says queued, with SLURM's reason,
         # although the stage's running marker is still there
@@ -133,8 +147,6 @@ def test_a_requeued_training_job_resumes_from_its_checkpoint(cluster, tmp_path, 
         assert marker(out, "train.symvit-s0", "running")["stopped"]  # stopped at SIGTERM, when noted
         assert cluster.run(["scontrol", "release", job]).returncode == 0
         text, err = proc.communicate(timeout=600)
-    finally:
-        proc.kill()
     assert proc.returncode == 0, text[-2000:] + err[-3000:]
     done = marker(out, "train.symvit-s0")
     assert done["resumed"] is True and done["attempts"] == 2 and done["job_id"] == job  # the same job, again
@@ -144,16 +156,11 @@ def test_a_requeued_training_job_resumes_from_its_checkpoint(cluster, tmp_path, 
 
 
 def _scancel_then_rerun(cluster, tmp_path, tmp_path_factory):
-    reference = serial(tmp_path_factory, *LONG, *FEW)
-    out = tmp_path / "study"
-    proc = reproduce(out, *SLURM, *LONG, *FEW, env=cluster.env, wait=False)
-    try:
-        wait_for(lambda: first_checkpoint(out), "the first checkpoint")
+    with started_study(cluster, tmp_path, tmp_path_factory, (*LONG, *FEW), first_checkpoint,
+                       "the first checkpoint") as (reference, out, proc):
         job = record(out, "train.symvit-s0")["job_id"]
         assert cluster.run(["scancel", job]).returncode == 0
         text, err = proc.communicate(timeout=600)
-    finally:
-        proc.kill()
     assert proc.returncode == 1, text[-2000:] + err[-3000:]
     rows = status(out, cluster.env)
     train = rows["train.symvit-s0"]
@@ -193,19 +200,14 @@ def test_the_submitting_command_killed_then_rerun_runs_every_stage_once(cluster,
     stages = TWO[1].split(",")
     # the report is submitted only once the launcher has recorded every other stage's outcome
     early = [s for s in stages if s != "report"]
-    reference = serial(tmp_path_factory, *TWO)
-    out = tmp_path / "study"
-    proc = reproduce(out, *SLURM, *TWO, env=cluster.env, wait=False)
-    try:
-        wait_for(lambda: _all_submitted(out, early), "every stage but the report submitted")
+    with started_study(cluster, tmp_path, tmp_path_factory, TWO, lambda out: _all_submitted(out, early),
+                       "every stage but the report submitted") as (reference, out, proc):
         jobs = {s: record(out, s)["job_id"] for s in early}
         # the jobs still waiting for others are held, so that some are queued when the launcher is gone
         held = [j for j in jobs.values() if cluster.run(["scontrol", "hold", j]).returncode == 0]
         assert held
         os.kill(proc.pid, signum)
         text, err = proc.communicate(timeout=300)
-    finally:
-        proc.kill()
     if signum == signal.SIGKILL:
         rows = status(out, cluster.env)  # before the release: held jobs are still queued
         assert any("no launcher follows it" in (r["reason"] or "") for r in rows.values()), rows

@@ -6,10 +6,10 @@ float32 (checked on every PAP call); the loss is finite and the run is saved."""
 
 import json
 import math
-import random
 
 import pytest
 import torch
+from corpora import random_wikitext, wikitext_settings
 
 import rpc_attention.functional.pap as pap
 from rpc_attention.train import resolve_config, run_training
@@ -20,15 +20,7 @@ VISION = ["data.train_subset=128", "data.val_size=64", "data.test_subset=64", "t
 
 
 def _corpus(tmp):
-    rng = random.Random(0)
-    words = "the a big small cat dog sees likes city king .".split()
-    root = tmp / "wt"
-    root.mkdir()
-    for split, n in (("train", 200), ("valid", 20), ("test", 20)):
-        (root / f"wiki.{split}.tokens").write_text("".join(
-            " " + " ".join(rng.choice(words) for _ in range(12)) + " \n" for _ in range(n)))
-    return ["data.source=wikitext", f"data.root={root}", f"data.cache_dir={tmp / 'cache'}", "data.min_freq=1",
-            "model.kwargs.n_layer=2", "model.kwargs.d_model=16", "model.kwargs.n_head=2", "model.kwargs.d_inner=32",
+    return [*wikitext_settings(random_wikitext(tmp / "wt"), tmp / "cache"), "model.kwargs.n_layer=2", "model.kwargs.d_model=16", "model.kwargs.n_head=2", "model.kwargs.d_inner=32",
             "model.kwargs.context=16", "model.kwargs.cutoffs=[6]", "train.log_every=1", "train.threads=0"]
 
 
