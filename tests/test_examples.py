@@ -20,7 +20,7 @@ def _load(name: str):
 
 
 def test_every_example_is_tested_here():
-    tested = {"rpc_in_your_module", "timm_image_folder", "hf_generate", "kpca_analysis"}
+    tested = {"rpc_in_your_module", "timm_image_folder", "hf_generate", "kpca_analysis", "certify_patch"}
     assert {p.stem for p in EXAMPLES.glob("*.py")} == tested
 
 
@@ -76,3 +76,13 @@ def test_kernel_pca_analysis_of_a_timm_model():
     assert len(out["exact"]["layers"]) == 2
     assert m["jproj"]["mean"] == pytest.approx(m["phi2"]["mean"] - m["h2"]["mean"], rel=1e-5, abs=1e-9)
     assert 0.0 <= m["optimal_cosine"]["mean"] <= 1.0 and m["phi2"]["mean"] >= 0.0
+
+
+def test_certifying_a_model_against_a_patch():
+    pytest.importorskip("timm")
+    res = _load("certify_patch").main(["--tiny", "--threads", "1"])
+    assert res["losses"][-1] < res["losses"][0]
+    # a certified image is correct under the defence, and no random patch changes a certified decision
+    assert not (res["certified"] & ~res["defended"]).any()
+    assert res["certified"].any() and bool(res["held"].all())
+    assert res["masks"] == 9  # a one-token patch on a 4x4 token grid: 2x2-token masks at stride 1
