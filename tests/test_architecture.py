@@ -273,3 +273,16 @@ def test_the_allow_lists_name_only_what_is_still_long():
         if not path.is_file() or len(path.read_text(encoding="utf-8").splitlines()) <= MAX_MODULE_LINES:
             stale.append(rel)
     assert not stale, f"no longer too long, remove from the allow-lists: {stale}"
+
+
+def test_the_docs_floor_table_is_the_import_linter_contract():
+    """docs/architecture.md's floor table names the contract's layers, top to bottom, as pyproject.toml has them."""
+    import re
+    import tomllib
+
+    contracts = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["importlinter"]["contracts"]
+    layers = next(c for c in contracts if c["id"] == "floors")["layers"]
+    text = (ROOT / "docs" / "architecture.md").read_text()
+    table = text[text.index("| floor (top to bottom) | owns |"):].split("\n\n", 1)[0].splitlines()[2:]
+    floors = [" | ".join(re.findall(r"`([a-z_]+)`", row.split(" | ", 1)[0])) for row in table]
+    assert floors == [" | ".join(p.strip() for p in layer.split("|")) for layer in layers]
