@@ -278,6 +278,7 @@ def test_the_allow_lists_name_only_what_is_still_long():
 def test_the_docs_floor_table_is_the_import_linter_contract():
     """docs/architecture.md's floor table names the contract's layers, top to bottom, as pyproject.toml has them."""
     import re
+
     import tomllib
 
     contracts = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["importlinter"]["contracts"]
