@@ -1,7 +1,7 @@
 """Hugging Face ``generate()`` with RPC attention: ``attn_implementation="rpc"``.
 
 ``rpc_attention.integrations.transformers.register(...)`` adds an attention backend named ``"rpc"`` to
-transformers (``pip install rpc-attention[hf]``): the layers named by ``rpc_layers`` run Principal
+transformers (``pip install 'rpc-attention[hf]'``): the layers named by ``rpc_layers`` run Principal
 Attention Pursuit on their keys (and clean the queries with the same sparse part) before the model's own
 softmax attention, the other layers run ``sdpa``. The options are written into ``model.config``, so
 ``save_pretrained`` keeps them (docs/integrations.md).
@@ -21,6 +21,7 @@ Run (seconds)::
     python examples/hf_generate.py
     python examples/hf_generate.py --layers 0 --n-iter 6 --lambd 4 --threshold lambda_mu   # the paper's setting
     python examples/hf_generate.py --dtype float64 --out /tmp/rpc-llama
+    python examples/hf_generate.py --tiny                  # the size the test runs
 """
 
 import argparse
@@ -91,7 +92,11 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
     p.add_argument("--out", default=None, help="save_pretrained folder (default: nothing is written)")
-    return p.parse_args(argv)
+    p.add_argument("--tiny", action="store_true", help="width 16, 4 new tokens (a second)")
+    args = p.parse_args(argv)
+    if args.tiny:
+        args.hidden, args.new_tokens, args.prompt_len = 16, 4, 5
+    return args
 
 
 def main(argv=None) -> Dict[str, Any]:

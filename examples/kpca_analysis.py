@@ -17,13 +17,14 @@ is reported as not applicable). The model here is randomly initialised (``pretra
 seeded random images; ``--checkpoint FILE`` loads weights you have (a state dict, ``.safetensors`` or a
 ``torch.save`` file).
 
+Needs ``pip install 'rpc-attention[eval]'`` (timm and the analysis toolkit's scipy / scikit-learn).
+
 Run (nothing is written unless ``--out FILE.json``)::
 
-    python examples/kpca_analysis.py                                     # timm's vit_tiny at 64x64, 2 images
+    python examples/kpca_analysis.py                                     # timm's vit_tiny at 128x128 (65 tokens), 2 images
     python examples/kpca_analysis.py --model deit_small_patch16_224 --img-size 224 --checkpoint deit_s.safetensors
     python examples/kpca_analysis.py --model rpc_symvit_tiny_patch16_224 --kwarg lambd=0.5
-    python examples/kpca_analysis.py --img-size 16 --kwarg patch_size=4 --kwarg depth=2 --kwarg embed_dim=32 \\
-        --kwarg num_heads=4 --threads 1                                  # the size the test runs
+    python examples/kpca_analysis.py --tiny     # the size the test runs: 16x16 images, 4-pixel patches, 2 blocks
 
 ``rpc-attention analyze --timm NAME --out DIR`` runs the same analysis from the command line, with FGSM and
 noise probes, figures and a written verdict.
@@ -100,7 +101,7 @@ def report(protocol: str, res: Dict, chance: Dict[str, Dict]) -> None:
 def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--model", default="vit_tiny_patch16_224", help="any timm model name (random init)")
-    p.add_argument("--img-size", type=int, default=64)
+    p.add_argument("--img-size", type=int, default=128, help="128: 65 tokens, enough for head dim 64")
     p.add_argument("--kwarg", action="append", default=[], metavar="NAME=VALUE",
                    help="a timm.create_model keyword (repeatable), e.g. patch_size=8, depth=4, lambd=0.5")
     p.add_argument("--checkpoint", default=None, help="weights to load (state dict: .safetensors or torch.save)")
@@ -110,7 +111,13 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default; 1 on a busy machine)")
     p.add_argument("--out", default=None, help="write every number to this JSON file (default: nothing written)")
-    return p.parse_args(argv)
+    p.add_argument("--tiny", action="store_true", help="16x16 images, patch_size=4, depth=2, embed_dim=32, num_heads=4 "
+                   "(head dim 8 <= 17 tokens, so every metric applies); --kwarg still overrides")
+    args = p.parse_args(argv)
+    if args.tiny:
+        args.img_size = 16
+        args.kwarg = ["patch_size=4", "depth=2", "embed_dim=32", "num_heads=4"] + args.kwarg
+    return args
 
 
 def main(argv=None) -> Dict[str, Any]:

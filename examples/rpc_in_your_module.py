@@ -11,9 +11,12 @@ pre-LN transformer-block classifier three times, with
 
 trains each for a few steps on random sequences whose label is readable from the tokens, and prints the
 first and last training loss, the accuracy on held-out sequences and, for RPC, how much of the keys PAP's
-sparse part S took (``rpc_attention.train.sparsity.measure_sparsity``; where S stays 0 the layer acts as
-iterated attention, not robust PCA: docs/analysis.md#pap-sparse-step-activity). ``symmetric`` and
-``rpc`` start from the same weights (one seed, the same parameters).
+sparse part S took (``keep_state`` records PAP's final state, ``rpc_attention.functional.sparse_activity``
+reads it; where S stays 0 the layer acts as iterated attention, not robust PCA:
+docs/analysis.md#pap-sparse-step-activity). ``symmetric`` and ``rpc`` start from the same weights (one
+seed, the same parameters).
+
+Needs only the core: ``pip install rpc-attention`` (torch and numpy).
 
 Run (seconds on a laptop CPU; nothing is written)::
 
@@ -28,8 +31,8 @@ from typing import Dict, List, Optional
 import torch
 from torch import Tensor, nn
 
+from rpc_attention.functional import sparse_activity
 from rpc_attention.nn import Attention, RPCAttention, SymmetricAttention
-from rpc_attention.train.sparsity import measure_sparsity
 
 ATTENTIONS = ("plain", "symmetric", "rpc")
 
@@ -70,6 +73,21 @@ def make_data(n: int, tokens: int, features: int, classes: int, gen: torch.Gener
     return x, x[..., :classes].mean(dim=1).argmax(dim=-1)
 
 
+def pap_sparsity(model: TinyClassifier, x: Tensor) -> Dict[str, float]:
+    """How much of the keys PAP's sparse part S took in one forward of ``x`` (its final pass)."""
+    attn = model.attn
+    attn.keep_state = True  # the layer keeps S, L, Y of its last forward in attn.last_state
+    try:
+        with torch.no_grad():
+            model(x)
+        state = attn.last_state
+    finally:
+        attn.keep_state, attn.last_state = False, None
+    # PAP's final keys are K2 = K - S - Y / mu, so the keys it was given are K2 + S + Y / mu
+    keys = state.cleaned_keys + state.sparse + state.dual / state.mu
+    return sparse_activity(state, keys)
+
+
 def train_one(kind: str, args, data) -> Dict:
     (x, y), (x_test, y_test) = data
     torch.manual_seed(args.seed)
@@ -91,7 +109,7 @@ def train_one(kind: str, args, data) -> Dict:
               "accuracy": float((logits.argmax(-1) == y_test).float().mean()),
               "params": sum(p.numel() for p in model.parameters())}
     if kind == "rpc":
-        result["sparsity"] = measure_sparsity(model, lambda: model(x_test))
+        result["sparsity"] = pap_sparsity(model, x_test)
     return result
 
 
@@ -132,9 +150,11 @@ def main(argv=None) -> Dict[str, Dict]:
         res = results[kind] = train_one(kind, args, data)
         print(f"{kind:>9}: {res['params']} parameters, loss {res['losses'][0]:.3f} -> {res['losses'][-1]:.3f} "
               f"in {args.steps} steps, held-out accuracy {100 * res['accuracy']:.1f} %")
-        for rec in res.get("sparsity", []):
-            print(f"{'':>9}  {rec['layer']}: n_iter={rec['n_iter']} lambd={rec['lambd']:g}, "
-                  f"S non-zero in {100 * rec['frac_nonzero']:.2f} % of key entries ({rec['verdict']})")
+        if "sparsity" in res:
+            rec = res["sparsity"]
+            print(f"{'':>9}  PAP n_iter={args.n_iter} lambd={args.lambd:g}: S non-zero in "
+                  f"{100 * rec['frac_nonzero']:.2f} % of key entries, ||S|| / ||K|| = {rec['s_over_k']:.3g}"
+                  + ("" if rec["frac_nonzero"] > 0 else " (S = 0: the layer acted as iterated attention)"))
     return results
 
 

@@ -13,6 +13,9 @@ With ``--out OUT`` it saves ``OUT/model.safetensors`` and ``OUT/model.json`` (th
 arguments and the class names) and checks that timm loads the weights back into the same model; without
 ``--out`` nothing is written.
 
+Needs ``pip install 'rpc-attention[train]'`` (timm, torchvision, safetensors and Pillow; the S share comes
+from ``rpc_attention.train.sparsity``).
+
 Run::
 
     python examples/timm_image_folder.py DIR
@@ -127,10 +130,10 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
     p.add_argument("--out", default=None, help="folder for model.safetensors and model.json (default: none)")
-    p.add_argument("--tiny", action="store_true", help="a 2-block model of width 32, 1 epoch, 2 PAP iterations")
+    p.add_argument("--tiny", action="store_true", help="a 2-block model of width 32, 2 epochs, 2 PAP iterations")
     args = p.parse_args(argv)
     if args.tiny:
-        args.embed_dim, args.depth, args.heads, args.n_iter, args.epochs = 32, 2, 2, 2, 1
+        args.embed_dim, args.depth, args.heads, args.n_iter, args.epochs = 32, 2, 2, 2, 2
     return args
 
 
