@@ -7,13 +7,13 @@ STAMP  := $(VENV)/.installed
 FMNIST := /usr/share/datasets/fashion-mnist
 PYTEST_ARGS ?=
 
-.PHONY: demo pap-demo docs test test-threads test-slurm test-wheel gpu-check install data bench clean help
+.PHONY: demo pap-demo docs typecheck test test-threads test-slurm test-wheel gpu-check install data bench clean help
 
 help:
 	@echo "make demo   - install and run the main job (the quick study) on the embedded default data"
 	@echo "make pap-demo - the short PAP kernel demonstration"
 	@echo "make docs   - the API reference from the docstrings (pdoc) into build/api"
-	@echo "make test   - install with dev extras and run the test suite"
+	@echo "make test   - install with dev extras, type-check the public API (make typecheck) and run the test suite"
 	@echo "make test-threads - the numerical kernel tests again, in one process at 1 and at 2 threads"
 	@echo "make test-wheel - build the wheel, install it in a torch-only venv, check the core, [timm] and [all] there"
 	@echo "make bench  - run the quick benchmark suite"
@@ -73,7 +73,12 @@ docs: install
 	if [ $$st -ne 0 ] || grep -qi "warn" build/pdoc.log; then echo "make docs: pdoc failed or warned (above)"; exit 1; fi
 	@echo "API reference: build/api/index.html ($$(find build/api -name '*.html' | wc -l) pages)"
 
-test: install
+# mypy on the public API ([tool.mypy] in pyproject.toml: the package, extras, nn, functional, models,
+# integrations, and tests/typing/public_api_usage.py written as a user writes against them).
+typecheck: install
+	OMP_NUM_THREADS=1 $(PY) -m mypy
+
+test: install typecheck
 	$(PY) -m pytest -q -n 2 --dist loadgroup $(PYTEST_ARGS)
 
 # `make test` gives each of its two workers one thread. Float32 sums are ordered by the thread count,
