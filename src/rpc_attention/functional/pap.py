@@ -494,34 +494,35 @@ def sparse_term_activity(sparse: Tensor, tau: Tensor, keys: Tensor, valid: Optio
         }
 
 
-# The return type follows return_state (for type checkers): the output alone, or (output, PAPState).
+# The return type follows return_state (for type checkers): the output alone, or (output, PAPState). The
+# defaults are written once, on the definition below; the overloads say only that each argument has one.
 @overload
 def pap_attention(
-    k: Tensor, v: Tensor, *, n_iter: int = 6, lambd: float = 4.0, attn_mask: Optional[Tensor] = None,
-    is_causal: bool = False, dropout_p: float = 0.0, scale: Optional[float] = None, model_dim: Optional[int] = None,
-    threshold: str = "lambda_mu", mu_mode: Optional[str] = None, tol: Optional[float] = None,
-    lowrank: str = "values", shrink: str = "soft", dual_step: float = 1.0, row_lambd: Optional[float] = None,
-    return_state: Literal[False] = False, fused: bool = True, checkpoint_iters: bool = False,
+    k: Tensor, v: Tensor, *, n_iter: int = ..., lambd: float = ..., attn_mask: Optional[Tensor] = ...,
+    is_causal: bool = ..., dropout_p: float = ..., scale: Optional[float] = ..., model_dim: Optional[int] = ...,
+    threshold: str = ..., mu_mode: Optional[str] = ..., tol: Optional[float] = ...,
+    lowrank: str = ..., shrink: str = ..., dual_step: float = ..., row_lambd: Optional[float] = ...,
+    return_state: Literal[False] = ..., fused: bool = ..., checkpoint_iters: bool = ...,
 ) -> Tensor: ...
 
 
 @overload
 def pap_attention(
-    k: Tensor, v: Tensor, *, n_iter: int = 6, lambd: float = 4.0, attn_mask: Optional[Tensor] = None,
-    is_causal: bool = False, dropout_p: float = 0.0, scale: Optional[float] = None, model_dim: Optional[int] = None,
-    threshold: str = "lambda_mu", mu_mode: Optional[str] = None, tol: Optional[float] = None,
-    lowrank: str = "values", shrink: str = "soft", dual_step: float = 1.0, row_lambd: Optional[float] = None,
-    return_state: Literal[True], fused: bool = True, checkpoint_iters: bool = False,
+    k: Tensor, v: Tensor, *, n_iter: int = ..., lambd: float = ..., attn_mask: Optional[Tensor] = ...,
+    is_causal: bool = ..., dropout_p: float = ..., scale: Optional[float] = ..., model_dim: Optional[int] = ...,
+    threshold: str = ..., mu_mode: Optional[str] = ..., tol: Optional[float] = ...,
+    lowrank: str = ..., shrink: str = ..., dual_step: float = ..., row_lambd: Optional[float] = ...,
+    return_state: Literal[True], fused: bool = ..., checkpoint_iters: bool = ...,
 ) -> Tuple[Tensor, PAPState]: ...
 
 
 @overload
 def pap_attention(
-    k: Tensor, v: Tensor, *, n_iter: int = 6, lambd: float = 4.0, attn_mask: Optional[Tensor] = None,
-    is_causal: bool = False, dropout_p: float = 0.0, scale: Optional[float] = None, model_dim: Optional[int] = None,
-    threshold: str = "lambda_mu", mu_mode: Optional[str] = None, tol: Optional[float] = None,
-    lowrank: str = "values", shrink: str = "soft", dual_step: float = 1.0, row_lambd: Optional[float] = None,
-    return_state: bool = False, fused: bool = True, checkpoint_iters: bool = False,
+    k: Tensor, v: Tensor, *, n_iter: int = ..., lambd: float = ..., attn_mask: Optional[Tensor] = ...,
+    is_causal: bool = ..., dropout_p: float = ..., scale: Optional[float] = ..., model_dim: Optional[int] = ...,
+    threshold: str = ..., mu_mode: Optional[str] = ..., tol: Optional[float] = ...,
+    lowrank: str = ..., shrink: str = ..., dual_step: float = ..., row_lambd: Optional[float] = ...,
+    return_state: bool = ..., fused: bool = ..., checkpoint_iters: bool = ...,
 ) -> Union[Tensor, Tuple[Tensor, PAPState]]: ...
 
 
